@@ -1,0 +1,63 @@
+#pragma once
+// One interface for every attention kernel: the exact reference, torch's SDPA backends, our own
+// CUDA kernels, and whatever the user's environment provides. A kernel says whether it can run a
+// call (and why not), prepares its inputs once, then runs as often as the timer asks.
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "formats/attention_call.h"
+
+namespace attnreplay {
+
+struct KernelDescription {
+  std::string name;     // what --kernels takes, e.g. "torch-flash-cpu"
+  std::string summary;  // one line for `attnreplay kernels`
+  std::string device;   // "cpu" or "cuda"
+  // Set for the exact reference: it is what error statistics are measured against.
+  bool is_reference = false;
+};
+
+// A kernel bound to one call with its inputs in place (layout changed, uploaded). run() does
+// only the attention work so that it can be timed; output() is read once afterwards.
+class PreparedKernel {
+ public:
+  virtual ~PreparedKernel() = default;
+  virtual void run() = 0;
+  // The last run's output as (batch, heads_q, seq_q, head_dim_vo), contiguous, on the host.
+  virtual HostTensor output() = 0;
+  // Waits until work queued by run() has finished (GPU kernels); CPU kernels finish in run().
+  virtual void synchronize() {}
+};
+
+class Kernel {
+ public:
+  virtual ~Kernel() = default;
+  virtual const KernelDescription& description() const = 0;
+  // nullopt when the call is supported; otherwise the reason, shown to the user as is.
+  virtual std::optional<std::string> unsupported_reason(const AttentionCall& call) const = 0;
+  virtual std::unique_ptr<PreparedKernel> prepare(const AttentionCall& call) const = 0;
+  const std::string& name() const { return description().name; }
+};
+
+// Kernels register themselves from their own file: adding one touches no central list.
+class KernelRegistry {
+ public:
+  static KernelRegistry& instance();
+  bool add(std::unique_ptr<Kernel> kernel);
+  const std::vector<std::unique_ptr<Kernel>>& kernels() const { return kernels_; }
+  const Kernel* find(std::string_view name) const;
+
+ private:
+  std::vector<std::unique_ptr<Kernel>> kernels_;
+};
+
+// Use at namespace scope in a kernel's file: ATTNREPLAY_REGISTER_KERNEL(MyKernel);
+#define ATTNREPLAY_REGISTER_KERNEL_IMPL(Type, line) \
+  static const bool attnreplay_registered_##line =  \
+      ::attnreplay::KernelRegistry::instance().add(std::make_unique<Type>())
+#define ATTNREPLAY_REGISTER_KERNEL_AT(Type, line) ATTNREPLAY_REGISTER_KERNEL_IMPL(Type, line)
+#define ATTNREPLAY_REGISTER_KERNEL(Type) ATTNREPLAY_REGISTER_KERNEL_AT(Type, __LINE__)
+
+}  // namespace attnreplay

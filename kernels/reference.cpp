@@ -1,0 +1,188 @@
+#include "kernels/reference.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <thread>
+
+#include "formats/errors.h"
+#include "kernels/kernel.h"
+
+namespace attnreplay {
+namespace {
+
+// Mask element (b, h, i, j) through right-aligned broadcasting, as torch does.
+struct MaskView {
+  const HostTensor* mask = nullptr;
+  std::int64_t stride[4] = {0, 0, 0, 0};
+
+  MaskView(const std::optional<HostTensor>& tensor, const AttentionShape& s) {
+    if (!tensor) return;
+    mask = &*tensor;
+    const std::int64_t full[4] = {s.batch, s.heads_q, s.seq_q, s.seq_kv};
+    std::int64_t running = 1;
+    for (int i = 0; i < mask->rank(); ++i) {
+      const int dim = mask->rank() - 1 - i;
+      stride[3 - i] = (mask->shape[dim] == 1 && full[3 - i] != 1) ? 0 : running;
+      running *= mask->shape[dim];
+    }
+  }
+
+  // Fills `bias` with the additive term for each key of row (b, h, i): 0 or -inf for bool masks.
+  void row(std::int64_t b, std::int64_t h, std::int64_t i, std::vector<double>& bias) const {
+    if (!mask) return;
+    const std::int64_t base = b * stride[0] + h * stride[1] + i * stride[2];
+    const std::size_t size = dtype_size(mask->dtype);
+    const std::byte* data = mask->data();
+    for (std::size_t j = 0; j < bias.size(); ++j) {
+      const double value =
+          element_to_double(mask->dtype, data + static_cast<std::size_t>(base + static_cast<std::int64_t>(j) * stride[3]) * size);
+      if (mask->dtype == DType::boolean) bias[j] = value != 0.0 ? 0.0 : -std::numeric_limits<double>::infinity();
+      else bias[j] = value;
+    }
+  }
+};
+
+// A head of K or V in fp64, (seq, dim) row-major, converted once and shared by its query heads.
+std::vector<double> head_as_doubles(const HostTensor& bhsd, std::int64_t b, std::int64_t h) {
+  const std::int64_t heads = bhsd.shape[1], seq = bhsd.shape[2], dim = bhsd.shape[3];
+  std::vector<double> out(static_cast<std::size_t>(seq * dim));
+  const std::size_t size = dtype_size(bhsd.dtype);
+  const std::byte* base = bhsd.data() + static_cast<std::size_t>((b * heads + h) * seq * dim) * size;
+  for (std::size_t i = 0; i < out.size(); ++i) out[i] = element_to_double(bhsd.dtype, base + i * size);
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::int64_t> sample_query_rows(std::int64_t seq_q, std::int64_t count, std::uint64_t seed) {
+  std::vector<std::int64_t> all(static_cast<std::size_t>(seq_q));
+  std::iota(all.begin(), all.end(), 0);
+  if (count >= seq_q) return all;
+  std::mt19937_64 generator(seed);
+  std::vector<std::int64_t> picked;
+  std::sample(all.begin(), all.end(), std::back_inserter(picked), count, generator);
+  std::sort(picked.begin(), picked.end());
+  return picked;
+}
+
+ReferenceOutput reference_attention(const AttentionCall& call, std::vector<std::int64_t> rows, unsigned threads) {
+  ReferenceOutput result;
+  const AttentionShape s = call.shape();
+  result.shape = s;
+  result.sampled = !rows.empty() && static_cast<std::int64_t>(rows.size()) < s.seq_q;
+  if (rows.empty()) {
+    rows.resize(static_cast<std::size_t>(s.seq_q));
+    std::iota(rows.begin(), rows.end(), 0);
+  }
+  result.rows = std::move(rows);
+  const auto n_rows = static_cast<std::int64_t>(result.rows.size());
+  result.values.assign(static_cast<std::size_t>(s.batch * s.heads_q * n_rows * s.head_dim_vo), 0.0);
+
+  const HostTensor q = to_bhsd(call.q, call.layout);
+  const HostTensor k = to_bhsd(call.k, call.layout);
+  const HostTensor v = to_bhsd(call.v, call.layout);
+  const MaskView mask(call.mask, s);
+  const double scale = call.softmax_scale();
+  const std::int64_t group = s.heads_q / s.heads_kv;
+  // Bottom-right alignment shifts the diagonal by s_kv - s_q keys.
+  const std::int64_t diagonal_offset =
+      call.causal_alignment == CausalAlignment::bottom_right ? s.seq_kv - s.seq_q : 0;
+  if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
+  std::vector<std::int64_t> fully_masked(threads, 0);
+
+  for (std::int64_t b = 0; b < s.batch; ++b) {
+    for (std::int64_t hk = 0; hk < s.heads_kv; ++hk) {
+      const std::vector<double> keys = head_as_doubles(k, b, hk);
+      const std::vector<double> values = head_as_doubles(v, b, hk);
+      // Work items: (query head in this group, row slot).
+      const std::int64_t items = group * n_rows;
+      auto worker = [&](unsigned t) {
+        std::vector<double> query(static_cast<std::size_t>(s.head_dim_qk));
+        std::vector<double> bias(static_cast<std::size_t>(s.seq_kv), 0.0);
+        std::vector<double> accumulator(static_cast<std::size_t>(s.head_dim_vo));
+        for (std::int64_t item = t; item < items; item += threads) {
+          const std::int64_t h = hk * group + item / n_rows;
+          const auto slot = static_cast<std::size_t>(item % n_rows);
+          const std::int64_t i = result.rows[slot];
+          const std::size_t esize = dtype_size(q.dtype);
+          const std::byte* q_row = q.data() + static_cast<std::size_t>(((b * s.heads_q + h) * s.seq_q + i) * s.head_dim_qk) * esize;
+          for (std::int64_t d = 0; d < s.head_dim_qk; ++d) query[d] = element_to_double(q.dtype, q_row + d * esize);
+          mask.row(b, h, i, bias);
+          std::int64_t key_end = s.seq_kv;
+          if (call.is_causal) key_end = std::clamp<std::int64_t>(i + diagonal_offset + 1, 0, s.seq_kv);
+          // Online softmax: running max m, running sum l, output accumulator, all fp64.
+          double m = -std::numeric_limits<double>::infinity();
+          double l = 0.0;
+          std::fill(accumulator.begin(), accumulator.end(), 0.0);
+          for (std::int64_t j = 0; j < key_end; ++j) {
+            const double* key = keys.data() + j * s.head_dim_qk;
+            double dot = 0.0;
+            for (std::int64_t d = 0; d < s.head_dim_qk; ++d) dot += query[d] * key[d];
+            const double score = dot * scale + bias[static_cast<std::size_t>(j)];
+            if (score == -std::numeric_limits<double>::infinity()) continue;
+            if (score > m) {
+              const double rescale = std::exp(m - score);
+              l *= rescale;
+              for (double& a : accumulator) a *= rescale;
+              m = score;
+            }
+            const double p = std::exp(score - m);
+            l += p;
+            const double* value = values.data() + j * s.head_dim_vo;
+            for (std::int64_t d = 0; d < s.head_dim_vo; ++d) accumulator[d] += p * value[d];
+          }
+          double* out = result.values.data() + ((b * s.heads_q + h) * n_rows + static_cast<std::int64_t>(slot)) * s.head_dim_vo;
+          if (l == 0.0 || !std::isfinite(m)) {
+            ++fully_masked[t];
+            continue;  // stays 0
+          }
+          for (std::int64_t d = 0; d < s.head_dim_vo; ++d) out[d] = accumulator[d] / l;
+        }
+      };
+      std::vector<std::jthread> pool;
+      for (unsigned t = 1; t < threads; ++t) pool.emplace_back(worker, t);
+      worker(0);
+    }
+  }
+  for (std::int64_t count : fully_masked) result.fully_masked_rows += count;
+  return result;
+}
+
+namespace {
+
+class ReferenceKernel final : public Kernel {
+ public:
+  const KernelDescription& description() const override {
+    static const KernelDescription description{
+        "reference", "exact attention in fp64 on the CPU, streaming over keys (what errors are measured against)",
+        "cpu", true};
+    return description;
+  }
+  std::optional<std::string> unsupported_reason(const AttentionCall&) const override { return std::nullopt; }
+
+  class Prepared final : public PreparedKernel {
+   public:
+    explicit Prepared(const AttentionCall& call) : call_(call) {}
+    void run() override { output_ = reference_attention(call_); }
+    HostTensor output() override {
+      const AttentionShape& s = output_.shape;
+      return HostTensor::from_doubles(DType::float64, {s.batch, s.heads_q, s.seq_q, s.head_dim_vo}, output_.values);
+    }
+
+   private:
+    AttentionCall call_;
+    ReferenceOutput output_;
+  };
+
+  std::unique_ptr<PreparedKernel> prepare(const AttentionCall& call) const override {
+    return std::make_unique<Prepared>(call);
+  }
+};
+
+ATTNREPLAY_REGISTER_KERNEL(ReferenceKernel);
+
+}  // namespace
+}  // namespace attnreplay

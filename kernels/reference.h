@@ -1,0 +1,35 @@
+#pragma once
+// Exact softmax attention: every product and sum in fp64 from the stored inputs, streaming over
+// keys (no s_q x s_kv matrix), so it stays valid at 100K+ tokens. Optionally only some query rows.
+#include <cstdint>
+#include <vector>
+
+#include "formats/attention_call.h"
+
+namespace attnreplay {
+
+struct ReferenceOutput {
+  AttentionShape shape;
+  // Query positions computed, ascending; all of 0..seq_q-1 unless sampled.
+  std::vector<std::int64_t> rows;
+  bool sampled = false;
+  // (batch, heads_q, rows.size(), head_dim_vo), row-major.
+  std::vector<double> values;
+  // Rows whose every key is masked out. Their output is 0, as torch's math backend gives.
+  std::int64_t fully_masked_rows = 0;
+
+  double at(std::int64_t b, std::int64_t h, std::size_t row_slot, std::int64_t d) const {
+    const auto n = static_cast<std::int64_t>(rows.size());
+    return values[static_cast<std::size_t>(((b * shape.heads_q + h) * n + static_cast<std::int64_t>(row_slot)) *
+                                               shape.head_dim_vo + d)];
+  }
+};
+
+// `rows` empty: every query row. Dropout is not applied (replay is inference).
+ReferenceOutput reference_attention(const AttentionCall& call, std::vector<std::int64_t> rows = {},
+                                    unsigned threads = 0);
+
+// `count` distinct query positions drawn uniformly with a fixed seed, ascending.
+std::vector<std::int64_t> sample_query_rows(std::int64_t seq_q, std::int64_t count, std::uint64_t seed);
+
+}  // namespace attnreplay

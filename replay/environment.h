@@ -1,0 +1,10 @@
+#pragma once
+#include "replay/results.h"
+
+namespace attnreplay {
+
+// What the numbers were measured on: CPU, cores, OS, compiler, build, library versions.
+Environment describe_environment();
+std::string tool_version();  // "0.1.0 (git abc1234)"
+
+}  // namespace attnreplay

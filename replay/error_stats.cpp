@@ -1,0 +1,92 @@
+#include "replay/error_stats.h"
+
+#include <cmath>
+
+#include "formats/errors.h"
+
+namespace attnreplay {
+namespace {
+
+// Welford's running mean and variance: one pass, no cancellation on large tensors.
+struct Running {
+  std::int64_t count = 0;
+  double mean = 0, m2 = 0;
+  double min = INFINITY, max = -INFINITY;
+  void add(double x) {
+    ++count;
+    const double delta = x - mean;
+    mean += delta / static_cast<double>(count);
+    m2 += delta * (x - mean);
+    min = std::min(min, x);
+    max = std::max(max, x);
+  }
+  TensorMoments moments() const {
+    if (count == 0) return {};
+    return {min, max, mean, std::sqrt(m2 / static_cast<double>(count))};
+  }
+};
+
+}  // namespace
+
+ErrorStats compare_to_reference(const HostTensor& output, const ReferenceOutput& reference) {
+  const AttentionShape& s = reference.shape;
+  const std::vector<std::int64_t> want{s.batch, s.heads_q, s.seq_q, s.head_dim_vo};
+  if (output.shape != want) {
+    throw InputError(fmt::format("kernel output is {}, expected {}", shape_string(output.shape), shape_string(want)));
+  }
+  ErrorStats stats;
+  stats.sampled = reference.sampled;
+  stats.rows_compared = static_cast<std::int64_t>(reference.rows.size());
+  Running out_moments, ref_moments, abs_error;
+  double sum_sq_error = 0, sum_abs_ref = 0, sum_sq_ref = 0, sum_sq_out = 0, dot = 0;
+  const std::size_t esize = dtype_size(output.dtype);
+  const std::byte* data = output.data();
+  for (std::int64_t b = 0; b < s.batch; ++b)
+    for (std::int64_t h = 0; h < s.heads_q; ++h)
+      for (std::size_t slot = 0; slot < reference.rows.size(); ++slot) {
+        const std::int64_t row = reference.rows[slot];
+        const std::int64_t base = ((b * s.heads_q + h) * s.seq_q + row) * s.head_dim_vo;
+        for (std::int64_t d = 0; d < s.head_dim_vo; ++d) {
+          const double o = element_to_double(output.dtype, data + static_cast<std::size_t>(base + d) * esize);
+          const double r = reference.at(b, h, slot, d);
+          if (std::isnan(o)) {
+            ++stats.nan_count;
+            continue;
+          }
+          if (std::isinf(o)) {
+            ++stats.inf_count;
+            continue;
+          }
+          const double error = std::abs(o - r);
+          if (error > stats.max_abs || abs_error.count == 0) {
+            stats.max_abs = error;
+            stats.worst_batch = b, stats.worst_head = h, stats.worst_row = row, stats.worst_channel = d;
+          }
+          abs_error.add(error);
+          out_moments.add(o);
+          ref_moments.add(r);
+          sum_sq_error += error * error;
+          sum_abs_ref += std::abs(r);
+          sum_sq_ref += r * r;
+          sum_sq_out += o * o;
+          dot += o * r;
+        }
+      }
+  stats.elements = abs_error.count;
+  if (stats.elements > 0) {
+    const auto n = static_cast<double>(stats.elements);
+    stats.mean_abs = abs_error.mean;
+    stats.std_abs = abs_error.moments().std;
+    stats.mse = sum_sq_error / n;
+    stats.rmse = std::sqrt(stats.mse);
+    stats.rel_l1 = sum_abs_ref > 0 ? abs_error.mean * n / sum_abs_ref : (abs_error.mean > 0 ? INFINITY : 0.0);
+    stats.rel_l2 = sum_sq_ref > 0 ? std::sqrt(sum_sq_error / sum_sq_ref) : (sum_sq_error > 0 ? INFINITY : 0.0);
+    if (sum_sq_out > 0 && sum_sq_ref > 0) stats.cosine = dot / (std::sqrt(sum_sq_out) * std::sqrt(sum_sq_ref));
+    else stats.cosine = (sum_sq_out == 0 && sum_sq_ref == 0) ? 1.0 : 0.0;
+  }
+  stats.output = out_moments.moments();
+  stats.reference = ref_moments.moments();
+  return stats;
+}
+
+}  // namespace attnreplay

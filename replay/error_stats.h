@@ -1,0 +1,39 @@
+#pragma once
+// How far a kernel's output is from the exact reference, in the measures users compare: ours,
+// aiter's compare-to-reference figures, and the Flux notebook's absmax / MAE / MSE.
+#include <cstdint>
+#include <optional>
+
+#include "formats/host_tensor.h"
+#include "kernels/reference.h"
+
+namespace attnreplay {
+
+struct TensorMoments {
+  double min = 0, max = 0, mean = 0, std = 0;  // population std
+};
+
+struct ErrorStats {
+  std::int64_t elements = 0;       // compared elements (sampled rows only, when sampled)
+  bool sampled = false;            // only `rows_compared` query rows were compared
+  std::int64_t rows_compared = 0;  // per (batch, head)
+  // Over elements where both are finite:
+  double max_abs = 0;   // = the Flux notebook's absmax
+  double mean_abs = 0;  // = MAE
+  double mse = 0;
+  double rmse = 0;
+  double std_abs = 0;   // std of |error| (aiter)
+  double rel_l1 = 0;    // sum|o - r| / sum|r|
+  double rel_l2 = 0;    // ||o - r|| / ||r||
+  double cosine = 0;    // <o, r> / (||o|| ||r||); 1 when both are zero
+  std::int64_t nan_count = 0;  // in the kernel output
+  std::int64_t inf_count = 0;
+  // Where max_abs sits, as (batch, head, query row, channel).
+  std::int64_t worst_batch = 0, worst_head = 0, worst_row = 0, worst_channel = 0;
+  TensorMoments output, reference;
+};
+
+// `output` is (batch, heads_q, seq_q, head_dim_vo) in any dtype; compared on the reference's rows.
+ErrorStats compare_to_reference(const HostTensor& output, const ReferenceOutput& reference);
+
+}  // namespace attnreplay

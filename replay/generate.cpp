@@ -1,0 +1,61 @@
+#include "replay/generate.h"
+
+#include <cmath>
+#include <numbers>
+#include <random>
+
+#include "formats/errors.h"
+
+namespace attnreplay {
+namespace {
+
+// Box-Muller on mt19937_64: the same numbers with every standard library, unlike
+// std::normal_distribution, so a seed means the same tensors on every machine.
+HostTensor normal_tensor(DType dtype, std::vector<std::int64_t> shape, std::mt19937_64& generator) {
+  HostTensor tensor = HostTensor::allocate(dtype, std::move(shape));
+  std::byte* out = tensor.mutable_data();
+  const std::size_t size = dtype_size(dtype);
+  const std::int64_t count = tensor.numel();
+  auto uniform = [&generator] { return (static_cast<double>(generator() >> 11) + 0.5) * 0x1.0p-53; };
+  for (std::int64_t i = 0; i < count; i += 2) {
+    const double radius = std::sqrt(-2.0 * std::log(uniform()));
+    const double angle = 2.0 * std::numbers::pi * uniform();
+    element_from_double(dtype, radius * std::cos(angle), out + static_cast<std::size_t>(i) * size);
+    if (i + 1 < count) element_from_double(dtype, radius * std::sin(angle), out + static_cast<std::size_t>(i + 1) * size);
+  }
+  return tensor;
+}
+
+}  // namespace
+
+AttentionCall generate_call(const GeneratedCallSpec& spec) {
+  const AttentionShape& s = spec.shape;
+  auto dims = [&spec](std::int64_t heads, std::int64_t seq, std::int64_t dim) -> std::vector<std::int64_t> {
+    if (spec.layout == Layout::bhsd) return {spec.shape.batch, heads, seq, dim};
+    return {spec.shape.batch, seq, heads, dim};
+  };
+  if (s.batch <= 0 || s.heads_q <= 0 || s.heads_kv <= 0 || s.seq_q <= 0 || s.seq_kv <= 0 || s.head_dim_qk <= 0 ||
+      s.head_dim_vo <= 0) {
+    throw InputError(fmt::format("generated shape {}: every dim must be positive", s.to_string()));
+  }
+  if (!dtype_is_floating(spec.dtype)) {
+    throw InputError(fmt::format("generated inputs need a floating dtype, got {}", dtype_name(spec.dtype)));
+  }
+  std::mt19937_64 generator(spec.seed);
+  AttentionCall call;
+  call.source = "generated";
+  call.op = "generated";
+  call.layout = spec.layout;
+  call.q = normal_tensor(spec.dtype, dims(s.heads_q, s.seq_q, s.head_dim_qk), generator);
+  call.k = normal_tensor(spec.dtype, dims(s.heads_kv, s.seq_kv, s.head_dim_qk), generator);
+  call.v = normal_tensor(spec.dtype, dims(s.heads_kv, s.seq_kv, s.head_dim_vo), generator);
+  call.is_causal = spec.is_causal;
+  call.causal_alignment = spec.causal_alignment;
+  call.scale = spec.scale;
+  call.enable_gqa = s.is_gqa();
+  call.metadata["seed"] = std::to_string(spec.seed);
+  call.shape();
+  return call;
+}
+
+}  // namespace attnreplay

@@ -1,0 +1,446 @@
+// attnreplay: replay captured (or generated) attention calls through every kernel and report
+// speed beside error against an exact reference.
+#include <CLI/CLI.hpp>
+#include <fmt/chrono.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "formats/capture_source.h"
+#include "formats/errors.h"
+#include "kernels/kernel.h"
+#include "replay/environment.h"
+#include "replay/generate.h"
+#include "replay/report.h"
+#include "replay/runner.h"
+
+namespace attnreplay {
+namespace {
+namespace fs = std::filesystem;
+
+constexpr int kExitOk = 0;
+constexpr int kExitFailures = 1;   // an input, call or kernel failed
+constexpr int kExitUsage = 2;
+constexpr int kExitIncorrect = 3;  // --refcheck thresholds exceeded
+
+// The flags of one `run`: what a command line or one line of a --testlist gives.
+struct RunArgs {
+  std::vector<std::string> inputs;
+  std::string shape;
+  std::optional<std::int64_t> batch_size, num_qo_heads, num_kv_heads, s_qo, s_kv, head_dim_qk, head_dim_vo;
+  std::string dtype = "bfloat16";
+  std::string layout = "bhsd";
+  bool causal = false;
+  std::string causal_alignment = "top_left";
+  std::optional<double> scale;
+  std::uint64_t seed = 0;
+  std::vector<std::string> kernels{"all"};
+  std::string calls;
+  std::int64_t ref_sample_rows = 0;
+  bool refcheck = false;
+  std::optional<double> refcheck_min_cosine, refcheck_max_rel_l2, refcheck_max_abs;
+  StoppingRule stopping;
+  double max_noise_percent = 2.0;
+  std::string case_tag;
+  std::string save_outputs;
+  std::string save_inputs;
+};
+
+void add_run_options(CLI::App& app, RunArgs& a) {
+  app.add_option("inputs", a.inputs, "capture files (.h5, .pt) or folders of .pt calls");
+  app.add_option("--shape", a.shape, "generated inputs: batch,heads,seq,head_dim (e.g. 2,24,4250,64)");
+  app.add_option("--batch_size", a.batch_size, "generated: batch (overrides --shape)");
+  app.add_option("--num_qo_heads", a.num_qo_heads, "generated: query heads");
+  app.add_option("--num_kv_heads", a.num_kv_heads, "generated: key/value heads (GQA when fewer)");
+  app.add_option("--s_qo", a.s_qo, "generated: query length");
+  app.add_option("--s_kv", a.s_kv, "generated: key/value length");
+  app.add_option("--head_dim_qk", a.head_dim_qk, "generated: head dim of Q and K");
+  app.add_option("--head_dim_vo", a.head_dim_vo, "generated: head dim of V and O");
+  app.add_option("--dtype", a.dtype, "generated: bf16, fp16, fp32, fp64, fp8")->capture_default_str();
+  app.add_option("--layout", a.layout, "generated: bhsd or bshd")->capture_default_str();
+  app.add_flag("--causal", a.causal, "generated: causal");
+  app.add_option("--causal_alignment", a.causal_alignment, "generated: top_left (SDPA) or bottom_right (flash-attn)")
+      ->capture_default_str();
+  app.add_option("--scale", a.scale, "generated: softmax scale (default 1/sqrt(head_dim_qk))");
+  app.add_option("--seed,--random_seed", a.seed, "seed for generated inputs and sampled rows")->capture_default_str();
+  app.add_option("--kernels,--backends", a.kernels, "kernels to run, comma-separated, or all")
+      ->delimiter(',')
+      ->capture_default_str();
+  app.add_option("--calls", a.calls, "call indices to replay, e.g. 0-40,55");
+  app.add_option("--ref-sample-rows", a.ref_sample_rows,
+                 "compare only this many random query rows per head (0: all); the full reference is then skipped");
+  app.add_flag("--refcheck", a.refcheck, "judge errors against thresholds; exit 3 when one is exceeded");
+  app.add_option("--refcheck-min-cosine", a.refcheck_min_cosine, "threshold (implies --refcheck)");
+  app.add_option("--refcheck-max-rel-l2", a.refcheck_max_rel_l2, "threshold (implies --refcheck)");
+  app.add_option("--refcheck-max-abs", a.refcheck_max_abs, "threshold (implies --refcheck)");
+  app.add_option("--warmup", a.stopping.warmup_runs, "warm-up runs")->capture_default_str();
+  app.add_option("--min-samples", a.stopping.min_samples, "fewest timed samples")->capture_default_str();
+  app.add_option("--min-time", a.stopping.min_time_s, "least seconds of timed samples")->capture_default_str();
+  app.add_option("--max-noise", a.max_noise_percent, "stop once the relative stdev is under this percentage")
+      ->capture_default_str();
+  app.add_option("--timeout", a.stopping.timeout_s, "most seconds of sampling per call and kernel")->capture_default_str();
+  app.add_option("--case_tag", a.case_tag, "a label carried into every row");
+  app.add_option("--save-outputs", a.save_outputs, "folder for each kernel's output (.pt per call and kernel)");
+  app.add_option("--save-inputs", a.save_inputs, "write the replayed calls to this capture (.h5, .pt or folder/)");
+}
+
+std::vector<std::int64_t> parse_ints(const std::string& text, const std::string& flag) {
+  std::vector<std::int64_t> values;
+  std::stringstream stream(text);
+  for (std::string part; std::getline(stream, part, ',');) {
+    try {
+      std::size_t used = 0;
+      values.push_back(std::stoll(part, &used));
+      if (used != part.size()) throw std::invalid_argument(part);
+    } catch (const std::exception&) {
+      throw InputError(fmt::format("{}: expected integers, got '{}'", flag, text));
+    }
+  }
+  return values;
+}
+
+// "0-40,55" -> predicate on call indices.
+std::function<bool(std::int64_t)> parse_call_ranges(const std::string& text) {
+  if (text.empty()) return {};
+  std::vector<std::pair<std::int64_t, std::int64_t>> ranges;
+  std::stringstream stream(text);
+  for (std::string part; std::getline(stream, part, ',');) {
+    const auto dash = part.find('-', 1);
+    try {
+      if (dash == std::string::npos) ranges.emplace_back(std::stoll(part), std::stoll(part));
+      else ranges.emplace_back(std::stoll(part.substr(0, dash)), std::stoll(part.substr(dash + 1)));
+    } catch (const std::exception&) {
+      throw InputError(fmt::format("--calls: expected ranges like 0-40,55, got '{}'", text));
+    }
+  }
+  return [ranges](std::int64_t index) {
+    for (const auto& [low, high] : ranges)
+      if (index >= low && index <= high) return true;
+    return false;
+  };
+}
+
+std::string format_number(double value) { return fmt::format("{:g}", value); }
+
+ReplayOptions replay_options(const RunArgs& a) {
+  ReplayOptions o;
+  o.kernels = a.kernels;
+  select_kernels(o.kernels);  // unknown names fail before any work
+  o.stopping = a.stopping;
+  o.stopping.max_noise = a.max_noise_percent / 100.0;
+  o.ref_sample_rows = a.ref_sample_rows;
+  o.seed = a.seed;
+  if (a.refcheck || a.refcheck_min_cosine || a.refcheck_max_rel_l2 || a.refcheck_max_abs) {
+    o.refcheck = RefcheckThresholds{a.refcheck_min_cosine, a.refcheck_max_rel_l2, a.refcheck_max_abs};
+  }
+  o.save_outputs_dir = a.save_outputs;
+  o.case_tag = a.case_tag;
+  // The flags that change results, so that each row's rerun command reproduces it.
+  std::string& r = o.rerun_base;
+  const StoppingRule defaults;
+  if (a.ref_sample_rows > 0) r += fmt::format(" --ref-sample-rows {} --seed {}", a.ref_sample_rows, a.seed);
+  if (o.refcheck) r += " --refcheck";
+  if (a.refcheck_min_cosine) r += " --refcheck-min-cosine " + format_number(*a.refcheck_min_cosine);
+  if (a.refcheck_max_rel_l2) r += " --refcheck-max-rel-l2 " + format_number(*a.refcheck_max_rel_l2);
+  if (a.refcheck_max_abs) r += " --refcheck-max-abs " + format_number(*a.refcheck_max_abs);
+  if (a.stopping.warmup_runs != defaults.warmup_runs) r += fmt::format(" --warmup {}", a.stopping.warmup_runs);
+  if (a.stopping.min_samples != defaults.min_samples) r += fmt::format(" --min-samples {}", a.stopping.min_samples);
+  if (a.stopping.min_time_s != defaults.min_time_s) r += " --min-time " + format_number(a.stopping.min_time_s);
+  if (a.stopping.timeout_s != defaults.timeout_s) r += " --timeout " + format_number(a.stopping.timeout_s);
+  if (o.stopping.max_noise != defaults.max_noise) r += " --max-noise " + format_number(a.max_noise_percent);
+  return o;
+}
+
+bool wants_generated(const RunArgs& a) {
+  return !a.shape.empty() || a.batch_size || a.num_qo_heads || a.s_qo || a.head_dim_qk;
+}
+
+// The generated call and the flags that regenerate it.
+std::pair<AttentionCall, std::string> generated_call(const RunArgs& a) {
+  GeneratedCallSpec spec;
+  AttentionShape& s = spec.shape;
+  s = {1, 1, 0, 128, 0, 64, 0};
+  if (!a.shape.empty()) {
+    const auto dims = parse_ints(a.shape, "--shape");
+    if (dims.size() != 4) throw InputError(fmt::format("--shape: expected batch,heads,seq,head_dim, got '{}'", a.shape));
+    s.batch = dims[0], s.heads_q = dims[1], s.seq_q = dims[2], s.head_dim_qk = dims[3];
+  }
+  if (a.batch_size) s.batch = *a.batch_size;
+  if (a.num_qo_heads) s.heads_q = *a.num_qo_heads;
+  if (a.s_qo) s.seq_q = *a.s_qo;
+  if (a.head_dim_qk) s.head_dim_qk = *a.head_dim_qk;
+  s.heads_kv = a.num_kv_heads.value_or(s.heads_q);
+  s.seq_kv = a.s_kv.value_or(s.seq_q);
+  s.head_dim_vo = a.head_dim_vo.value_or(s.head_dim_qk);
+  const auto dtype = parse_dtype(a.dtype);
+  if (!dtype) throw InputError(fmt::format("--dtype: unknown dtype '{}'", a.dtype));
+  const auto layout = parse_layout(a.layout);
+  if (!layout) throw InputError(fmt::format("--layout: expected bhsd or bshd, got '{}'", a.layout));
+  const auto alignment = parse_causal_alignment(a.causal_alignment);
+  if (!alignment) throw InputError(fmt::format("--causal_alignment: expected top_left or bottom_right, got '{}'", a.causal_alignment));
+  if (s.heads_kv <= 0 || s.heads_q % s.heads_kv != 0) {
+    throw InputError(fmt::format("--num_kv_heads: {} does not divide {} query heads", s.heads_kv, s.heads_q));
+  }
+  spec.dtype = *dtype;
+  spec.layout = *layout;
+  spec.is_causal = a.causal;
+  spec.causal_alignment = *alignment;
+  spec.scale = a.scale;
+  spec.seed = a.seed;
+  std::string flags = fmt::format("--shape {},{},{},{} --num_kv_heads {} --s_kv {} --head_dim_vo {} --dtype {} --layout {} --seed {}",
+                                  s.batch, s.heads_q, s.seq_q, s.head_dim_qk, s.heads_kv, s.seq_kv, s.head_dim_vo,
+                                  dtype_name(*dtype), layout_name(*layout), a.seed);
+  if (a.causal) flags += fmt::format(" --causal --causal_alignment {}", causal_alignment_name(*alignment));
+  if (a.scale) flags += " --scale " + format_number(*a.scale);
+  return {generate_call(spec), flags};
+}
+
+struct Output {
+  bool quiet = false;
+};
+
+// Runs one set of run flags into `report`. Input problems are recorded, never thrown.
+void run_one(const RunArgs& a, Report& report, const Output& output) {
+  const ReplayOptions options = replay_options(a);
+  auto show = [&output](const CallResult& call) {
+    if (!output.quiet) print_call_table(call, std::cout), std::cout.flush();
+  };
+  std::unique_ptr<CaptureWriter> saved_inputs;
+  if (!a.save_inputs.empty()) saved_inputs = open_capture_writer(a.save_inputs);
+  if (wants_generated(a)) {
+    auto [call, flags] = generated_call(a);
+    if (saved_inputs) saved_inputs->append(call);
+    CallResult result = replay_call(call, options, flags);
+    show(result);
+    report.calls.push_back(std::move(result));
+  } else if (a.inputs.empty()) {
+    throw InputError("nothing to replay: give capture files or folders, --shape, or --testlist");
+  }
+  const auto wanted = parse_call_ranges(a.calls);
+  for (const std::string& input : a.inputs) {
+    try {
+      auto source = open_capture(input);
+      if (saved_inputs) {
+        for (std::size_t i = 0; i < source->size(); ++i) {
+          try {
+            saved_inputs->append(source->load(i));
+          } catch (const InputError&) {
+            // reported by the replay below
+          }
+        }
+      }
+      replay_capture(*source, wanted, options, report, show);
+    } catch (const InputError& error) {
+      report.input_errors.push_back(error.what());
+    }
+  }
+  if (saved_inputs) saved_inputs->close();
+}
+
+std::string now_utc() {
+  const auto now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  return fmt::format("{:%Y-%m-%dT%H:%M:%SZ}", fmt::gmtime(now));
+}
+
+void write_file_atomically(const std::string& path, const std::function<void(std::ostream&)>& write) {
+  const std::string partial = path + ".partial";
+  {
+    std::ofstream out(partial);
+    if (!out) throw InputError(fmt::format("{}: cannot open for writing", path));
+    write(out);
+    if (!out.flush()) throw InputError(fmt::format("{}: write failed", path));
+  }
+  fs::rename(partial, path);
+}
+
+void print_summary(const Report& report) {
+  std::map<std::string, int> counts;
+  int runs = 0;
+  for (const auto& call : report.calls)
+    for (const auto& kernel : call.kernels) ++counts[std::string(disposition_name(kernel.disposition))], ++runs;
+  std::vector<std::string> parts;
+  for (const auto& [name, count] : counts) parts.push_back(fmt::format("{} {}", count, name));
+  std::cout << fmt::format("{} calls, {} results: {}; {} input errors\n", report.calls.size(), runs,
+                           parts.empty() ? "none" : fmt::format("{}", fmt::join(parts, ", ")), report.input_errors.size());
+}
+
+int command_run(const RunArgs& args, const std::string& testlist, const std::string& json_path,
+                const std::string& csv_path, const Output& output, const std::vector<std::string>& argv) {
+  Report report;
+  report.tool_version = tool_version();
+  report.argv = argv;
+  report.started_utc = now_utc();
+  report.environment = describe_environment();
+  report.stopping_rule = replay_options(args).stopping.describe();
+  if (!testlist.empty()) {
+    std::ifstream in(testlist);
+    if (!in) throw InputError(fmt::format("{}: cannot open test list", testlist));
+    int line_number = 0;
+    for (std::string line; std::getline(in, line);) {
+      ++line_number;
+      const auto first = line.find_first_not_of(" \t\r");
+      if (first == std::string::npos || line[first] == '#') continue;
+      line = line.substr(first);
+      for (const char* prefix : {"attnreplay run ", "run "}) {
+        if (line.rfind(prefix, 0) == 0) line = line.substr(std::string_view(prefix).size());
+      }
+      const std::string where = fmt::format("{}:{}", testlist, line_number);
+      try {
+        RunArgs line_args;
+        CLI::App parser{"test-list line"};
+        add_run_options(parser, line_args);
+        parser.parse(line, false);
+        if (line_args.case_tag.empty()) line_args.case_tag = where;
+        run_one(line_args, report, output);
+      } catch (const CLI::Error& error) {
+        report.input_errors.push_back(fmt::format("{}: {}", where, error.what()));
+      } catch (const InputError& error) {
+        report.input_errors.push_back(fmt::format("{}: {}", where, error.what()));
+      }
+    }
+  }
+  if (testlist.empty() || wants_generated(args) || !args.inputs.empty()) {
+    try {
+      run_one(args, report, output);
+    } catch (const InputError& error) {
+      report.input_errors.push_back(error.what());
+    }
+  }
+  for (const std::string& error : report.input_errors) std::cerr << "error: " << error << '\n';
+  if (!json_path.empty()) write_file_atomically(json_path, [&](std::ostream& out) { write_json(report, out); });
+  if (!csv_path.empty()) write_file_atomically(csv_path, [&](std::ostream& out) { write_csv(report, out); });
+  print_summary(report);
+  if (report.any_failed()) return kExitFailures;
+  if (report.any_incorrect()) return kExitIncorrect;
+  return kExitOk;
+}
+
+int command_info(const std::vector<std::string>& inputs) {
+  int status = kExitOk;
+  for (const std::string& input : inputs) {
+    try {
+      auto source = open_capture(input);
+      std::map<std::string, int> ops;
+      std::uint64_t bytes = 0;
+      std::cout << fmt::format("{}: {}, {} calls\n", input, source->format(), source->size());
+      std::cout << fmt::format("  {:>6}  {:<44} {:<10} {:<6} {:<38} {:<8} {:<16} {:>10}\n", "call", "op (backend)",
+                               "dtype", "layout", "shape", "causal", "mask", "bytes");
+      for (const std::string& error : source->open_errors()) {
+        std::cout << "  error: " << error << '\n';
+        status = kExitFailures;
+      }
+      for (std::size_t i = 0; i < source->size(); ++i) {
+        try {
+          const AttentionCall call = source->load(i, /*with_data=*/false);
+          std::uint64_t call_bytes = call.q.nbytes() + call.k.nbytes() + call.v.nbytes();
+          if (call.mask) call_bytes += call.mask->nbytes();
+          if (call.out) call_bytes += call.out->nbytes();
+          bytes += call_bytes;
+          ++ops[call.op];
+          const std::string op = call.backend.empty() ? call.op : fmt::format("{} ({})", call.op, call.backend);
+          std::cout << fmt::format("  {:>6}  {:<44} {:<10} {:<6} {:<38} {:<8} {:<16} {:>10}\n", call.call_index, op,
+                                   dtype_name(call.q.dtype), layout_name(call.layout), call.shape().to_string(),
+                                   call.is_causal ? causal_alignment_name(call.causal_alignment) : "no",
+                                   call.mask ? fmt::format("{} {}", dtype_name(call.mask->dtype), shape_string(call.mask->shape)) : "none",
+                                   call_bytes);
+          std::string meta;
+          for (const auto& [key, value] : call.metadata) meta += fmt::format(" {}={}", key, value);
+          if (!meta.empty()) std::cout << "          " << meta << '\n';
+        } catch (const InputError& error) {
+          std::cout << "  error: " << error.what() << '\n';
+          status = kExitFailures;
+        }
+      }
+      for (const auto& [op, count] : ops) std::cout << fmt::format("  {} x {}\n", count, op.empty() ? "(no op)" : op);
+      std::cout << fmt::format("  tensor bytes: {}\n", bytes);
+    } catch (const InputError& error) {
+      std::cerr << "error: " << error.what() << '\n';
+      status = kExitFailures;
+    }
+  }
+  return status;
+}
+
+int command_convert(const std::string& from, const std::string& to) {
+  auto source = open_capture(from);
+  auto writer = open_capture_writer(to);
+  int written = 0;
+  int status = kExitOk;
+  for (const std::string& error : source->open_errors()) {
+    std::cerr << "error: " << error << '\n';
+    status = kExitFailures;
+  }
+  for (std::size_t i = 0; i < source->size(); ++i) {
+    try {
+      writer->append(source->load(i));
+      ++written;
+    } catch (const InputError& error) {
+      std::cerr << "error: " << error.what() << " (skipped)\n";
+      status = kExitFailures;
+    }
+  }
+  writer->close();
+  std::cout << fmt::format("{}: {} of {} calls written\n", to, written, source->size());
+  return status;
+}
+
+int command_kernels() {
+  for (const auto& kernel : KernelRegistry::instance().kernels()) {
+    const auto& d = kernel->description();
+    std::cout << fmt::format("{:<20} {:<5} {}\n", d.name, d.device, d.summary);
+  }
+  return kExitOk;
+}
+
+}  // namespace
+}  // namespace attnreplay
+
+int main(int argc, char** argv) {
+  using namespace attnreplay;
+  CLI::App app{"attnreplay: benchmark and audit attention kernels on real captured tensors"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", tool_version());
+
+  RunArgs run_args;
+  std::string testlist, json_path, csv_path;
+  Output output;
+  CLI::App* run = app.add_subcommand("run", "replay calls through kernels; report time, TFLOP/s, GB/s and error");
+  add_run_options(*run, run_args);
+  run->add_option("--testlist", testlist, "file of run flags, one configuration a line (# comments)");
+  run->add_option("--json", json_path, "write the complete results record");
+  run->add_option("--csv", csv_path, "write one row per call and kernel");
+  run->add_flag("-q,--quiet", output.quiet, "print only the summary");
+
+  std::vector<std::string> info_inputs;
+  CLI::App* info = app.add_subcommand("info", "what captures hold: calls, ops, shapes, dtypes, sizes");
+  info->add_option("inputs", info_inputs, "capture files or folders")->required();
+
+  std::string convert_from, convert_to;
+  CLI::App* convert = app.add_subcommand("convert", "convert between .h5, .pt and .pt folders");
+  convert->add_option("from", convert_from, "capture to read")->required();
+  convert->add_option("to", convert_to, "capture to write: .h5, .pt, or a folder ending in '/'")->required();
+
+  CLI::App* kernels = app.add_subcommand("kernels", "list the registered kernels");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    const int code = app.exit(error);
+    return code == 0 ? 0 : kExitUsage;
+  }
+  try {
+    if (*run) return command_run(run_args, testlist, json_path, csv_path, output, std::vector<std::string>(argv, argv + argc));
+    if (*info) return command_info(info_inputs);
+    if (*convert) return command_convert(convert_from, convert_to);
+    if (*kernels) return command_kernels();
+  } catch (const InputError& error) {
+    std::cerr << "error: " << error.what() << '\n';
+    return kExitFailures;
+  } catch (const std::exception& error) {
+    std::cerr << "internal error: " << error.what() << '\n';
+    return kExitFailures;
+  }
+  return kExitUsage;
+}

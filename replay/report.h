@@ -1,0 +1,25 @@
+#pragma once
+// Printers of the results record. They read it and never measure: the same Report gives the
+// console table, the JSON (the complete record) and the CSV (fixed columns taken from the JSON).
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "replay/results.h"
+
+namespace attnreplay {
+
+void print_table(const Report& report, std::ostream& out);
+void print_call_table(const CallResult& call, std::ostream& out);
+
+nlohmann::json report_to_json(const Report& report);
+void write_json(const Report& report, std::ostream& out);
+
+// The CSV's columns, in order; fixed for a given JSON schema version.
+const std::vector<std::string>& csv_columns();
+void write_csv(const Report& report, std::ostream& out);
+
+}  // namespace attnreplay

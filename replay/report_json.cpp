@@ -1,0 +1,106 @@
+#include <cmath>
+
+#include "replay/report.h"
+
+namespace attnreplay {
+namespace {
+
+// JSON has no NaN or Infinity: such values are written as null.
+nlohmann::json number(double value) { return std::isfinite(value) ? nlohmann::json(value) : nlohmann::json(); }
+
+nlohmann::json timing_json(const TimingSummary& t) {
+  return {{"method", t.method},         {"cache", t.cache},
+          {"warmup_runs", t.warmup_runs}, {"samples", t.samples},
+          {"discarded_samples", t.discarded}, {"median_s", number(t.median_s)},
+          {"min_s", number(t.min_s)},   {"max_s", number(t.max_s)},
+          {"mean_s", number(t.mean_s)}, {"stdev_rel", number(t.stdev_rel)},
+          {"measured_s", number(t.measured_s)}, {"stop_reason", t.stop_reason}};
+}
+
+nlohmann::json moments_json(const TensorMoments& m) {
+  return {{"min", number(m.min)}, {"max", number(m.max)}, {"mean", number(m.mean)}, {"std", number(m.std)}};
+}
+
+nlohmann::json error_json(const ErrorStats& e) {
+  return {{"elements", e.elements},
+          {"sampled", e.sampled},
+          {"rows_compared", e.rows_compared},
+          {"max_abs", number(e.max_abs)},
+          {"mean_abs", number(e.mean_abs)},
+          {"mse", number(e.mse)},
+          {"rmse", number(e.rmse)},
+          {"std_abs", number(e.std_abs)},
+          {"rel_l1", number(e.rel_l1)},
+          {"rel_l2", number(e.rel_l2)},
+          {"cosine", number(e.cosine)},
+          {"nan_count", e.nan_count},
+          {"inf_count", e.inf_count},
+          {"worst", {{"batch", e.worst_batch}, {"head", e.worst_head}, {"row", e.worst_row}, {"channel", e.worst_channel}}},
+          {"output", moments_json(e.output)},
+          {"reference", moments_json(e.reference)}};
+}
+
+nlohmann::json work_json(const AttentionWork& w) {
+  return {{"flops", w.flops}, {"bytes", w.bytes}, {"arithmetic_intensity", number(w.arithmetic_intensity())}};
+}
+
+nlohmann::json kernel_json(const KernelResult& k) {
+  nlohmann::json j = {{"kernel", k.kernel},
+                      {"status", disposition_name(k.disposition)},
+                      {"reason", k.reason},
+                      {"rerun", k.rerun},
+                      {"refcheck_failures", k.refcheck_failures}};
+  if (k.timing) {
+    j["timing"] = timing_json(*k.timing);
+    j["tflops"] = number(k.tflops());
+    j["gbytes_per_s"] = number(k.gbytes_per_s());
+  }
+  if (k.error) j["error"] = error_json(*k.error);
+  return j;
+}
+
+nlohmann::json call_json(const CallResult& c) {
+  nlohmann::json kernels = nlohmann::json::array();
+  for (const auto& k : c.kernels) kernels.push_back(kernel_json(k));
+  const AttentionShape& s = c.shape;
+  return {{"source", c.source},
+          {"call_index", c.call_index},
+          {"op", c.op},
+          {"backend", c.backend},
+          {"shape",
+           {{"batch", s.batch}, {"heads_q", s.heads_q}, {"heads_kv", s.heads_kv}, {"seq_q", s.seq_q},
+            {"seq_kv", s.seq_kv}, {"head_dim_qk", s.head_dim_qk}, {"head_dim_vo", s.head_dim_vo}}},
+          {"dtype", c.dtype},
+          {"layout", layout_name(c.layout)},
+          {"is_causal", c.is_causal},
+          {"causal_alignment", causal_alignment_name(c.causal_alignment)},
+          {"mask", c.mask},
+          {"scale", number(c.scale)},
+          {"metadata", c.metadata},
+          {"notes", c.notes},
+          {"case_tag", c.case_tag},
+          {"work", work_json(c.work)},
+          {"reference", {{"rows", c.reference_rows}, {"sampled", c.reference_sampled}}},
+          {"kernels", kernels}};
+}
+
+}  // namespace
+
+nlohmann::json report_to_json(const Report& report) {
+  nlohmann::json calls = nlohmann::json::array();
+  for (const auto& call : report.calls) calls.push_back(call_json(call));
+  return {{"schema", "attnreplay.results"},
+          {"schema_version", Report::kJsonSchemaVersion},
+          {"tool_version", report.tool_version},
+          {"argv", report.argv},
+          {"started_utc", report.started_utc},
+          {"environment", report.environment.values},
+          {"stopping_rule", report.stopping_rule},
+          {"units", {{"time", "s"}, {"tflops", "1e12 FLOP/s"}, {"gbytes_per_s", "1e9 B/s"}, {"arithmetic_intensity", "FLOP/B"}}},
+          {"calls", calls},
+          {"input_errors", report.input_errors}};
+}
+
+void write_json(const Report& report, std::ostream& out) { out << report_to_json(report).dump(2) << '\n'; }
+
+}  // namespace attnreplay

@@ -1,0 +1,67 @@
+#include <cmath>
+
+#include "replay/report.h"
+
+namespace attnreplay {
+namespace {
+
+std::string si(double value, std::string_view unit) {
+  static constexpr std::pair<double, const char*> kPrefixes[] = {{1e12, "T"}, {1e9, "G"}, {1e6, "M"}, {1e3, "k"}};
+  for (const auto& [scale, prefix] : kPrefixes) {
+    if (std::abs(value) >= scale) return fmt::format("{:.3g} {}{}", value / scale, prefix, unit);
+  }
+  return fmt::format("{:.3g} {}", value, unit);
+}
+
+std::string g(double value, int digits = 3) {
+  if (std::isnan(value)) return "nan";
+  return fmt::format("{:.{}g}", value, digits);
+}
+
+}  // namespace
+
+void print_call_table(const CallResult& call, std::ostream& out) {
+  out << fmt::format("{}: call {}  {}{}  {} {}  {}  mask {}  scale {:.4g}\n", call.source, call.call_index,
+                     call.op.empty() ? "" : call.op + " ", call.backend.empty() ? "" : "(" + call.backend + ")",
+                     call.dtype, layout_name(call.layout), call.shape.to_string(), call.mask, call.scale);
+  out << fmt::format("  {}{}  work {}, {}, {:.3g} FLOP/B{}\n", call.is_causal ? "causal " : "",
+                     call.is_causal ? std::string(causal_alignment_name(call.causal_alignment)) + "  " : std::string(),
+                     si(call.work.flops, "FLOP"), si(call.work.bytes, "B"), call.work.arithmetic_intensity(),
+                     call.reference_sampled ? fmt::format("  (errors on {} sampled query rows)", call.reference_rows) : "");
+  out << fmt::format("  {:<18} {:<13} {:>10} {:>6} {:>9} {:>9} {:>10} {:>10} {:>12}\n", "kernel", "status", "median ms",
+                     "±%", "TFLOP/s", "GB/s", "max_abs", "rel_l2", "cosine");
+  std::vector<std::string> footnotes;
+  for (const KernelResult& k : call.kernels) {
+    std::string time = "-", spread = "-", tflops = "-", gbps = "-";
+    if (k.timing) {
+      time = fmt::format("{:.4g}", k.timing->median_s * 1e3);
+      spread = fmt::format("{:.2g}", k.timing->stdev_rel * 100);
+      tflops = g(k.tflops(), 4);
+      gbps = g(k.gbytes_per_s(), 4);
+    }
+    std::string max_abs = "-", rel_l2 = "-", cosine = "-";
+    if (k.error) {
+      max_abs = g(k.error->max_abs);
+      rel_l2 = g(k.error->rel_l2);
+      cosine = fmt::format("{:.8f}", k.error->cosine);
+      if (k.error->nan_count || k.error->inf_count) {
+        footnotes.push_back(fmt::format("{}: {} NaN, {} Inf in the output", k.kernel, k.error->nan_count, k.error->inf_count));
+      }
+    }
+    out << fmt::format("  {:<18} {:<13} {:>10} {:>6} {:>9} {:>9} {:>10} {:>10} {:>12}\n", k.kernel,
+                       disposition_name(k.disposition), time, spread, tflops, gbps, max_abs, rel_l2, cosine);
+    if (!k.reason.empty() && k.disposition != Disposition::not_verified && k.disposition != Disposition::passed) {
+      footnotes.push_back(fmt::format("{}: {}", k.kernel, k.reason));
+    }
+  }
+  for (const std::string& note : call.notes) footnotes.push_back("note: " + note);
+  for (const std::string& footnote : footnotes) out << "    " << footnote << '\n';
+  out << '\n';
+}
+
+void print_table(const Report& report, std::ostream& out) {
+  for (const CallResult& call : report.calls) print_call_table(call, out);
+  for (const std::string& error : report.input_errors) out << "error: " << error << '\n';
+}
+
+}  // namespace attnreplay

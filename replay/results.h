@@ -1,0 +1,78 @@
+#pragma once
+// The results record. Measurement fills it; the table, CSV and JSON printers only read it.
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "formats/attention_call.h"
+#include "replay/attention_work.h"
+#include "replay/error_stats.h"
+#include "replay/timing.h"
+
+namespace attnreplay {
+
+// How a (call, kernel) pair ended, after cutlass's profiler dispositions.
+enum class Disposition {
+  passed,         // ran, and --refcheck thresholds hold
+  incorrect,      // ran, and a --refcheck threshold is exceeded
+  not_verified,   // ran; no --refcheck thresholds were asked for
+  not_supported,  // the kernel declined the call; `reason` says why
+  failed,         // the kernel threw; `reason` holds its message
+};
+std::string_view disposition_name(Disposition disposition);
+
+struct KernelResult {
+  std::string kernel;
+  Disposition disposition = Disposition::not_verified;
+  std::string reason;
+  std::optional<TimingSummary> timing;  // absent for the model's own captured output
+  std::optional<ErrorStats> error;
+  std::vector<std::string> refcheck_failures;  // which thresholds were exceeded
+  std::string rerun;                           // the command that reruns this row
+  double tflops() const { return timing ? work.tflops(timing->median_s) : 0.0; }
+  double gbytes_per_s() const { return timing ? work.gbytes_per_s(timing->median_s) : 0.0; }
+  AttentionWork work;
+};
+
+struct CallResult {
+  std::string source;  // file, folder or "generated"
+  std::int64_t call_index = 0;
+  std::string op, backend;
+  AttentionShape shape;
+  std::string dtype;
+  Layout layout = Layout::bhsd;
+  bool is_causal = false;
+  CausalAlignment causal_alignment = CausalAlignment::top_left;
+  std::string mask;  // "none", or "bool 1x1x16x16" / "float32 ..."
+  double scale = 0;
+  std::map<std::string, std::string> metadata;
+  std::vector<std::string> notes;  // e.g. dropout replayed as 0
+  std::string case_tag;
+  AttentionWork work;
+  std::int64_t reference_rows = 0;  // query rows the reference computed per head
+  bool reference_sampled = false;
+  std::vector<KernelResult> kernels;
+};
+
+struct Environment {
+  std::map<std::string, std::string> values;  // "cpu", "cores", "torch", "hdf5", "compiler", ...
+};
+
+struct Report {
+  static constexpr int kJsonSchemaVersion = 1;
+  std::string tool_version;
+  std::vector<std::string> argv;
+  std::string started_utc;
+  Environment environment;
+  std::string stopping_rule;
+  std::vector<CallResult> calls;
+  // Inputs, calls or test-list lines that could not be replayed, each naming the place.
+  std::vector<std::string> input_errors;
+
+  bool any_incorrect() const;
+  bool any_failed() const;
+};
+
+}  // namespace attnreplay

@@ -1,0 +1,226 @@
+#include "replay/runner.h"
+
+#include <filesystem>
+
+#include "formats/errors.h"
+#include "formats/pt_format.h"
+#include "kernels/kernel.h"
+#include "kernels/reference.h"
+
+namespace attnreplay {
+namespace fs = std::filesystem;
+
+std::string_view disposition_name(Disposition disposition) {
+  switch (disposition) {
+    case Disposition::passed: return "passed";
+    case Disposition::incorrect: return "incorrect";
+    case Disposition::not_verified: return "not_verified";
+    case Disposition::not_supported: return "not_supported";
+    case Disposition::failed: return "failed";
+  }
+  return "?";
+}
+
+bool Report::any_incorrect() const {
+  for (const auto& call : calls)
+    for (const auto& kernel : call.kernels)
+      if (kernel.disposition == Disposition::incorrect) return true;
+  return false;
+}
+
+bool Report::any_failed() const {
+  if (!input_errors.empty()) return true;
+  for (const auto& call : calls)
+    for (const auto& kernel : call.kernels)
+      if (kernel.disposition == Disposition::failed) return true;
+  return false;
+}
+
+std::vector<const Kernel*> select_kernels(const std::vector<std::string>& names) {
+  std::vector<const Kernel*> selected;
+  auto add = [&selected](const Kernel* kernel) {
+    if (std::find(selected.begin(), selected.end(), kernel) == selected.end()) selected.push_back(kernel);
+  };
+  for (const std::string& name : names) {
+    if (name == "all") {
+      for (const auto& kernel : KernelRegistry::instance().kernels()) add(kernel.get());
+      continue;
+    }
+    const Kernel* kernel = KernelRegistry::instance().find(name);
+    if (!kernel) {
+      std::vector<std::string> known;
+      for (const auto& k : KernelRegistry::instance().kernels()) known.push_back(k->name());
+      throw InputError(fmt::format("--kernels: unknown kernel '{}' (known: {}, all)", name, fmt::join(known, ", ")));
+    }
+    add(kernel);
+  }
+  return selected;
+}
+
+namespace {
+
+struct Thresholds {
+  double min_cosine;
+  double max_rel_l2;
+  std::optional<double> max_abs;
+};
+
+// Defaults sit well outside what a correct kernel's rounding gives at each input precision
+// (unit roundoff: bf16 3.9e-3, fp16 4.9e-4, fp32 6e-8) and well inside what a bug gives.
+Thresholds resolve_thresholds(const RefcheckThresholds& asked, DType dtype) {
+  Thresholds t{0.999, 3e-2, asked.max_abs};
+  switch (dtype) {
+    case DType::float64: t.min_cosine = 1 - 1e-12, t.max_rel_l2 = 1e-10; break;
+    case DType::float32: t.min_cosine = 1 - 1e-8, t.max_rel_l2 = 1e-5; break;
+    case DType::float16: t.max_rel_l2 = 5e-3; break;
+    case DType::bfloat16: t.max_rel_l2 = 3e-2; break;
+    default: t.min_cosine = 0.99, t.max_rel_l2 = 0.15; break;  // fp8 inputs
+  }
+  if (asked.min_cosine) t.min_cosine = *asked.min_cosine;
+  if (asked.max_rel_l2) t.max_rel_l2 = *asked.max_rel_l2;
+  return t;
+}
+
+void judge(KernelResult& result, const ReplayOptions& options, DType dtype) {
+  if (!options.refcheck) {
+    result.disposition = Disposition::not_verified;
+    return;
+  }
+  const Thresholds t = resolve_thresholds(*options.refcheck, dtype);
+  const ErrorStats& e = *result.error;
+  if (e.nan_count > 0) result.refcheck_failures.push_back(fmt::format("{} NaN", e.nan_count));
+  if (e.inf_count > 0) result.refcheck_failures.push_back(fmt::format("{} Inf", e.inf_count));
+  if (!(e.cosine >= t.min_cosine))
+    result.refcheck_failures.push_back(fmt::format("cosine {:.8g} < {:.8g}", e.cosine, t.min_cosine));
+  if (!(e.rel_l2 <= t.max_rel_l2))
+    result.refcheck_failures.push_back(fmt::format("rel_l2 {:.3g} > {:.3g}", e.rel_l2, t.max_rel_l2));
+  if (t.max_abs && !(e.max_abs <= *t.max_abs))
+    result.refcheck_failures.push_back(fmt::format("max_abs {:.3g} > {:.3g}", e.max_abs, *t.max_abs));
+  result.disposition = result.refcheck_failures.empty() ? Disposition::passed : Disposition::incorrect;
+}
+
+std::string describe_mask(const std::optional<HostTensor>& mask) {
+  if (!mask) return "none";
+  return fmt::format("{} {}", dtype_name(mask->dtype), shape_string(mask->shape));
+}
+
+std::string safe_file_part(std::string text) {
+  for (char& c : text) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_') c = '_';
+  }
+  return text;
+}
+
+}  // namespace
+
+CallResult replay_call(const AttentionCall& captured, const ReplayOptions& options, const std::string& rerun_input) {
+  CallResult result;
+  result.source = captured.source;
+  result.call_index = captured.call_index;
+  result.op = captured.op;
+  result.backend = captured.backend;
+  result.shape = captured.shape();
+  result.dtype = std::string(dtype_name(captured.q.dtype));
+  result.layout = captured.layout;
+  result.is_causal = captured.is_causal;
+  result.causal_alignment = captured.causal_alignment;
+  result.mask = describe_mask(captured.mask);
+  result.scale = captured.softmax_scale();
+  result.metadata = captured.metadata;
+  result.case_tag = options.case_tag;
+  result.work = attention_work(captured);
+
+  AttentionCall call = captured;
+  if (call.dropout_p > 0) {
+    result.notes.push_back(fmt::format("captured with dropout_p={}; replayed without dropout", call.dropout_p));
+    call.dropout_p = 0;
+  }
+  std::vector<std::int64_t> rows;
+  if (options.ref_sample_rows > 0 && options.ref_sample_rows < result.shape.seq_q) {
+    rows = sample_query_rows(result.shape.seq_q, options.ref_sample_rows,
+                             options.seed ^ static_cast<std::uint64_t>(call.call_index));
+  }
+  const ReferenceOutput reference = reference_attention(call, rows);
+  result.reference_rows = static_cast<std::int64_t>(reference.rows.size());
+  result.reference_sampled = reference.sampled;
+  if (reference.fully_masked_rows > 0) {
+    result.notes.push_back(fmt::format("{} (batch, head, row) triples have every key masked; the reference gives 0",
+                                       reference.fully_masked_rows));
+  }
+  auto rerun_for = [&](const std::string& kernel) {
+    return fmt::format("attnreplay run {} --kernels {}{}", rerun_input, kernel, options.rerun_base);
+  };
+
+  CpuClockTimer cpu_timer;
+  for (const Kernel* kernel : select_kernels(options.kernels)) {
+    KernelResult k;
+    k.kernel = kernel->name();
+    k.work = result.work;
+    k.rerun = rerun_for(k.kernel);
+    std::optional<std::string> unsupported = kernel->unsupported_reason(call);
+    if (!unsupported && kernel->description().is_reference && reference.sampled) {
+      unsupported = "--ref-sample-rows is set, so the full reference is not run";
+    }
+    if (unsupported) {
+      k.disposition = Disposition::not_supported;
+      k.reason = *unsupported;
+      result.kernels.push_back(std::move(k));
+      continue;
+    }
+    try {
+      auto prepared = kernel->prepare(call);
+      k.timing = measure(*prepared, cpu_timer, options.stopping);
+      const HostTensor output = prepared->output();
+      k.error = compare_to_reference(output, reference);
+      judge(k, options, call.q.dtype);
+      if (!k.refcheck_failures.empty()) k.reason = fmt::format("{}", fmt::join(k.refcheck_failures, "; "));
+      if (!options.save_outputs_dir.empty()) {
+        fs::create_directories(options.save_outputs_dir);
+        const auto file = fs::path(options.save_outputs_dir) /
+                          fmt::format("call{}_{}.pt", call.call_index, safe_file_part(k.kernel));
+        write_pt_tensors({{"out", output}},
+                         {{"kernel", k.kernel}, {"source", call.source}, {"call_index", std::to_string(call.call_index)}},
+                         file.string());
+      }
+    } catch (const std::exception& error) {
+      k.disposition = Disposition::failed;
+      k.reason = error.what();
+      k.timing.reset();
+      k.error.reset();
+    }
+    result.kernels.push_back(std::move(k));
+  }
+  if (call.out) {
+    KernelResult model;
+    model.kernel = "model-output";
+    model.work = result.work;
+    model.error = compare_to_reference(to_bhsd(*call.out, call.layout), reference);
+    judge(model, options, call.q.dtype);
+    model.reason = call.backend.empty() ? "the output the model got" : "the output the model got from " + call.backend;
+    if (!model.refcheck_failures.empty()) model.reason += fmt::format(": {}", fmt::join(model.refcheck_failures, "; "));
+    result.kernels.push_back(std::move(model));
+  }
+  return result;
+}
+
+void replay_capture(CaptureSource& source, const std::function<bool(std::int64_t)>& wanted,
+                    const ReplayOptions& options, Report& report,
+                    const std::function<void(const CallResult&)>& on_call) {
+  for (const std::string& error : source.open_errors()) report.input_errors.push_back(error);
+  for (std::size_t position = 0; position < source.size(); ++position) {
+    try {
+      if (wanted) {
+        const AttentionCall header = source.load(position, /*with_data=*/false);
+        if (!wanted(header.call_index)) continue;
+      }
+      const AttentionCall call = source.load(position);
+      CallResult result = replay_call(call, options, fmt::format("{} --calls {}", source.path(), call.call_index));
+      if (on_call) on_call(result);
+      report.calls.push_back(std::move(result));
+    } catch (const InputError& error) {
+      report.input_errors.push_back(error.what());
+    }
+  }
+}
+
+}  // namespace attnreplay

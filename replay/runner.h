@@ -1,0 +1,45 @@
+#pragma once
+// Replays calls through kernels: reference once per call, then each selected kernel measured and
+// compared. Writes only into the results record.
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "formats/capture_source.h"
+#include "replay/results.h"
+
+namespace attnreplay {
+
+struct RefcheckThresholds {
+  // Unset fields take the default for the call's dtype (docs/cli.md).
+  std::optional<double> min_cosine;
+  std::optional<double> max_rel_l2;
+  std::optional<double> max_abs;
+};
+
+struct ReplayOptions {
+  std::vector<std::string> kernels{"all"};  // names, or "all"
+  StoppingRule stopping;
+  std::int64_t ref_sample_rows = 0;  // 0: every query row
+  std::uint64_t seed = 0;            // for row sampling
+  std::optional<RefcheckThresholds> refcheck;
+  std::string save_outputs_dir;  // one .pt per (call, kernel) when set
+  std::string case_tag;
+  // The flags, other than inputs, that reproduce this run; each row's rerun command adds to it.
+  std::string rerun_base;
+};
+
+// Resolves kernel names ("all" expands), throwing InputError for unknown names.
+std::vector<const class Kernel*> select_kernels(const std::vector<std::string>& names);
+
+// Replays one call; `rerun_input` is what goes before the flags of the rerun command.
+CallResult replay_call(const AttentionCall& call, const ReplayOptions& options, const std::string& rerun_input);
+
+// Replays the calls of a capture whose call index `wanted` accepts, appending results and
+// per-call load errors to `report`; `on_call` sees each result as it is made.
+void replay_capture(CaptureSource& source, const std::function<bool(std::int64_t)>& wanted,
+                    const ReplayOptions& options, Report& report,
+                    const std::function<void(const CallResult&)>& on_call = {});
+
+}  // namespace attnreplay

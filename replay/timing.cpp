@@ -1,0 +1,99 @@
+#include "replay/timing.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <numeric>
+
+namespace attnreplay {
+
+std::string StoppingRule::describe() const {
+  return fmt::format("stdrel: warmup {}, >= {} samples and {} s, stop at noise < {:.2g}% or settled noise, timeout {} s",
+                     warmup_runs, min_samples, min_time_s, max_noise * 100, timeout_s);
+}
+
+std::optional<double> CpuClockTimer::time_one(PreparedKernel& kernel) {
+  const auto start = std::chrono::steady_clock::now();
+  kernel.run();
+  kernel.synchronize();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+TimingSummary summarize_samples(std::vector<double> seconds) {
+  TimingSummary summary;
+  summary.samples = static_cast<int>(seconds.size());
+  if (seconds.empty()) return summary;
+  std::sort(seconds.begin(), seconds.end());
+  const std::size_t n = seconds.size();
+  summary.min_s = seconds.front();
+  summary.max_s = seconds.back();
+  summary.median_s = n % 2 ? seconds[n / 2] : 0.5 * (seconds[n / 2 - 1] + seconds[n / 2]);
+  summary.mean_s = std::accumulate(seconds.begin(), seconds.end(), 0.0) / static_cast<double>(n);
+  summary.measured_s = summary.mean_s * static_cast<double>(n);
+  if (n > 1 && summary.mean_s > 0) {
+    double squares = 0;
+    for (double s : seconds) squares += (s - summary.mean_s) * (s - summary.mean_s);
+    summary.stdev_rel = std::sqrt(squares / static_cast<double>(n - 1)) / summary.mean_s;
+  }
+  return summary;
+}
+
+bool noise_settled(const std::vector<double>& noise_history, std::size_t window) {
+  if (noise_history.size() < window) return false;
+  const auto begin = noise_history.end() - static_cast<std::ptrdiff_t>(window);
+  const auto [low, high] = std::minmax_element(begin, noise_history.end());
+  const double latest = noise_history.back();
+  return latest > 0 && (*high - *low) < 0.05 * latest;
+}
+
+TimingSummary measure(PreparedKernel& kernel, SampleTimer& timer, const StoppingRule& rule) {
+  for (int i = 0; i < rule.warmup_runs; ++i) {
+    kernel.run();
+    kernel.synchronize();
+  }
+  std::vector<double> samples;
+  std::vector<double> noise_history;
+  int discarded = 0;
+  double elapsed = 0;
+  std::string reason;
+  const auto start = std::chrono::steady_clock::now();
+  while (true) {
+    if (auto seconds = timer.time_one(kernel)) {
+      samples.push_back(*seconds);
+      elapsed += *seconds;
+    } else {
+      ++discarded;
+    }
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (wall >= rule.timeout_s && !samples.empty()) {
+      reason = "timeout";
+      break;
+    }
+    if (static_cast<int>(samples.size()) >= rule.max_samples) {
+      reason = "max-samples";
+      break;
+    }
+    if (static_cast<int>(samples.size()) < std::max(rule.min_samples, 2) || elapsed < rule.min_time_s) continue;
+    const double noise = summarize_samples(samples).stdev_rel;
+    noise_history.push_back(noise);
+    if (noise < rule.max_noise) {
+      reason = "converged";
+      break;
+    }
+    if (noise_settled(noise_history)) {
+      reason = "noise-settled";
+      break;
+    }
+  }
+  TimingSummary summary = summarize_samples(samples);
+  summary.method = timer.method();
+  summary.cache = timer.cache();
+  summary.warmup_runs = rule.warmup_runs;
+  summary.discarded = discarded;
+  summary.stop_reason = reason;
+  return summary;
+}
+
+}  // namespace attnreplay

@@ -1,0 +1,62 @@
+#pragma once
+// Measurement: run a prepared kernel until a named stopping rule is met. The sample timer is an
+// interface so that CUDA-event (or CUDA-graph, CUPTI) timing replaces the CPU clock without
+// touching the stopping logic.
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kernels/kernel.h"
+
+namespace attnreplay {
+
+// nvbench's "stdrel" criterion: sample for at least min_time_s and min_samples, then stop once
+// the relative standard deviation is under max_noise, or once the noise estimate has settled,
+// and in any case at timeout_s. CPU defaults are shorter than nvbench's GPU ones.
+struct StoppingRule {
+  int warmup_runs = 1;
+  int min_samples = 5;
+  double min_time_s = 0.1;
+  double max_noise = 0.02;  // relative standard deviation
+  double timeout_s = 5.0;
+  int max_samples = 10000;
+  std::string describe() const;
+};
+
+struct TimingSummary {
+  std::string method;  // "cpu-steady-clock"; later "cuda-event", "cuda-graph", "cupti"
+  std::string cache;   // "n/a" for CPU kernels; "cold-l2" or "hot-l2" on the GPU
+  int warmup_runs = 0;
+  int samples = 0;
+  int discarded = 0;  // samples the timer rejected (e.g. taken while the GPU clock throttled)
+  double median_s = 0, min_s = 0, max_s = 0, mean_s = 0;
+  double stdev_rel = 0;  // standard deviation / mean
+  double measured_s = 0;  // time spent sampling, warm-up excluded
+  std::string stop_reason;  // "converged", "noise-settled", "timeout", "max-samples"
+};
+
+class SampleTimer {
+ public:
+  virtual ~SampleTimer() = default;
+  virtual std::string method() const = 0;
+  virtual std::string cache() const = 0;
+  // Seconds one run of `kernel` took, or nullopt when the sample must be discarded.
+  virtual std::optional<double> time_one(PreparedKernel& kernel) = 0;
+};
+
+class CpuClockTimer final : public SampleTimer {
+ public:
+  std::string method() const override { return "cpu-steady-clock"; }
+  std::string cache() const override { return "n/a"; }
+  std::optional<double> time_one(PreparedKernel& kernel) override;
+};
+
+// Pure statistics of a sample set, shared by measure() and its tests.
+TimingSummary summarize_samples(std::vector<double> seconds);
+// True when the last `window` noise values vary by under 5 % of the latest: more samples would
+// not make the estimate better.
+bool noise_settled(const std::vector<double>& noise_history, std::size_t window = 16);
+
+TimingSummary measure(PreparedKernel& kernel, SampleTimer& timer, const StoppingRule& rule);
+
+}  // namespace attnreplay

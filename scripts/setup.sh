@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Idempotent set-up shared by the README's two commands and CI: system packages, the Python venv
+# (torch and the test models), and the CMake build. Each step is skipped when already satisfied, so
+# a second run only rebuilds what changed.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${ATTNREPLAY_VENV:-$ROOT/.venv}"
+BUILD="${ATTNREPLAY_BUILD:-$ROOT/build}"
+log() { printf '[setup] %s\n' "$*" >&2; }
+
+APT_PACKAGES=(cmake ninja-build g++ libhdf5-dev libcli11-dev libfmt-dev nlohmann-json3-dev catch2 python3-venv)
+
+have_all_apt() {
+  local p
+  for p in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || return 1
+  done
+  # Catch2 v3 (bookworm's own is v2).
+  [ -f /usr/lib/cmake/Catch2/Catch2Config.cmake ] || [ -f /usr/lib/x86_64-linux-gnu/cmake/Catch2/Catch2Config.cmake ] || return 1
+}
+
+# Catch2 v3 lives in bookworm-backports. The new source entry is the existing Debian entry with
+# only its suite changed, so no mirror host is named here.
+add_backports() {
+  local src=/etc/apt/sources.list.d/debian.sources dst=/etc/apt/sources.list.d/attnreplay-backports.sources
+  [ -f "$dst" ] && return 0
+  if [ -f "$src" ]; then
+    awk 'BEGIN{RS="";ORS="\n\n"} /Suites:[^\n]*bookworm([ \n]|$)/ && !/security/ {
+           sub(/Suites:[^\n]*/, "Suites: bookworm-backports"); print; exit }' "$src" > "$dst"
+  elif [ -f /etc/apt/sources.list ]; then
+    grep -E '^deb .* bookworm main' /etc/apt/sources.list | head -n1 |
+      sed 's/ bookworm main/ bookworm-backports main/' > /etc/apt/sources.list.d/attnreplay-backports.list
+    dst=/etc/apt/sources.list.d/attnreplay-backports.list
+  fi
+  [ -s "$dst" ] || { log "could not derive a bookworm-backports entry from the apt sources"; rm -f "$dst"; return 1; }
+}
+
+install_apt() {
+  have_all_apt && return 0
+  command -v apt-get >/dev/null || { log "missing system packages and no apt-get: install ${APT_PACKAGES[*]} (Catch2 v3)"; exit 1; }
+  local sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
+  if grep -qs bookworm /etc/os-release; then $sudo bash -c "$(declare -f add_backports log); add_backports"; fi
+  log "installing system packages"
+  $sudo apt-get update -qq
+  local pkgs=("${APT_PACKAGES[@]}")
+  if grep -qs bookworm /etc/os-release; then
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -t bookworm-backports catch2 >/dev/null
+  fi
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${pkgs[@]}" >/dev/null
+}
+
+# Python side: torch pinned to the GPU machine's version, so one code base builds on both.
+PY_REQUIREMENTS="$ROOT/scripts/requirements.txt"
+install_venv() {
+  local stamp="$VENV/.attnreplay-requirements"
+  if [ -x "$VENV/bin/python" ] && [ -f "$stamp" ] && cmp -s "$stamp" "$PY_REQUIREMENTS"; then return 0; fi
+  log "creating the Python venv at $VENV (torch and test models; several minutes the first time)"
+  [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+  "$VENV/bin/python" -m pip install -q --upgrade pip
+  "$VENV/bin/python" -m pip install -q -r "$PY_REQUIREMENTS"
+  cp "$PY_REQUIREMENTS" "$stamp"
+}
+
+configure_and_build() {
+  local torch_prefix generator=()
+  torch_prefix="$("$VENV/bin/python" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')"
+  command -v ninja >/dev/null && generator=(-G Ninja)
+  if [ ! -f "$BUILD/CMakeCache.txt" ]; then
+    log "configuring $BUILD"
+    cmake -S "$ROOT" -B "$BUILD" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
+      -DCMAKE_PREFIX_PATH="$torch_prefix" -DPython3_EXECUTABLE="$VENV/bin/python" >/dev/null
+  fi
+  log "building (2 jobs)"
+  cmake --build "$BUILD" -j "${ATTNREPLAY_JOBS:-2}"
+}
+
+step="${1:-all}"
+case "$step" in
+  deps) install_apt; install_venv ;;
+  build) configure_and_build ;;
+  all) install_apt; install_venv; configure_and_build ;;
+  *) log "usage: setup.sh [deps|build|all]"; exit 2 ;;
+esac
