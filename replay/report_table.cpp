@@ -21,7 +21,8 @@ std::string g(double value, int digits = 3) {
 }  // namespace
 
 void print_call_table(const CallResult& call, std::ostream& out) {
-  out << fmt::format("{}: call {}  {}{}  {} {}  {}  mask {}  scale {:.4g}\n", call.source, call.call_index,
+  out << fmt::format("{}{}: call {}  {}{}  {} {}  {}  mask {}  scale {:.4g}\n",
+                     call.case_tag.empty() ? "" : "[" + call.case_tag + "] ", call.source, call.call_index,
                      call.op.empty() ? "" : call.op + " ", call.backend.empty() ? "" : "(" + call.backend + ")",
                      call.dtype, layout_name(call.layout), call.shape.to_string(), call.mask, call.scale);
   out << fmt::format("  {}{}  work {}, {}, {:.3g} FLOP/B{}\n", call.is_causal ? "causal " : "",

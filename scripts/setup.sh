@@ -4,7 +4,8 @@
 # a second run only rebuilds what changed.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-VENV="${ATTNREPLAY_VENV:-$ROOT/.venv}"
+# Outside the checkout, so that fresh clones (CI) reuse it; rebuilt when requirements change.
+VENV="${ATTNREPLAY_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/attnreplay/venv}"
 BUILD="${ATTNREPLAY_BUILD:-$ROOT/build}"
 log() { printf '[setup] %s\n' "$*" >&2; }
 
@@ -55,6 +56,7 @@ install_venv() {
   local stamp="$VENV/.attnreplay-requirements"
   if [ -x "$VENV/bin/python" ] && [ -f "$stamp" ] && cmp -s "$stamp" "$PY_REQUIREMENTS"; then return 0; fi
   log "creating the Python venv at $VENV (torch and test models; several minutes the first time)"
+  mkdir -p "$(dirname "$VENV")"
   [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
   "$VENV/bin/python" -m pip install -q --upgrade pip
   "$VENV/bin/python" -m pip install -q -r "$PY_REQUIREMENTS"
@@ -65,7 +67,7 @@ configure_and_build() {
   local torch_prefix generator=()
   torch_prefix="$("$VENV/bin/python" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')"
   command -v ninja >/dev/null && generator=(-G Ninja)
-  if [ ! -f "$BUILD/CMakeCache.txt" ]; then
+  if [ ! -f "$BUILD/CMakeCache.txt" ] || ! grep -qs "^Python3_EXECUTABLE:.*=$VENV/bin/python$" "$BUILD/CMakeCache.txt"; then
     log "configuring $BUILD"
     cmake -S "$ROOT" -B "$BUILD" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
       -DCMAKE_PREFIX_PATH="$torch_prefix" -DPython3_EXECUTABLE="$VENV/bin/python" >/dev/null
@@ -73,6 +75,9 @@ configure_and_build() {
   log "building (2 jobs)"
   cmake --build "$BUILD" -j "${ATTNREPLAY_JOBS:-2}"
 }
+
+# Other scripts source this file for its paths and functions.
+[ "${BASH_SOURCE[0]}" = "$0" ] || return 0
 
 step="${1:-all}"
 case "$step" in

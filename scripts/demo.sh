@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The README's demo command: set up (idempotent), capture the bundled real model (MiniLM), replay
+# its attention calls through every kernel, then a CPU-sized suite of the peers' shapes.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+bash "$ROOT/scripts/setup.sh"
+source "$ROOT/scripts/setup.sh"
+OUT="${ATTNREPLAY_DEMO_OUT:-$ROOT/out/demo}"
+BIN="$BUILD/replay/attnreplay"
+mkdir -p "$OUT"
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+
+echo "== Capturing the attention calls of a real model (all-MiniLM-L6-v2, CPU) in aiter's format"
+"$VENV/bin/python" "$ROOT/examples/capture_minilm_aiter.py" --out "$OUT/minilm_aiter"
+"$BIN" info "$OUT/minilm_aiter"
+
+echo; echo "== Replaying them through every kernel against the fp64 reference"
+status=0
+"$BIN" run "$OUT/minilm_aiter" --kernels all --refcheck \
+  --json "$OUT/minilm.json" --csv "$OUT/minilm.csv" || status=$?
+
+echo; echo "== The peers' shapes, scaled to what a CPU replays in about a minute (examples/cpu_suite.txt)"
+"$BIN" run --testlist "$ROOT/examples/cpu_suite.txt" --json "$OUT/suite.json" --csv "$OUT/suite.csv" || status=$?
+
+echo; echo "Results: $OUT/{minilm,suite}.{json,csv}"
+exit "$status"

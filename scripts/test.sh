@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# The README's test command: set up (idempotent), build, and run every test through ctest.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+bash "$ROOT/scripts/setup.sh"
+cd "${ATTNREPLAY_BUILD:-$ROOT/build}"
+exec ctest --output-on-failure -j "${ATTNREPLAY_JOBS:-2}"
