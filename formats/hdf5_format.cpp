@@ -324,7 +324,7 @@ Hdf5CaptureWriter::Hdf5CaptureWriter(const std::string& path, Hdf5WriterOptions 
   Handle access(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
   // SWMR needs the 1.10 file format; readers from HDF5 1.10 on (h5py included) open it.
   H5Pset_libver_bounds(access.get(), H5F_LIBVER_LATEST, H5F_LIBVER_LATEST);
-  s.file = check(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, access.get()), H5Fclose, path,
+  s.file = check(H5Fcreate(path.c_str(), s.options.exclusive ? H5F_ACC_EXCL : H5F_ACC_TRUNC, H5P_DEFAULT, access.get()), H5Fclose, path,
                  "cannot create the file");
   const hid_t root = s.file.get();
   write_string_attribute(root, "attnreplay_schema", kHdf5SchemaName);

@@ -18,6 +18,7 @@ struct Hdf5WriterOptions {
   // once; its row points at the first copy.
   bool deduplicate = true;
   std::string producer;  // free text stored in the root attribute 'producer'
+  bool exclusive = false;  // fail if the file exists, instead of replacing it
 };
 
 class Hdf5CaptureWriter final : public CaptureWriter {

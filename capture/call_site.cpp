@@ -1,0 +1,168 @@
+#include "capture/call_site.h"
+
+#include <dlfcn.h>
+#include <execinfo.h>
+#include <fmt/format.h>
+
+#include <cstring>
+#include <functional>
+
+namespace attnreplay::capture {
+namespace {
+
+// The few CPython functions needed, looked up in the running process: the capture library does
+// not link libpython, and a C++ program has none.
+struct Python {
+  using Object = void*;
+  int (*is_initialized)() = nullptr;
+  int (*gil_ensure)() = nullptr;
+  void (*gil_release)(int) = nullptr;
+  Object (*current_frame)() = nullptr;
+  Object (*frame_code)(Object) = nullptr;
+  Object (*frame_back)(Object) = nullptr;
+  int (*frame_line)(Object) = nullptr;
+  Object (*frame_locals)(Object) = nullptr;
+  Object (*get_attr)(Object, const char*) = nullptr;
+  Object (*mapping_item)(Object, const char*) = nullptr;
+  const char* (*utf8)(Object) = nullptr;
+  void (*decref)(Object) = nullptr;
+  void (*clear_error)() = nullptr;
+  bool usable = false;
+
+  Python() {
+    auto find = [](const char* name) { return dlsym(RTLD_DEFAULT, name); };
+    is_initialized = reinterpret_cast<int (*)()>(find("Py_IsInitialized"));
+    gil_ensure = reinterpret_cast<int (*)()>(find("PyGILState_Ensure"));
+    gil_release = reinterpret_cast<void (*)(int)>(find("PyGILState_Release"));
+    current_frame = reinterpret_cast<Object (*)()>(find("PyEval_GetFrame"));
+    frame_code = reinterpret_cast<Object (*)(Object)>(find("PyFrame_GetCode"));
+    frame_back = reinterpret_cast<Object (*)(Object)>(find("PyFrame_GetBack"));
+    frame_line = reinterpret_cast<int (*)(Object)>(find("PyFrame_GetLineNumber"));
+    frame_locals = reinterpret_cast<Object (*)(Object)>(find("PyFrame_GetLocals"));
+    get_attr = reinterpret_cast<Object (*)(Object, const char*)>(find("PyObject_GetAttrString"));
+    mapping_item = reinterpret_cast<Object (*)(Object, const char*)>(find("PyMapping_GetItemString"));
+    utf8 = reinterpret_cast<const char* (*)(Object)>(find("PyUnicode_AsUTF8"));
+    decref = reinterpret_cast<void (*)(Object)>(find("Py_DecRef"));
+    clear_error = reinterpret_cast<void (*)()>(find("PyErr_Clear"));
+    usable = is_initialized && gil_ensure && gil_release && current_frame && frame_code && frame_back &&
+             frame_line && get_attr && utf8 && decref && clear_error;
+  }
+
+  std::string attribute_text(Object object, const char* name) const {
+    Object value = get_attr(object, name);
+    if (!value) {
+      clear_error();
+      return {};
+    }
+    const char* text = utf8(value);
+    std::string result = text ? text : "";
+    if (!text) clear_error();
+    decref(value);
+    return result;
+  }
+};
+
+const Python& python() {
+  static const Python instance;
+  return instance;
+}
+
+// Frames of torch's own Python code (torch/nn/functional.py) and of attention dispatch helpers
+// are not the call site the user cares about.
+bool is_library_frame(const std::string& file) {
+  return file.find("/torch/") != std::string::npos || file.find("<frozen") != std::string::npos;
+}
+
+bool python_call_site(CallSite& site) {
+  const Python& py = python();
+  if (!py.usable || !py.is_initialized()) return false;
+  const int gil = py.gil_ensure();
+  Python::Object frame = py.current_frame();  // borrowed
+  bool found_location = false, found_caller = false;
+  Python::Object owned = nullptr;
+  for (int depth = 0; frame && depth < 32 && !(found_location && found_caller); ++depth) {
+    Python::Object code = py.frame_code(frame);
+    const std::string file = code ? py.attribute_text(code, "co_filename") : "";
+    const std::string function = code ? py.attribute_text(code, "co_name") : "";
+    if (code) py.decref(code);
+    if (!is_library_frame(file)) {
+      if (!found_location) {
+        site.location = fmt::format("{}:{} in {}", file, py.frame_line(frame), function);
+        found_location = true;
+      }
+      if (!found_caller && py.frame_locals && py.mapping_item) {
+        Python::Object locals = py.frame_locals(frame);
+        if (locals) {
+          Python::Object self = py.mapping_item(locals, "self");
+          if (self) {
+            site.caller_id = reinterpret_cast<std::uintptr_t>(self);
+            Python::Object type = py.get_attr(self, "__class__");
+            if (type) {
+              site.caller_class = py.attribute_text(type, "__qualname__");
+              py.decref(type);
+            } else {
+              py.clear_error();
+            }
+            py.decref(self);
+            found_caller = true;
+          } else {
+            py.clear_error();
+          }
+          py.decref(locals);
+        } else {
+          py.clear_error();
+        }
+      }
+    }
+    Python::Object back = py.frame_back(frame);  // new reference
+    if (owned) py.decref(owned);
+    owned = back;
+    frame = back;
+  }
+  if (owned) py.decref(owned);
+  py.gil_release(gil);
+  return found_location;
+}
+
+bool is_library_object(const char* path) {
+  if (!path) return true;
+  for (const char* skip : {"libtorch", "libc10", "libattncap", "libc.so", "libstdc++", "libgomp"}) {
+    if (std::strstr(path, skip)) return true;
+  }
+  return false;
+}
+
+void cpp_call_site(CallSite& site) {
+  void* frames[48];
+  const int count = backtrace(frames, 48);
+  for (int i = 1; i < count; ++i) {
+    Dl_info info{};
+    if (!dladdr(frames[i], &info) || is_library_object(info.dli_fname)) continue;
+    const char* base = std::strrchr(info.dli_fname, '/');
+    const auto offset = reinterpret_cast<std::uintptr_t>(frames[i]) - reinterpret_cast<std::uintptr_t>(info.dli_fbase);
+    site.location = fmt::format("{}+{:#x}{}", base ? base + 1 : info.dli_fname, offset,
+                                info.dli_sname ? fmt::format(" ({})", info.dli_sname) : "");
+    site.caller_id = std::hash<std::string>{}(site.location);
+    return;
+  }
+}
+
+}  // namespace
+
+CallSite current_call_site() {
+  CallSite site;
+  if (!python_call_site(site)) cpp_call_site(site);
+  if (site.caller_id == 0) site.caller_id = std::hash<std::string>{}(site.location);
+  return site;
+}
+
+PositionTracker::Position PositionTracker::next(std::uintptr_t caller_id) {
+  const std::int64_t index = calls_++;
+  if (calls_per_step_ > 0) return {index / calls_per_step_, index % calls_per_step_};
+  if (layer_of_.empty()) first_caller_ = caller_id;
+  else if (caller_id == first_caller_) ++step_;
+  auto [entry, inserted] = layer_of_.emplace(caller_id, static_cast<std::int64_t>(layer_of_.size()));
+  return {step_, entry->second};
+}
+
+}  // namespace attnreplay::capture

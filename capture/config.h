@@ -1,0 +1,50 @@
+#pragma once
+// Capture's configuration: ATTNCAP_* environment variables (docs/capture.md). A bad value is
+// reported once and capture stays off; the job itself always runs on.
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+namespace attnreplay::capture {
+
+// Ops captured by default: torch SDPA and its backends, and the attention ops that flash-attn,
+// SageAttention and xformers register. nn.MultiheadAttention's fast path
+// (aten::_native_multi_head_attention) is left out on purpose: it calls SDPA inside, which is
+// what gets captured, with per-head Q, K, V rather than the unprojected inputs.
+inline constexpr const char* kDefaultOpsPattern =
+    R"(^aten::(scaled_dot_product_attention|_scaled_dot_product_\w*attention\w*|_flash_attention_forward|_efficient_attention_forward)$|^flash_attn\w*::|^sage\w*::|^xformers\w*::.*attention)";
+
+enum class WhenFull { wait, drop };
+enum class OutputFormat { hdf5, pt };
+
+struct CaptureConfig {
+  std::string out = "attncap";  // folder (created) for one file per process, or a .h5 path
+  OutputFormat format = OutputFormat::hdf5;
+  std::string ops_pattern = kDefaultOpsPattern;
+  std::vector<std::pair<std::int64_t, std::int64_t>> call_ranges;  // empty: every call
+  std::int64_t every = 1;
+  std::int64_t max_calls = -1;      // -1: no limit
+  std::uint64_t max_bytes = 0;      // written bytes; 0: no limit
+  std::uint64_t queue_bytes = 4ull << 30;  // host memory held by calls waiting to be written
+  WhenFull when_full = WhenFull::wait;
+  bool backward = false;       // also capture backward attention ops
+  bool record_output = true;   // store the output the model got
+  bool call_site = true;       // Python file:line and caller object, or the C++ frame
+  std::int64_t calls_per_step = 0;  // 0: infer steps and layers from the caller objects
+  bool quiet = false;          // no summary at exit
+
+  bool selects(std::int64_t call_index) const;
+};
+
+// Reads every ATTNCAP_* variable through `lookup`; an unknown ATTNCAP_ name is an error too, so
+// that a typo does not silently capture everything. Returns the config or the error message.
+std::variant<CaptureConfig, std::string> parse_config(
+    const std::function<const char*(const char*)>& lookup, const std::vector<std::string>& attncap_names);
+
+std::optional<std::uint64_t> parse_byte_size(const std::string& text);  // "512M", "10G", "1000"
+
+}  // namespace attnreplay::capture

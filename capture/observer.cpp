@@ -1,0 +1,337 @@
+// libattncap_torch.so: observes the dispatcher through a global RecordFunction callback and records
+// every attention call. Loaded by libattncap.so once libtorch is in the process.
+//
+// Inputs are only valid in the start callback and outputs only in the end callback, so inputs are
+// copied at the start and the call is completed at the end. Our own copies run with RecordFunction
+// off on this thread, so they never re-enter the observer. Nothing here throws into the job.
+#include <ATen/ATen.h>
+#include <ATen/core/function_schema.h>
+#include <ATen/record_function.h>
+#include <c10/core/GradMode.h>
+#include <fmt/ranges.h>
+#include <fmt/format.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <mutex>
+#include <regex>
+#include <set>
+#include <unordered_map>
+
+#include "capture/call_site.h"
+#include "capture/config.h"
+#include "capture/recorder.h"
+#include "formats/torch_tensor.h"
+
+extern char** environ;
+
+namespace attnreplay::capture {
+namespace {
+namespace fs = std::filesystem;
+
+struct State {
+  CaptureConfig config;
+  std::regex ops;
+  std::unique_ptr<Recorder> recorder;
+  std::atomic<std::int64_t> next_index{0};
+  std::atomic<std::int64_t> selected{0};
+  std::mutex position_mutex;
+  std::unique_ptr<PositionTracker> positions;
+  std::string rank;
+  at::CallbackHandle handle = 0;
+};
+
+State* state = nullptr;  // set once by attncap_start; never freed (callbacks may run at exit)
+
+// Matched ops active on this thread: the outermost one is recorded, inner ones name its backend.
+thread_local int active_depth = 0;
+thread_local struct PendingCall* outermost = nullptr;
+
+struct PendingCall final : at::ObserverContext {
+  bool record = false;
+  AttentionCall call;
+  std::chrono::steady_clock::time_point started;
+};
+
+// Marks an inner or ignored matched op, so the end callback keeps the depth right.
+struct PassThrough final : at::ObserverContext {};
+
+bool op_matches(const char* name) {
+  // Op names are static strings: cache the verdict per pointer, per thread (no locking).
+  thread_local std::unordered_map<const char*, bool> verdicts;
+  auto found = verdicts.find(name);
+  if (found != verdicts.end()) return found->second;
+  const std::string text(name);
+  bool match = std::regex_search(text, state->ops);
+  if (match && !state->config.backward && text.find("backward") != std::string::npos) match = false;
+  verdicts.emplace(name, match);
+  return match;
+}
+
+// Tensors that are not real data: compile-time fake tensors, meta tensors, functional wrappers.
+bool is_placeholder(const at::Tensor& tensor) {
+  if (!tensor.defined()) return false;
+  if (tensor.is_meta() || !tensor.has_storage()) return true;
+  const auto keys = tensor.key_set();
+  return keys.has(c10::DispatchKey::Python) || keys.has(c10::DispatchKey::Functionalize);
+}
+
+struct NamedInput {
+  std::string name;
+  const c10::IValue* value;
+};
+
+std::vector<NamedInput> named_inputs(const at::RecordFunction& fn) {
+  std::vector<NamedInput> named;
+  const auto inputs = fn.inputs();
+  const auto schema = fn.operator_schema();
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    std::string name = schema && i < schema->arguments().size() ? schema->arguments()[i].name() : fmt::format("arg{}", i);
+    named.push_back({std::move(name), &inputs[i]});
+  }
+  return named;
+}
+
+const c10::IValue* find_input(const std::vector<NamedInput>& inputs, std::initializer_list<const char*> names) {
+  for (const char* wanted : names)
+    for (const auto& input : inputs)
+      if (input.name == wanted) return input.value;
+  return nullptr;
+}
+
+// Q, K, V by name, or the first three tensors for ops that name them otherwise.
+std::array<const c10::IValue*, 3> find_qkv(const std::vector<NamedInput>& inputs) {
+  std::array<const c10::IValue*, 3> qkv{find_input(inputs, {"query", "q"}), find_input(inputs, {"key", "k"}),
+                                        find_input(inputs, {"value", "v"})};
+  if (qkv[0] && qkv[1] && qkv[2]) return qkv;
+  std::size_t found = 0;
+  for (const auto& input : inputs) {
+    if (input.value->isTensor() && found < 3) qkv[found++] = input.value;
+  }
+  return found == 3 ? qkv : std::array<const c10::IValue*, 3>{};
+}
+
+std::string scalar_text(const c10::IValue& value) {
+  if (value.isNone()) return "None";
+  if (value.isBool()) return value.toBool() ? "True" : "False";
+  if (value.isInt()) return std::to_string(value.toInt());
+  if (value.isDouble()) return fmt::format("{}", value.toDouble());
+  if (value.isString()) return value.toStringRef();
+  if (value.isIntList()) return fmt::format("{}", fmt::join(value.toIntVector(), ","));
+  return {};
+}
+
+std::string thread_label() {
+  return std::to_string(static_cast<long long>(gettid()));
+}
+
+// Builds the record from the op's arguments. Tensors are copied to host memory now: after the
+// start callback the inputs are no longer ours to read.
+void fill_call(PendingCall& pending, const at::RecordFunction& fn, std::int64_t index) {
+  AttentionCall& call = pending.call;
+  const std::string op = fn.name();
+  const auto inputs = named_inputs(fn);
+  const auto qkv = find_qkv(inputs);
+  if (!qkv[0]) throw std::runtime_error(fmt::format("{}: no query/key/value tensors among its arguments", op));
+  call.call_index = index;
+  call.op = op;
+  // flash-attn and xformers take (batch, seq, heads, dim) and align causal masks bottom-right.
+  const bool flash_style = op.rfind("flash_attn", 0) == 0 || op.rfind("xformers", 0) == 0;
+  call.layout = flash_style ? Layout::bshd : Layout::bhsd;
+  call.causal_alignment = flash_style ? CausalAlignment::bottom_right : CausalAlignment::top_left;
+  call.q = host_tensor_from_torch(qkv[0]->toTensor());
+  call.k = host_tensor_from_torch(qkv[1]->toTensor());
+  call.v = host_tensor_from_torch(qkv[2]->toTensor());
+  if (const auto* mask = find_input(inputs, {"attn_mask", "mask", "attn_bias"}); mask && mask->isTensor()) {
+    call.mask = host_tensor_from_torch(mask->toTensor());
+  }
+  if (const auto* scale = find_input(inputs, {"scale", "softmax_scale", "sm_scale"}); scale && scale->isDouble()) {
+    call.scale = scale->toDouble();
+  }
+  if (const auto* causal = find_input(inputs, {"is_causal", "causal"}); causal && causal->isBool()) {
+    call.is_causal = causal->toBool();
+  }
+  if (const auto* dropout = find_input(inputs, {"dropout_p", "dropout"}); dropout && dropout->isDouble()) {
+    call.dropout_p = dropout->toDouble();
+  }
+  if (const auto* gqa = find_input(inputs, {"enable_gqa"}); gqa && gqa->isBool()) call.enable_gqa = gqa->toBool();
+  // Every other non-tensor argument, as given, so nothing about the call is lost.
+  static const std::set<std::string> kMapped = {"query", "q", "key", "k", "value", "v", "attn_mask", "mask",
+                                                "attn_bias", "scale", "softmax_scale", "sm_scale", "is_causal",
+                                                "causal", "dropout_p", "dropout", "enable_gqa"};
+  for (const auto& input : inputs) {
+    if (kMapped.count(input.name) || input.value->isTensor()) continue;
+    const std::string text = scalar_text(*input.value);
+    if (!text.empty()) call.metadata["arg." + input.name] = text;
+  }
+  call.metadata["pid"] = std::to_string(getpid());
+  call.metadata["thread"] = thread_label();
+  call.metadata["time_unix_s"] = fmt::format("{:.6f}", std::chrono::duration<double>(
+                                                          std::chrono::system_clock::now().time_since_epoch()).count());
+  call.metadata["sequence_nr"] = std::to_string(fn.seqNr());
+  if (!state->rank.empty()) call.metadata["rank"] = state->rank;
+  if (state->config.call_site) {
+    const CallSite site = current_call_site();
+    if (!site.location.empty()) call.metadata["call_site"] = site.location;
+    if (!site.caller_class.empty()) call.metadata["caller"] = site.caller_class;
+    std::lock_guard lock(state->position_mutex);
+    const auto position = state->positions->next(site.caller_id);
+    call.metadata["step"] = std::to_string(position.step);
+    call.metadata["layer"] = std::to_string(position.layer);
+  }
+}
+
+std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
+  if (!state || !op_matches(fn.name())) return nullptr;
+  if (active_depth > 0) {
+    ++active_depth;
+    if (outermost && outermost->call.backend.empty()) outermost->call.backend = fn.name();
+    return std::make_unique<PassThrough>();
+  }
+  ++active_depth;
+  try {
+    for (const c10::IValue& input : fn.inputs()) {
+      if (input.isTensor() && is_placeholder(input.toTensor())) return std::make_unique<PassThrough>();
+    }
+    auto pending = std::make_unique<PendingCall>();
+    const std::int64_t index = state->next_index++;
+    ++state->recorder->stats().seen;
+    const bool wanted = state->recorder->accepting() && state->config.selects(index) &&
+                        (state->config.max_calls < 0 || state->selected.load() < state->config.max_calls);
+    if (wanted) {
+      ++state->selected;
+      at::RecordFunctionGuard no_observers(false);  // our copies must not be observed
+      c10::AutoGradMode no_grad(false);
+      fill_call(*pending, fn, index);
+      pending->record = true;
+    } else if (state->config.max_calls >= 0 && state->selected.load() >= state->config.max_calls &&
+               state->config.selects(index)) {
+      ++state->recorder->stats().dropped_budget;
+    }
+    pending->started = std::chrono::steady_clock::now();
+    outermost = pending.get();
+    return pending;
+  } catch (const std::exception& error) {
+    ++state->recorder->stats().failed;
+    static std::once_flag reported;
+    std::call_once(reported, [&] { std::fprintf(stderr, "[attncap] a call was not captured: %s\n", error.what()); });
+    return std::make_unique<PassThrough>();
+  }
+}
+
+void on_end(const at::RecordFunction& fn, at::ObserverContext* context) {
+  if (!context) return;
+  --active_depth;
+  auto* pending = dynamic_cast<PendingCall*>(context);
+  if (!pending) return;
+  if (outermost == pending) outermost = nullptr;
+  if (!pending->record) return;
+  try {
+    at::RecordFunctionGuard no_observers(false);
+    c10::AutoGradMode no_grad(false);
+    if (state->config.record_output) {
+      for (const c10::IValue& output : fn.outputs()) {
+        if (output.isTensor() && output.toTensor().defined()) {
+          pending->call.out = host_tensor_from_torch(output.toTensor());
+          break;
+        }
+      }
+    }
+    if (pending->call.backend.empty()) pending->call.backend = pending->call.op;
+    pending->call.metadata["duration_s"] = fmt::format(
+        "{:.9f}", std::chrono::duration<double>(std::chrono::steady_clock::now() - pending->started).count());
+    state->recorder->submit(std::move(pending->call));
+  } catch (const std::exception& error) {
+    ++state->recorder->stats().failed;
+    static std::once_flag reported;
+    std::call_once(reported, [&] { std::fprintf(stderr, "[attncap] a call was not captured: %s\n", error.what()); });
+  }
+}
+
+std::vector<std::string> attncap_variable_names() {
+  std::vector<std::string> names;
+  for (char** entry = environ; entry && *entry; ++entry) {
+    std::string text(*entry);
+    if (text.rfind("ATTNCAP_", 0) == 0) names.push_back(text.substr(0, text.find('=')));
+  }
+  return names;
+}
+
+std::string launcher_rank() {
+  for (const char* name : {"RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"}) {
+    if (const char* value = std::getenv(name)) return value;
+  }
+  return {};
+}
+
+// One file per process, named so that processes never collide: host, pid, start time, rank.
+std::string output_path(const CaptureConfig& config, const std::string& rank) {
+  const fs::path out(config.out);
+  const std::string extension = config.format == OutputFormat::hdf5 ? ".h5" : "";
+  if (config.format == OutputFormat::hdf5 && out.extension() == ".h5") {
+    fs::create_directories(out.has_parent_path() ? out.parent_path() : fs::path("."));
+    if (!fs::exists(out)) return out.string();
+    return (out.parent_path() / fmt::format("{}-{}.h5", out.stem().string(), getpid())).string();
+  }
+  fs::create_directories(out);
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  const auto now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  char stamp[32];
+  std::strftime(stamp, sizeof(stamp), "%Y%m%dT%H%M%SZ", &utc);
+  return (out / fmt::format("attncap-{}-{}-{}{}{}", host, getpid(), stamp, rank.empty() ? "" : "-rank" + rank,
+                            extension))
+      .string();
+}
+
+void shutdown_at_exit() {
+  if (state && state->recorder) state->recorder->shutdown();
+}
+
+void in_forked_child() {
+  if (!state || !state->recorder) return;
+  state->recorder->abandon_in_child();
+  if (!state->config.quiet) {
+    std::fprintf(stderr, "[attncap] capture is off in forked child %d (the parent's capture goes on)\n", getpid());
+  }
+}
+
+}  // namespace
+}  // namespace attnreplay::capture
+
+extern "C" __attribute__((visibility("default"))) void attncap_start() {
+  using namespace attnreplay::capture;
+  if (state) return;
+  try {
+    auto parsed = parse_config([](const char* name) { return std::getenv(name); }, attncap_variable_names());
+    if (auto* error = std::get_if<std::string>(&parsed)) {
+      std::fprintf(stderr, "[attncap] capture is off: %s\n", error->c_str());
+      return;
+    }
+    auto fresh = std::make_unique<State>();
+    fresh->config = std::get<CaptureConfig>(parsed);
+    fresh->ops = std::regex(fresh->config.ops_pattern);
+    fresh->rank = launcher_rank();
+    fresh->positions = std::make_unique<PositionTracker>(fresh->config.calls_per_step);
+    const std::string path = output_path(fresh->config, fresh->rank);
+    // Opening the output initialises HDF5, which registers its own exit handler; ours is
+    // registered after it so that it runs first and closes the file while HDF5 still works.
+    fresh->recorder = std::make_unique<Recorder>(fresh->config, path);
+    state = fresh.release();
+    std::atexit(shutdown_at_exit);
+    pthread_atfork(nullptr, nullptr, in_forked_child);
+    state->handle = at::addGlobalCallback(at::RecordFunctionCallback(&on_start, &on_end)
+                                              .needsInputs(true)
+                                              .needsOutputs(true)
+                                              .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
+    if (!state->config.quiet) std::fprintf(stderr, "[attncap] capturing attention calls to %s\n", path.c_str());
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "[attncap] capture is off: %s\n", error.what());
+  }
+}

@@ -1,0 +1,145 @@
+#include "capture/recorder.h"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <unistd.h>
+
+#include <cstdio>
+
+#include "formats/hdf5_format.h"
+#include "formats/pt_format.h"
+
+namespace attnreplay::capture {
+
+std::uint64_t call_bytes(const AttentionCall& call) {
+  std::uint64_t bytes = call.q.nbytes() + call.k.nbytes() + call.v.nbytes();
+  if (call.mask) bytes += call.mask->nbytes();
+  if (call.out) bytes += call.out->nbytes();
+  return bytes;
+}
+
+namespace {
+
+// One .pt per call in a folder of its own: each file appears whole (written, then renamed).
+class PtFolderCapture final : public CaptureWriter {
+ public:
+  explicit PtFolderCapture(std::string folder) : folder_(std::move(folder)) {}
+  void append(const AttentionCall& call) override {
+    write_pt_call(call, fmt::format("{}/call_{:06d}.pt", folder_, call.call_index));
+  }
+  void close() override {}
+
+ private:
+  std::string folder_;
+};
+
+}  // namespace
+
+Recorder::Recorder(const CaptureConfig& config, std::string path) : config_(config), path_(std::move(path)) {
+  if (config_.format == OutputFormat::hdf5) {
+    Hdf5WriterOptions options;
+    options.producer = "attncap (attnreplay capture)";
+    options.exclusive = true;
+    writer_ = std::make_unique<Hdf5CaptureWriter>(path_, options);
+  } else {
+    writer_ = std::make_unique<PtFolderCapture>(path_);
+  }
+  thread_ = std::thread([this] { write_loop(); });
+}
+
+Recorder::~Recorder() { shutdown(); }
+
+void Recorder::submit(AttentionCall call) {
+  if (!accepting()) return;
+  const std::uint64_t bytes = call_bytes(call);
+  if (config_.max_bytes && stats_.bytes.load() + bytes > config_.max_bytes) {
+    ++stats_.dropped_budget;
+    return;
+  }
+  std::unique_lock lock(mutex_);
+  // A call larger than the whole budget still goes through once the queue is empty.
+  auto has_room = [&] { return queue_.empty() || queued_bytes_ + bytes <= config_.queue_bytes || stopping_; };
+  if (!has_room()) {
+    if (config_.when_full == WhenFull::drop) {
+      ++stats_.dropped_full;
+      return;
+    }
+    const auto start = std::chrono::steady_clock::now();
+    has_room_.wait(lock, has_room);
+    stats_.stalled_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+  }
+  if (stopping_) return;
+  stats_.bytes += bytes;
+  queued_bytes_ += bytes;
+  queue_.emplace_back(std::move(call), bytes);
+  has_work_.notify_one();
+}
+
+void Recorder::write_loop() {
+  while (true) {
+    std::pair<AttentionCall, std::uint64_t> item;
+    {
+      std::unique_lock lock(mutex_);
+      has_work_.wait(lock, [&] { return !queue_.empty() || stopping_; });
+      if (queue_.empty()) return;
+      item = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    if (writer_) {
+      try {
+        writer_->append(item.first);
+        ++stats_.captured;
+      } catch (const std::exception& error) {
+        // Disk full, folder gone: say so once, keep what is written, stop capturing.
+        ++stats_.failed;
+        if (accepting_.exchange(false)) {
+          std::fprintf(stderr, "[attncap] capture stopped: %s; the %lld calls written so far are kept in %s\n",
+                       error.what(), static_cast<long long>(stats_.captured.load()), path_.c_str());
+        }
+      }
+    }
+    {
+      std::lock_guard lock(mutex_);
+      queued_bytes_ -= item.second;
+    }
+    has_room_.notify_all();
+  }
+}
+
+void Recorder::shutdown() {
+  if (shut_down_.exchange(true)) return;
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  accepting_ = false;
+  has_work_.notify_all();
+  has_room_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  try {
+    if (writer_) writer_->close();
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "[attncap] closing %s failed: %s\n", path_.c_str(), error.what());
+  }
+  if (!config_.quiet) {
+    std::fprintf(stderr,
+                 "[attncap] pid %d: %lld attention calls seen, %lld captured, %lld dropped (queue full), "
+                 "%lld over budget, %lld failed; %.1f MB of tensors, %.3f s stalled; %s\n",
+                 static_cast<int>(getpid()), static_cast<long long>(stats_.seen.load()),
+                 static_cast<long long>(stats_.captured.load()), static_cast<long long>(stats_.dropped_full.load()),
+                 static_cast<long long>(stats_.dropped_budget.load()), static_cast<long long>(stats_.failed.load()),
+                 static_cast<double>(stats_.bytes.load()) / 1e6, static_cast<double>(stats_.stalled_ns.load()) / 1e9,
+                 path_.c_str());
+  }
+}
+
+void Recorder::abandon_in_child() {
+  accepting_ = false;
+  shut_down_ = true;
+  // The thread and the open file belong to the parent; release without joining or closing.
+  thread_.detach();
+  (void)writer_.release();
+}
+
+}  // namespace attnreplay::capture
