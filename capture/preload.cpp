@@ -12,7 +12,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -80,10 +82,47 @@ void load_torch_part() {
   start();
 }
 
+// The folders glibc lists for `object` with RTLD_DI_SERINFO, in search order: its RPATH,
+// LD_LIBRARY_PATH, its RUNPATH ($ORIGIN expanded), then the system folders.
+std::vector<std::string> search_folders(void* object) {
+  std::vector<std::string> folders;
+  Dl_serinfo size{};
+  if (dlinfo(object, RTLD_DI_SERINFOSIZE, &size) != 0 || size.dls_size == 0) return folders;
+  auto* paths = static_cast<Dl_serinfo*>(std::malloc(size.dls_size));
+  if (!paths) return folders;
+  *paths = size;
+  if (dlinfo(object, RTLD_DI_SERINFO, paths) == 0) {
+    for (unsigned i = 0; i < paths->dls_cnt; ++i) folders.emplace_back(paths->dls_serpath[i].dls_name);
+  }
+  std::free(paths);
+  return folders;
+}
+
+// The system folders: what this library (which has no RPATH or RUNPATH) is given beyond
+// LD_LIBRARY_PATH. glibc leaves them, and its ld.so.cache, for last.
+const std::vector<std::string>& system_folders() {
+  static const std::vector<std::string> folders = [] {
+    std::vector<std::string> result;
+    Dl_info info{};
+    struct link_map* self = nullptr;
+    if (!dladdr1(reinterpret_cast<void*>(&torch_part_path), &info, reinterpret_cast<void**>(&self),
+                 RTLD_DL_LINKMAP) || !self) {
+      return result;
+    }
+    const char* env = std::getenv("LD_LIBRARY_PATH");
+    const std::string library_path = env ? std::string(":") + env + ":" : "";
+    for (const std::string& folder : search_folders(self)) {
+      if (library_path.find(":" + folder + ":") == std::string::npos) result.push_back(folder);
+    }
+    return result;
+  }();
+  return folders;
+}
+
 // Opens `file` as glibc would for `caller`. A wrapper's own dlopen call makes glibc search with the
 // wrapper's RPATH/RUNPATH instead of the real caller's, and bare-name loads (cuDNN's and torch's
-// NVRTC sub-libraries) then fail. So bare names are first looked up in the caller's own search
-// path list (its RPATH/RUNPATH and LD_LIBRARY_PATH, $ORIGIN expanded), as glibc reports it.
+// NVRTC sub-libraries) then fail. So a bare name is first looked for in the caller's own search
+// folders, in glibc's order, up to the system folders, which glibc itself then searches.
 void* open_as(const char* file, int mode, void* caller) {
   DlopenFn real = real_dlopen();
   if (!file || std::strchr(file, '/')) return real(file, mode);
@@ -99,26 +138,15 @@ void* open_as(const char* file, int mode, void* caller) {
   if (!dladdr1(caller, &info, reinterpret_cast<void**>(&caller_map), RTLD_DL_LINKMAP) || !caller_map) {
     return plain();
   }
-  Dl_serinfo size{};
-  if (dlinfo(caller_map, RTLD_DI_SERINFOSIZE, &size) != 0 || size.dls_size == 0) return plain();
-  auto* paths = static_cast<Dl_serinfo*>(std::malloc(size.dls_size));
-  if (!paths) return plain();
-  *paths = size;
-  void* handle = nullptr;
-  if (dlinfo(caller_map, RTLD_DI_SERINFO, paths) == 0) {
-    for (unsigned i = 0; i < paths->dls_cnt && !handle; ++i) {
-      const Dl_serpath& entry = paths->dls_serpath[i];
-      // System folders and ld.so.cache are left to glibc, in glibc's order.
-      if (!(entry.dls_flags & (LA_SER_RUNPATH | LA_SER_LIBPATH))) continue;
-      std::string candidate = std::string(entry.dls_name) + "/" + file;
-      if (access(candidate.c_str(), F_OK) == 0) {
-        dlerror();
-        handle = real(candidate.c_str(), mode);
-      }
-    }
+  const std::vector<std::string>& system = system_folders();
+  for (const std::string& folder : search_folders(caller_map)) {
+    if (std::find(system.begin(), system.end(), folder) != system.end()) break;
+    const std::string candidate = folder + "/" + file;
+    if (access(candidate.c_str(), F_OK) != 0) continue;
+    dlerror();
+    if (void* handle = real(candidate.c_str(), mode)) return handle;
   }
-  std::free(paths);
-  return handle ? handle : plain();
+  return plain();
 }
 
 int main_with_capture(int argc, char** argv, char** envp) {
