@@ -24,6 +24,7 @@
 
 #include "capture/call_site.h"
 #include "capture/config.h"
+#include "capture/host_copy.h"
 #include "capture/recorder.h"
 #include "formats/torch_tensor.h"
 
@@ -51,9 +52,27 @@ State* state = nullptr;  // set once by attncap_start; never freed (callbacks ma
 thread_local int active_depth = 0;
 thread_local struct PendingCall* outermost = nullptr;
 
+// Host copies under way for one call; the writer thread finishes them into the record.
+struct TensorCopies {
+  std::optional<HostCopy> q, k, v, mask, out;
+  std::uint64_t nbytes() const {
+    std::uint64_t total = 0;
+    for (const auto* copy : {&q, &k, &v, &mask, &out}) total += *copy ? (*copy)->nbytes() : 0;
+    return total;
+  }
+  void finish_into(AttentionCall& call) {
+    call.q = q->finish();
+    call.k = k->finish();
+    call.v = v->finish();
+    if (mask) call.mask = mask->finish();
+    if (out) call.out = out->finish();
+  }
+};
+
 struct PendingCall final : at::ObserverContext {
   bool record = false;
-  AttentionCall call;
+  AttentionCall call;  // everything but the tensor data
+  std::shared_ptr<TensorCopies> copies = std::make_shared<TensorCopies>();
   std::chrono::steady_clock::time_point started;
 };
 
@@ -143,11 +162,12 @@ void fill_call(PendingCall& pending, const at::RecordFunction& fn, std::int64_t 
   const bool flash_style = op.rfind("flash_attn", 0) == 0 || op.rfind("xformers", 0) == 0;
   call.layout = flash_style ? Layout::bshd : Layout::bhsd;
   call.causal_alignment = flash_style ? CausalAlignment::bottom_right : CausalAlignment::top_left;
-  call.q = host_tensor_from_torch(qkv[0]->toTensor());
-  call.k = host_tensor_from_torch(qkv[1]->toTensor());
-  call.v = host_tensor_from_torch(qkv[2]->toTensor());
+  TensorCopies& copies = *pending.copies;
+  copies.q = HostCopy::start(qkv[0]->toTensor());
+  copies.k = HostCopy::start(qkv[1]->toTensor());
+  copies.v = HostCopy::start(qkv[2]->toTensor());
   if (const auto* mask = find_input(inputs, {"attn_mask", "mask", "attn_bias"}); mask && mask->isTensor()) {
-    call.mask = host_tensor_from_torch(mask->toTensor());
+    copies.mask = HostCopy::start(mask->toTensor());
   }
   if (const auto* scale = find_input(inputs, {"scale", "softmax_scale", "sm_scale"}); scale && scale->isDouble()) {
     call.scale = scale->toDouble();
@@ -236,7 +256,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* context) {
     if (state->config.record_output) {
       for (const c10::IValue& output : fn.outputs()) {
         if (output.isTensor() && output.toTensor().defined()) {
-          pending->call.out = host_tensor_from_torch(output.toTensor());
+          pending->copies->out = HostCopy::start(output.toTensor());
           break;
         }
       }
@@ -244,7 +264,9 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* context) {
     if (pending->call.backend.empty()) pending->call.backend = pending->call.op;
     pending->call.metadata["duration_s"] = fmt::format(
         "{:.9f}", std::chrono::duration<double>(std::chrono::steady_clock::now() - pending->started).count());
-    state->recorder->submit(std::move(pending->call));
+    const std::uint64_t bytes = pending->copies->nbytes();
+    state->recorder->submit(std::move(pending->call), bytes,
+                            [copies = pending->copies](AttentionCall& call) { copies->finish_into(call); });
   } catch (const std::exception& error) {
     ++state->recorder->stats().failed;
     static std::once_flag reported;

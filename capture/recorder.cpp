@@ -12,13 +12,6 @@
 
 namespace attnreplay::capture {
 
-std::uint64_t call_bytes(const AttentionCall& call) {
-  std::uint64_t bytes = call.q.nbytes() + call.k.nbytes() + call.v.nbytes();
-  if (call.mask) bytes += call.mask->nbytes();
-  if (call.out) bytes += call.out->nbytes();
-  return bytes;
-}
-
 namespace {
 
 // One .pt per call in a folder of its own: each file appears whole (written, then renamed).
@@ -50,9 +43,8 @@ Recorder::Recorder(const CaptureConfig& config, std::string path) : config_(conf
 
 Recorder::~Recorder() { shutdown(); }
 
-void Recorder::submit(AttentionCall call) {
+void Recorder::submit(AttentionCall call, std::uint64_t bytes, Finish finish) {
   if (!accepting()) return;
-  const std::uint64_t bytes = call_bytes(call);
   if (config_.max_bytes && stats_.bytes.load() + bytes > config_.max_bytes) {
     ++stats_.dropped_budget;
     return;
@@ -72,13 +64,13 @@ void Recorder::submit(AttentionCall call) {
   if (stopping_) return;
   stats_.bytes += bytes;
   queued_bytes_ += bytes;
-  queue_.emplace_back(std::move(call), bytes);
+  queue_.push_back({std::move(call), bytes, std::move(finish)});
   has_work_.notify_one();
 }
 
 void Recorder::write_loop() {
   while (true) {
-    std::pair<AttentionCall, std::uint64_t> item;
+    Work item;
     {
       std::unique_lock lock(mutex_);
       has_work_.wait(lock, [&] { return !queue_.empty() || stopping_; });
@@ -86,9 +78,22 @@ void Recorder::write_loop() {
       item = std::move(queue_.front());
       queue_.pop_front();
     }
-    if (writer_) {
+    bool ready = true;
+    if (item.finish) {
       try {
-        writer_->append(item.first);
+        item.finish(item.call);
+      } catch (const std::exception& error) {
+        // One call's copy failed (an unexpected device, say): skip it, keep capturing.
+        ready = false;
+        ++stats_.failed;
+        std::call_once(copy_failure_reported_, [&] {
+          std::fprintf(stderr, "[attncap] a call was not captured: %s\n", error.what());
+        });
+      }
+    }
+    if (writer_ && ready) {
+      try {
+        writer_->append(item.call);
         ++stats_.captured;
       } catch (const std::exception& error) {
         // Disk full, folder gone: say so once, keep what is written, stop capturing.
@@ -101,7 +106,7 @@ void Recorder::write_loop() {
     }
     {
       std::lock_guard lock(mutex_);
-      queued_bytes_ -= item.second;
+      queued_bytes_ -= item.bytes;
     }
     has_room_.notify_all();
   }

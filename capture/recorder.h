@@ -4,6 +4,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -29,8 +30,11 @@ class Recorder {
   // Opens the output (so an unwritable folder is reported at start). Throws on failure.
   Recorder(const CaptureConfig& config, std::string path);
   ~Recorder();
-  // Queues a finished call; may wait for room (ATTNCAP_WHEN_FULL=wait) or drop it.
-  void submit(AttentionCall call);
+  // Queues a call of `bytes` tensor bytes whose tensors `finish` fills in on the writer thread
+  // (waiting for GPU copies there, not on the model's thread). May wait for room
+  // (ATTNCAP_WHEN_FULL=wait) or drop the call.
+  using Finish = std::function<void(AttentionCall&)>;
+  void submit(AttentionCall call, std::uint64_t bytes, Finish finish);
   // Writes what is queued, closes the file, prints the summary. Idempotent.
   void shutdown();
   // After fork(): the writer thread does not exist in the child.
@@ -47,15 +51,19 @@ class Recorder {
   std::unique_ptr<CaptureWriter> writer_;
   std::mutex mutex_;
   std::condition_variable has_work_, has_room_;
-  std::deque<std::pair<AttentionCall, std::uint64_t>> queue_;
+  struct Work {
+    AttentionCall call;
+    std::uint64_t bytes = 0;
+    Finish finish;
+  };
+  std::deque<Work> queue_;
   std::uint64_t queued_bytes_ = 0;
   bool stopping_ = false;
   std::atomic<bool> accepting_{true};
   std::atomic<bool> shut_down_{false};
   std::thread thread_;
+  std::once_flag copy_failure_reported_;
   CaptureStats stats_;
 };
-
-std::uint64_t call_bytes(const AttentionCall& call);
 
 }  // namespace attnreplay::capture

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The README's demo command: set up (idempotent), capture the bundled real model (MiniLM), replay
-# its attention calls through every kernel, then a CPU-sized suite of the peers' shapes.
+# The README's demo command: set up (idempotent), capture the bundled real model (MiniLM) with
+# LD_PRELOAD, replay its attention calls through every kernel, then a CPU-sized suite of the
+# peers' shapes.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$ROOT/scripts/setup.sh"
@@ -10,13 +11,16 @@ BIN="$BUILD/replay/attnreplay"
 mkdir -p "$OUT"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 
-echo "== Capturing the attention calls of a real model (all-MiniLM-L6-v2, CPU) in aiter's format"
-"$VENV/bin/python" "$ROOT/examples/capture_minilm_aiter.py" --out "$OUT/minilm_aiter"
-"$BIN" info "$OUT/minilm_aiter"
+echo "== Capturing a real model's attention calls (all-MiniLM-L6-v2 on the CPU), unchanged, under LD_PRELOAD"
+rm -rf "$OUT/minilm_capture"
+LD_PRELOAD="$BUILD/capture/libattncap.so" ATTNCAP_OUT="$OUT/minilm_capture" \
+  "$VENV/bin/python" "$ROOT/examples/run_minilm.py" --repeat 2
+capture=("$OUT"/minilm_capture/*.h5)
+"$BIN" info "${capture[@]}"
 
 echo; echo "== Replaying them through every kernel against the fp64 reference"
 status=0
-"$BIN" run "$OUT/minilm_aiter" --kernels all --refcheck \
+"$BIN" run "${capture[@]}" --kernels all --refcheck \
   --json "$OUT/minilm.json" --csv "$OUT/minilm.csv" || status=$?
 
 echo; echo "== The peers' shapes, scaled to what a CPU replays in about a minute (examples/cpu_suite.txt)"
