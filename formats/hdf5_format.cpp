@@ -574,9 +574,15 @@ class Hdf5CaptureSource final : public CaptureSource {
                            static_cast<std::size_t>(row.metadata_nbytes));
     const nlohmann::json parsed = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
     if (!parsed.is_object()) throw_input_error(where, "field 'metadata': expected a JSON object, got '{}'", text);
+    // The writer puts an op or backend in the JSON only when it overflows its fixed-width field;
+    // otherwise an "op" or "backend" key is the capture's own metadata and stays there.
+    auto overflow = [](const auto& field, const std::string& truncated, const nlohmann::json& value) {
+      return strnlen(field, sizeof(field)) == sizeof(field) && value.is_string() &&
+             value.get<std::string>().starts_with(truncated);
+    };
     for (const auto& [key, value] : parsed.items()) {
-      if (key == "op" && value.is_string()) call.op = value.get<std::string>();
-      else if (key == "backend" && value.is_string()) call.backend = value.get<std::string>();
+      if (key == "op" && overflow(row.op, call.op, value)) call.op = value.get<std::string>();
+      else if (key == "backend" && overflow(row.backend, call.backend, value)) call.backend = value.get<std::string>();
       else call.metadata[key] = value.is_string() ? value.get<std::string>() : value.dump();
     }
   }

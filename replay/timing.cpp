@@ -67,7 +67,9 @@ TimingSummary measure(PreparedKernel& kernel, SampleTimer& timer, const Stopping
       ++discarded;
     }
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (wall >= rule.timeout_s && !samples.empty()) {
+    // In any case: a timer that discards every sample (a GPU that always throttles) must not
+    // keep the loop going forever.
+    if (wall >= rule.timeout_s) {
       reason = "timeout";
       break;
     }

@@ -1,0 +1,238 @@
+// Sample statistics and the stopping rule (replay/timing.cpp). A fake kernel counts its runs and a
+// fake timer returns scripted durations, so which rule stops the loop is deterministic.
+#include <catch2/catch_test_macros.hpp>
+#include <catch2/matchers/catch_matchers_floating_point.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "replay/timing.h"
+
+using namespace attnreplay;
+using Catch::Matchers::WithinAbs;
+using Catch::Matchers::WithinRel;
+
+namespace {
+
+class CountingKernel final : public PreparedKernel {
+ public:
+  explicit CountingKernel(std::chrono::microseconds sleep = std::chrono::microseconds(0)) : sleep_(sleep) {}
+  void run() override {
+    ++runs;
+    if (sleep_.count() > 0) std::this_thread::sleep_for(sleep_);
+  }
+  HostTensor output() override { return {}; }
+  void synchronize() override { ++synchronizations; }
+  int runs = 0;
+  int synchronizations = 0;
+
+ private:
+  std::chrono::microseconds sleep_;
+};
+
+// Runs the kernel once per sample and reports the n-th scripted duration (nullopt: discard).
+class ScriptedTimer final : public SampleTimer {
+ public:
+  explicit ScriptedTimer(std::function<std::optional<double>(int)> script) : script_(std::move(script)) {}
+  std::string method() const override { return "scripted"; }
+  std::string cache() const override { return "n/a"; }
+  std::optional<double> time_one(PreparedKernel& kernel) override {
+    runs_at_first_call = runs_at_first_call < 0 ? static_cast<CountingKernel&>(kernel).runs : runs_at_first_call;
+    kernel.run();
+    return script_(calls++);
+  }
+  int calls = 0;
+  int runs_at_first_call = -1;
+
+ private:
+  std::function<std::optional<double>(int)> script_;
+};
+
+}  // namespace
+
+TEST_CASE("timing: summarize_samples median of odd and even counts, min, max, mean") {
+  const TimingSummary odd = summarize_samples({5.0, 1.0, 3.0});
+  CHECK(odd.samples == 3);
+  CHECK(odd.median_s == 3.0);
+  CHECK(odd.min_s == 1.0);
+  CHECK(odd.max_s == 5.0);
+  CHECK(odd.mean_s == 3.0);
+  CHECK_THAT(odd.measured_s, WithinAbs(9.0, 1e-12));
+  const TimingSummary even = summarize_samples({4.0, 1.0, 10.0, 2.0});
+  CHECK(even.median_s == 3.0);  // mean of the middle two, 2 and 4
+  CHECK(even.min_s == 1.0);
+  CHECK(even.max_s == 10.0);
+  CHECK(even.mean_s == 4.25);
+}
+
+TEST_CASE("timing: stdev_rel is the sample standard deviation over the mean") {
+  // [1, 2, 3]: mean 2, sample variance 1, so stdev_rel = 0.5.
+  CHECK_THAT(summarize_samples({1.0, 2.0, 3.0}).stdev_rel, WithinAbs(0.5, 1e-15));
+  // [2, 4, 4, 4, 5, 5, 7, 9]: mean 5, sum of squares 32, sample variance 32/7.
+  CHECK_THAT(summarize_samples({2, 4, 4, 4, 5, 5, 7, 9}).stdev_rel, WithinRel(std::sqrt(32.0 / 7) / 5, 1e-14));
+  CHECK(summarize_samples({7.0, 7.0, 7.0}).stdev_rel == 0.0);
+  CHECK(summarize_samples({7.0}).stdev_rel == 0.0);  // one sample has no spread
+  const TimingSummary none = summarize_samples({});
+  CHECK(none.samples == 0);
+  CHECK(none.median_s == 0.0);
+}
+
+TEST_CASE("timing: noise_settled needs a full window that varies by under 5% of the latest") {
+  CHECK_FALSE(noise_settled(std::vector<double>(15, 0.1)));   // window of 16 not yet full
+  CHECK(noise_settled(std::vector<double>(16, 0.1)));
+  std::vector<double> wobbly(16, 0.1);
+  wobbly[3] = 0.106;  // range 0.006 > 5% of 0.1
+  CHECK_FALSE(noise_settled(wobbly));
+  wobbly[3] = 0.104;  // range 0.004 < 0.005
+  CHECK(noise_settled(wobbly));
+  // Only the last `window` values count.
+  std::vector<double> settled_late{5.0, 0.01};
+  settled_late.insert(settled_late.end(), 16, 0.2);
+  CHECK(noise_settled(settled_late));
+  CHECK_FALSE(noise_settled(std::vector<double>(16, 0.0)));  // zero noise is converged, not settled
+  CHECK(noise_settled({0.3, 0.3, 0.3}, 3));
+}
+
+TEST_CASE("timing: constant samples converge once min_samples and min_time are met") {
+  CountingKernel kernel;
+  ScriptedTimer timer([](int) { return 0.0625; });  // exact in binary: sums carry no rounding
+  StoppingRule rule;
+  rule.warmup_runs = 3;
+  rule.min_samples = 5;
+  rule.min_time_s = 0.5;  // 8 samples of 62.5 ms: min_time binds after min_samples
+  rule.timeout_s = 30;
+  const TimingSummary t = measure(kernel, timer, rule);
+  CHECK(t.stop_reason == "converged");
+  CHECK(t.samples == 8);
+  CHECK(timer.calls == 8);
+  CHECK(t.discarded == 0);
+  CHECK(t.median_s == 0.0625);
+  CHECK(t.stdev_rel == 0.0);
+  CHECK(t.measured_s == 0.5);
+  CHECK(t.method == "scripted");
+  CHECK(t.cache == "n/a");
+  // Warm-up runs happen before the first sample and are not sampled.
+  CHECK(t.warmup_runs == 3);
+  CHECK(timer.runs_at_first_call == 3);
+  CHECK(kernel.runs == 3 + 8);
+  CHECK(kernel.synchronizations == 3);  // measure() syncs warm-ups; the timer owns the rest
+}
+
+TEST_CASE("timing: min_samples binds when samples are long") {
+  CountingKernel kernel;
+  ScriptedTimer timer([](int) { return 1.0; });
+  StoppingRule rule;
+  rule.warmup_runs = 0;
+  rule.min_samples = 7;
+  rule.min_time_s = 0.1;
+  const TimingSummary t = measure(kernel, timer, rule);
+  CHECK(t.stop_reason == "converged");
+  CHECK(t.samples == 7);
+  CHECK(timer.runs_at_first_call == 0);
+}
+
+TEST_CASE("timing: steady noise above max_noise stops as noise-settled") {
+  // Alternating 1 ms / 2 ms: relative stdev about 0.33, never under 2%, but it stops changing.
+  CountingKernel kernel;
+  ScriptedTimer timer([](int n) { return n % 2 ? 0.002 : 0.001; });
+  StoppingRule rule;
+  rule.warmup_runs = 1;
+  rule.min_samples = 5;
+  rule.min_time_s = 0.0;
+  rule.timeout_s = 30;
+  const TimingSummary t = measure(kernel, timer, rule);
+  CHECK(t.stop_reason == "noise-settled");
+  CHECK(t.samples >= 5 + 15);  // a full window of 16 noise values after min_samples
+  CHECK(t.samples < 1000);
+  CHECK(t.stdev_rel > 0.3);
+  CHECK(t.median_s >= 0.001);
+}
+
+TEST_CASE("timing: noisy samples that never settle stop at the timeout") {
+  // min_samples far above what fits in the timeout keeps the noise rule from ever deciding; each
+  // run sleeps 2 ms of real time, so the 50 ms wall-clock timeout ends it.
+  CountingKernel kernel(std::chrono::microseconds(2000));
+  ScriptedTimer timer([](int n) { return 0.001 * (1 + n % 7); });
+  StoppingRule rule;
+  rule.warmup_runs = 0;
+  rule.min_samples = 100000;
+  rule.max_samples = 100000;
+  rule.timeout_s = 0.05;
+  const auto start = std::chrono::steady_clock::now();
+  const TimingSummary t = measure(kernel, timer, rule);
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  CHECK(t.stop_reason == "timeout");
+  CHECK(t.samples >= 1);
+  CHECK(t.samples <= 26);  // at most 50 ms / 2 ms, plus the one that crossed the line
+  CHECK(wall < 2.0);
+}
+
+TEST_CASE("timing: max_samples caps the count") {
+  CountingKernel kernel;
+  ScriptedTimer timer([](int n) { return 0.001 * (1 + (n * n) % 13); });
+  StoppingRule rule;
+  rule.warmup_runs = 0;
+  rule.min_samples = 100000;
+  rule.max_samples = 40;
+  rule.timeout_s = 30;
+  const TimingSummary t = measure(kernel, timer, rule);
+  CHECK(t.stop_reason == "max-samples");
+  CHECK(t.samples == 40);
+}
+
+TEST_CASE("timing: discarded samples are counted and left out of the statistics") {
+  // Every third sample is rejected (e.g. taken while the clock throttled); those would read 1 s.
+  CountingKernel kernel;
+  ScriptedTimer timer([](int n) -> std::optional<double> {
+    if (n % 3 == 2) return std::nullopt;
+    return 0.01;
+  });
+  StoppingRule rule;
+  rule.warmup_runs = 0;
+  rule.min_samples = 6;
+  rule.min_time_s = 0.0;
+  const TimingSummary t = measure(kernel, timer, rule);
+  CHECK(t.stop_reason == "converged");
+  CHECK(t.samples == 6);
+  CHECK(t.discarded == 2);  // calls 2 and 5 of 0..7
+  CHECK(timer.calls == 8);
+  CHECK(t.max_s == 0.01);
+}
+
+TEST_CASE("timing: a timer that discards everything still stops at the timeout") {
+  // "At --timeout seconds in any case" (docs/metrics.md): a GPU that always throttles must not
+  // hang the run.
+  CountingKernel kernel(std::chrono::microseconds(1000));
+  ScriptedTimer timer([](int) -> std::optional<double> { return std::nullopt; });
+  StoppingRule rule;
+  rule.warmup_runs = 0;
+  rule.timeout_s = 0.03;
+  const TimingSummary t = measure(kernel, timer, rule);
+  CHECK(t.stop_reason == "timeout");
+  CHECK(t.samples == 0);
+  CHECK(t.discarded == timer.calls);
+  CHECK(t.discarded >= 1);
+}
+
+TEST_CASE("timing: the CPU clock timer measures a kernel that sleeps") {
+  CountingKernel kernel(std::chrono::microseconds(3000));
+  CpuClockTimer timer;
+  const auto seconds = timer.time_one(kernel);
+  REQUIRE(seconds.has_value());
+  CHECK(*seconds >= 0.003);
+  CHECK(*seconds < 1.0);
+  CHECK(kernel.synchronizations == 1);  // waits for the work, as a GPU timer must
+  CHECK(timer.method() == "cpu-steady-clock");
+}
+
+TEST_CASE("timing: describe() names the rule's numbers") {
+  StoppingRule rule;
+  rule.max_noise = 0.005;
+  rule.timeout_s = 7;
+  const std::string text = rule.describe();
+  CHECK(text.find("0.5%") != std::string::npos);
+  CHECK(text.find("timeout 7 s") != std::string::npos);
+}
