@@ -4,6 +4,7 @@
 // call (and why not), prepares its inputs once, then runs as often as the timer asks.
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,13 @@ class PreparedKernel {
   virtual HostTensor output() = 0;
   // Waits until work queued by run() has finished (GPU kernels); CPU kernels finish in run().
   virtual void synchronize() {}
+};
+
+// Thrown by prepare() when a check that needs the real inputs (torch's own backend checks, say)
+// declines the call: the runner reports it as not_supported with this message, not as a failure.
+class KernelNotSupported : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
 };
 
 class Kernel {

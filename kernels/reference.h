@@ -29,6 +29,10 @@ struct ReferenceOutput {
 ReferenceOutput reference_attention(const AttentionCall& call, std::vector<std::int64_t> rows = {},
                                     unsigned threads = 0);
 
+// The same on a GPU (fp64 DGEMMs in chunks of query rows), for calls too large for the CPU.
+bool gpu_reference_available();
+ReferenceOutput reference_attention_gpu(const AttentionCall& call, std::vector<std::int64_t> rows = {});
+
 // `count` distinct query positions drawn uniformly with a fixed seed, ascending.
 std::vector<std::int64_t> sample_query_rows(std::int64_t seq_q, std::int64_t count, std::uint64_t seed);
 

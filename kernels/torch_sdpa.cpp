@@ -1,9 +1,15 @@
-// torch's scaled_dot_product_attention backends, each called directly so that the backend is the
-// one named (SDPA's own dispatcher would silently fall back). Inputs get the model's strides back,
-// so a backend sees the memory layout it saw in the model.
+// torch's scaled_dot_product_attention backends, on the CPU and on CUDA, each called directly so
+// that the backend is the one named (SDPA's own dispatcher would silently fall back). Inputs get
+// the model's strides back, so a backend sees the memory layout it saw in the model.
 #include <ATen/ATen.h>
+#include <ATen/detail/CUDAHooksInterface.h>
+#include <c10/util/Exception.h>
 
 #include <functional>
+
+#ifdef ATTNREPLAY_TORCH_CUDA
+#include <ATen/native/transformers/cuda/sdp_utils.h>
+#endif
 
 #include "formats/errors.h"
 #include "formats/torch_tensor.h"
@@ -16,68 +22,85 @@ struct TorchInputs {
   at::Tensor q, k, v;
   std::optional<at::Tensor> mask;
   bool is_causal = false;
+  bool enable_gqa = false;
 };
 
 // BHSD views with the model's strides, bottom-right causality turned into an explicit mask (torch's
 // is_causal is top-left), and K/V expanded for GQA when the backend cannot broadcast heads.
 // SDPA's front door turns a bool mask into an additive float one before any backend sees it; the
-// math backend reads a bool mask differently, so it must get the converted one too.
-TorchInputs torch_inputs(const AttentionCall& call, bool expand_gqa, bool bool_mask_to_float) {
+// math backend reads a bool mask differently, so every backend gets the converted one.
+TorchInputs torch_inputs(const AttentionCall& call, bool expand_gqa, at::Device device) {
   const AttentionShape s = call.shape();
   TorchInputs in;
-  auto bhsd = [&call](const HostTensor& tensor) {
-    at::Tensor t = torch_from_host_tensor(tensor);
+  auto bhsd = [&](const HostTensor& tensor) {
+    at::Tensor t = torch_from_host_tensor(tensor).to(device);  // .to keeps dense strides
     if (t.dim() == 3) t = t.unsqueeze(1);
     return call.layout == Layout::bshd ? t.transpose(1, 2) : t;
   };
   in.q = bhsd(call.q);
   in.k = bhsd(call.k);
   in.v = bhsd(call.v);
+  in.enable_gqa = s.is_gqa();
   if (expand_gqa && s.is_gqa()) {
     in.k = in.k.repeat_interleave(s.heads_q / s.heads_kv, 1);
     in.v = in.v.repeat_interleave(s.heads_q / s.heads_kv, 1);
+    in.enable_gqa = false;
   }
-  if (call.mask) in.mask = torch_from_host_tensor(*call.mask);
+  if (call.mask) in.mask = torch_from_host_tensor(*call.mask).to(device);
   in.is_causal = call.is_causal;
   if (call.is_causal && call.causal_alignment == CausalAlignment::bottom_right && s.seq_q != s.seq_kv) {
-    at::Tensor causal = at::ones({s.seq_q, s.seq_kv}, at::TensorOptions().dtype(at::kBool)).tril(s.seq_kv - s.seq_q);
+    at::Tensor causal =
+        at::ones({s.seq_q, s.seq_kv}, at::TensorOptions().dtype(at::kBool).device(device)).tril(s.seq_kv - s.seq_q);
     if (in.mask && in.mask->scalar_type() == at::kBool) in.mask = at::logical_and(*in.mask, causal);
     else if (in.mask) in.mask = in.mask->masked_fill(causal.logical_not(), -std::numeric_limits<double>::infinity());
     else in.mask = causal;
     in.is_causal = false;
   }
-  if (bool_mask_to_float && in.mask && in.mask->scalar_type() == at::kBool) {
-    // What SDPA's front door does before calling this backend.
+  if (in.mask && in.mask->scalar_type() == at::kBool) {
     in.mask = at::zeros(in.mask->sizes(), in.q.options())
                   .masked_fill(in.mask->logical_not(), -std::numeric_limits<double>::infinity());
   }
   return in;
 }
 
+bool cuda_available() { return at::detail::getCUDAHooks().hasCUDA(); }
+
 struct TorchBackend {
   std::string name;
   std::string summary;
+  std::string device;  // "cpu" or "cuda"
+  bool expand_gqa = true;
   std::function<std::optional<std::string>(const AttentionCall&)> unsupported;
-  std::function<TorchInputs(const AttentionCall&)> prepare;
+  // torch's own verdict on the prepared inputs (CUDA backends), with its reasons.
+  std::function<std::optional<std::string>(const TorchInputs&)> torch_check;
   std::function<at::Tensor(const TorchInputs&, double scale)> run;
 };
 
 class TorchSdpaKernel final : public Kernel {
  public:
   explicit TorchSdpaKernel(TorchBackend backend)
-      : backend_(std::move(backend)), description_{backend_.name, backend_.summary, "cpu", false} {}
+      : backend_(std::move(backend)), description_{backend_.name, backend_.summary, backend_.device, false} {}
   const KernelDescription& description() const override { return description_; }
   std::optional<std::string> unsupported_reason(const AttentionCall& call) const override {
+    if (backend_.device == "cuda" && !cuda_available()) return "no CUDA device";
     return backend_.unsupported(call);
   }
 
   class Prepared final : public PreparedKernel {
    public:
-    Prepared(const TorchBackend& backend, const AttentionCall& call)
-        : backend_(backend), inputs_(backend.prepare(call)), scale_(call.softmax_scale()) {}
+    Prepared(const TorchBackend& backend, const AttentionCall& call) : backend_(backend), scale_(call.softmax_scale()) {
+      const at::Device device = backend.device == "cuda" ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
+      inputs_ = torch_inputs(call, backend.expand_gqa, device);
+      if (backend.torch_check) {
+        if (auto reason = backend.torch_check(inputs_)) throw KernelNotSupported(*reason);
+      }
+    }
     void run() override {
       at::InferenceMode inference;
       output_ = backend_.run(inputs_, scale_);
+    }
+    void synchronize() override {
+      if (backend_.device == "cuda") at::detail::getCUDAHooks().deviceSynchronize(0);
     }
     HostTensor output() override { return host_tensor_from_torch(output_.contiguous()); }
 
@@ -97,36 +120,40 @@ class TorchSdpaKernel final : public Kernel {
   KernelDescription description_;
 };
 
-std::optional<std::string> needs_torch_float(const AttentionCall& call) {
+std::optional<std::string> needs_dtypes(const AttentionCall& call, std::initializer_list<DType> allowed,
+                                        std::string_view who) {
   for (const HostTensor* t : {&call.q, &call.k, &call.v}) {
-    switch (t->dtype) {
-      case DType::float64:
-      case DType::float32:
-      case DType::float16:
-      case DType::bfloat16: break;
-      default: return fmt::format("dtype {} is not supported by torch's CPU attention", dtype_name(t->dtype));
+    if (std::find(allowed.begin(), allowed.end(), t->dtype) == allowed.end()) {
+      return fmt::format("dtype {} is not supported by {}", dtype_name(t->dtype), who);
     }
   }
   if (call.q.dtype != call.k.dtype || call.q.dtype != call.v.dtype) return "q, k and v have different dtypes";
   return std::nullopt;
 }
 
+at::Tensor run_math(const TorchInputs& in, double scale) {
+  return std::get<0>(at::_scaled_dot_product_attention_math(in.q, in.k, in.v, in.mask, 0.0, in.is_causal,
+                                                            std::nullopt, scale, in.enable_gqa));
+}
+
 TorchBackend math_backend() {
-  return {"torch-math",
-          "torch SDPA math backend (aten::_scaled_dot_product_attention_math), CPU",
-          needs_torch_float,
-          [](const AttentionCall& call) { return torch_inputs(call, /*expand_gqa=*/false, /*bool_mask_to_float=*/true); },
-          [](const TorchInputs& in, double scale) {
-            return std::get<0>(at::_scaled_dot_product_attention_math(in.q, in.k, in.v, in.mask, 0.0, in.is_causal,
-                                                                      std::nullopt, scale, in.q.size(1) != in.k.size(1)));
-          }};
+  return {"torch-math", "torch SDPA math backend (aten::_scaled_dot_product_attention_math), CPU", "cpu",
+          /*expand_gqa=*/false,
+          [](const AttentionCall& call) {
+            return needs_dtypes(call, {DType::float64, DType::float32, DType::float16, DType::bfloat16},
+                                "torch's CPU attention");
+          },
+          nullptr, run_math};
 }
 
 TorchBackend flash_cpu_backend() {
-  return {"torch-flash-cpu",
-          "torch SDPA flash backend for CPU (aten::_scaled_dot_product_flash_attention_for_cpu)",
+  return {"torch-flash-cpu", "torch SDPA flash backend for CPU (aten::_scaled_dot_product_flash_attention_for_cpu)",
+          "cpu", /*expand_gqa=*/true,
           [](const AttentionCall& call) -> std::optional<std::string> {
-            if (auto reason = needs_torch_float(call)) return reason;
+            if (auto reason = needs_dtypes(call, {DType::float64, DType::float32, DType::float16, DType::bfloat16},
+                                           "torch's CPU attention")) {
+              return reason;
+            }
             const AttentionShape s = call.shape();
             if (s.head_dim_qk != s.head_dim_vo) {
               return fmt::format("head_dim_qk {} != head_dim_vo {}: the CPU flash kernel needs them equal",
@@ -134,13 +161,12 @@ TorchBackend flash_cpu_backend() {
             }
             return std::nullopt;
           },
-          [](const AttentionCall& call) {
-            TorchInputs in = torch_inputs(call, /*expand_gqa=*/true, /*bool_mask_to_float=*/true);
+          [](const TorchInputs& in) -> std::optional<std::string> {
             // The kernel reads rows with unit stride, as SDPA's dispatcher requires of it.
-            for (at::Tensor* t : {&in.q, &in.k, &in.v}) {
-              if (t->stride(-1) != 1) *t = t->contiguous();
+            for (const at::Tensor* t : {&in.q, &in.k, &in.v}) {
+              if (t->stride(-1) != 1) return "the CPU flash kernel needs unit stride in the last dim";
             }
-            return in;
+            return std::nullopt;
           },
           [](const TorchInputs& in, double scale) {
             return std::get<0>(at::_scaled_dot_product_flash_attention_for_cpu(in.q, in.k, in.v, 0.0, in.is_causal,
@@ -148,9 +174,69 @@ TorchBackend flash_cpu_backend() {
           }};
 }
 
-const bool registered_math = KernelRegistry::instance().add(std::make_unique<TorchSdpaKernel>(math_backend()));
-const bool registered_flash_cpu =
-    KernelRegistry::instance().add(std::make_unique<TorchSdpaKernel>(flash_cpu_backend()));
+const bool registered_cpu = [] {
+  KernelRegistry::instance().add(std::make_unique<TorchSdpaKernel>(math_backend()));
+  KernelRegistry::instance().add(std::make_unique<TorchSdpaKernel>(flash_cpu_backend()));
+  return true;
+}();
+
+#ifdef ATTNREPLAY_TORCH_CUDA
+// Collects the warnings torch's can_use_* checks give in debug mode: they are the reasons.
+class WarningCollector final : public c10::WarningHandler {
+ public:
+  void process(const c10::Warning& warning) override { messages.push_back(warning.msg()); }
+  std::vector<std::string> messages;
+};
+
+using CanUse = bool (*)(sdp::sdp_params const&, bool);
+
+std::function<std::optional<std::string>(const TorchInputs&)> torch_says(CanUse can_use, std::string backend) {
+  return [can_use, backend](const TorchInputs& in) -> std::optional<std::string> {
+    WarningCollector collector;
+    bool ok = false;
+    {
+      c10::WarningUtils::WarningHandlerGuard guard(&collector);
+      ok = can_use(sdp::sdp_params{in.q, in.k, in.v, in.mask, 0.0, in.is_causal, in.enable_gqa}, /*debug=*/true);
+    }
+    if (ok) return std::nullopt;
+    std::string reason = fmt::format("torch's {} backend declines:", backend);
+    for (const std::string& message : collector.messages) reason += " " + message;
+    return reason;
+  };
+}
+
+const auto cuda_dtypes = [](const AttentionCall& call) {
+  return needs_dtypes(call, {DType::float32, DType::float16, DType::bfloat16, DType::float64}, "torch's CUDA attention");
+};
+
+const bool registered_cuda = [] {
+  auto& registry = KernelRegistry::instance();
+  registry.add(std::make_unique<TorchSdpaKernel>(TorchBackend{
+      "torch-flash", "torch SDPA flash backend, CUDA (aten::_scaled_dot_product_flash_attention, FlashAttention-2)",
+      "cuda", true, cuda_dtypes, torch_says(sdp::can_use_flash_attention, "flash"),
+      [](const TorchInputs& in, double scale) {
+        return std::get<0>(at::_scaled_dot_product_flash_attention(in.q, in.k, in.v, 0.0, in.is_causal, false, scale));
+      }}));
+  registry.add(std::make_unique<TorchSdpaKernel>(TorchBackend{
+      "torch-efficient", "torch SDPA memory-efficient backend, CUDA (aten::_scaled_dot_product_efficient_attention)",
+      "cuda", true, cuda_dtypes, torch_says(sdp::can_use_mem_efficient_attention, "memory-efficient"),
+      [](const TorchInputs& in, double scale) {
+        return std::get<0>(
+            at::_scaled_dot_product_efficient_attention(in.q, in.k, in.v, in.mask, false, 0.0, in.is_causal, scale));
+      }}));
+  registry.add(std::make_unique<TorchSdpaKernel>(TorchBackend{
+      "torch-cudnn", "torch SDPA cuDNN backend, CUDA (aten::_scaled_dot_product_cudnn_attention)", "cuda", true,
+      cuda_dtypes, torch_says(sdp::can_use_cudnn_attention, "cuDNN"),
+      [](const TorchInputs& in, double scale) {
+        return std::get<0>(at::_scaled_dot_product_cudnn_attention(in.q, in.k, in.v, in.mask, false, 0.0, in.is_causal,
+                                                                   false, scale));
+      }}));
+  registry.add(std::make_unique<TorchSdpaKernel>(TorchBackend{
+      "torch-math-cuda", "torch SDPA math backend on CUDA (aten::_scaled_dot_product_attention_math)", "cuda", false,
+      cuda_dtypes, nullptr, run_math}));
+  return true;
+}();
+#endif
 
 }  // namespace
 }  // namespace attnreplay

@@ -1,5 +1,9 @@
 #include "replay/environment.h"
 
+#ifdef ATTNREPLAY_HAVE_CUDA
+#include "replay/cuda_timing.h"
+#endif
+
 #include <hdf5.h>
 #include <sys/utsname.h>
 #include <torch/version.h>
@@ -43,7 +47,10 @@ Environment describe_environment() {
   unsigned major = 0, minor = 0, release = 0;
   H5get_libversion(&major, &minor, &release);
   v["hdf5"] = fmt::format("{}.{}.{}", major, minor, release);
-  v["gpu"] = "none used (CPU kernels)";
+#ifdef ATTNREPLAY_HAVE_CUDA
+  describe_cuda_device(env);
+#endif
+  if (!v.count("gpu")) v["gpu"] = "none";
   return env;
 }
 

@@ -12,6 +12,10 @@
 #include "formats/errors.h"
 #include "kernels/kernel.h"
 #include "replay/environment.h"
+#ifdef ATTNREPLAY_HAVE_CUDA
+#include "replay/ceilings.h"
+#include "replay/cuda_timing.h"
+#endif
 #include "replay/generate.h"
 #include "replay/report.h"
 #include "replay/runner.h"
@@ -46,6 +50,8 @@ struct RunArgs {
   std::string case_tag;
   std::string save_outputs;
   std::string save_inputs;
+  std::string reference = "auto";
+  bool hot_l2 = false;
 };
 
 void add_run_options(CLI::App& app, RunArgs& a) {
@@ -84,6 +90,10 @@ void add_run_options(CLI::App& app, RunArgs& a) {
   app.add_option("--case_tag", a.case_tag, "a label carried into every row");
   app.add_option("--save-outputs", a.save_outputs, "folder for each kernel's output (.pt per call and kernel)");
   app.add_option("--save-inputs", a.save_inputs, "write the replayed calls to this capture (.h5, .pt or folder/)");
+  app.add_option("--reference", a.reference, "where the fp64 reference runs: cpu, cuda, or auto (the GPU if present)")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
+      ->capture_default_str();
+  app.add_flag("--hot-l2", a.hot_l2, "GPU samples without flushing the L2 cache first (default: cold L2)");
 }
 
 std::vector<std::int64_t> parse_ints(const std::string& text, const std::string& flag) {
@@ -137,6 +147,8 @@ ReplayOptions replay_options(const RunArgs& a) {
   }
   o.save_outputs_dir = a.save_outputs;
   o.case_tag = a.case_tag;
+  o.reference_device = a.reference;
+  o.hot_l2 = a.hot_l2;
   // The flags that change results, so that each row's rerun command reproduces it.
   std::string& r = o.rerun_base;
   const StoppingRule defaults;
@@ -150,6 +162,8 @@ ReplayOptions replay_options(const RunArgs& a) {
   if (a.stopping.min_time_s != defaults.min_time_s) r += " --min-time " + format_number(a.stopping.min_time_s);
   if (a.stopping.timeout_s != defaults.timeout_s) r += " --timeout " + format_number(a.stopping.timeout_s);
   if (o.stopping.max_noise != defaults.max_noise) r += " --max-noise " + format_number(a.max_noise_percent);
+  if (a.reference != "auto") r += " --reference " + a.reference;
+  if (a.hot_l2) r += " --hot-l2";
   return o;
 }
 
@@ -199,11 +213,13 @@ std::pair<AttentionCall, std::string> generated_call(const RunArgs& a) {
 
 struct Output {
   bool quiet = false;
+  Ceilings ceilings;
 };
 
 // Runs one set of run flags into `report`. Input problems are recorded, never thrown.
 void run_one(const RunArgs& a, Report& report, const Output& output) {
-  const ReplayOptions options = replay_options(a);
+  ReplayOptions options = replay_options(a);
+  options.ceilings = output.ceilings;
   auto show = [&output](const CallResult& call) {
     if (!output.quiet) print_call_table(call, std::cout), std::cout.flush();
   };
@@ -267,12 +283,30 @@ void print_summary(const Report& report) {
 }
 
 int command_run(const RunArgs& args, const std::string& testlist, const std::string& json_path,
-                const std::string& csv_path, const Output& output, const std::vector<std::string>& argv) {
+                const std::string& csv_path, Output output, bool measure_gpu_ceilings,
+                const std::vector<std::string>& argv) {
   Report report;
   report.tool_version = tool_version();
   report.argv = argv;
   report.started_utc = now_utc();
   report.environment = describe_environment();
+#ifdef ATTNREPLAY_HAVE_CUDA
+  if (measure_gpu_ceilings && cuda_device_present()) {
+    output.ceilings = measure_ceilings();
+    auto& v = report.environment.values;
+    v["ceiling_bf16_tflops"] = fmt::format("{:.1f}", output.ceilings.bf16_tflops);
+    v["ceiling_fp8_tflops"] = fmt::format("{:.1f}", output.ceilings.fp8_tflops);
+    v["ceiling_int8_tops"] = fmt::format("{:.1f}", output.ceilings.int8_tops);
+    v["ceiling_copy_gbps"] = fmt::format("{:.1f}", output.ceilings.copy_gbps);
+    if (!output.quiet) {
+      std::cout << fmt::format("{}: ceilings measured here: bf16 {:.0f} TFLOP/s, fp8 {:.0f} TFLOP/s, int8 {:.0f} TOPS, "
+                               "copy {:.0f} GB/s\n\n", v["gpu"], output.ceilings.bf16_tflops, output.ceilings.fp8_tflops,
+                               output.ceilings.int8_tops, output.ceilings.copy_gbps);
+    }
+  }
+#else
+  (void)measure_gpu_ceilings;
+#endif
   report.stopping_rule = replay_options(args).stopping.describe();
   if (!testlist.empty()) {
     std::ifstream in(testlist);
@@ -412,6 +446,8 @@ int main(int argc, char** argv) {
   run->add_option("--json", json_path, "write the complete results record");
   run->add_option("--csv", csv_path, "write one row per call and kernel");
   run->add_flag("-q,--quiet", output.quiet, "print only the summary");
+  bool no_ceilings = false;
+  run->add_flag("--no-ceilings", no_ceilings, "skip measuring the GPU's matrix and copy ceilings at start-up");
 
   std::vector<std::string> info_inputs;
   CLI::App* info = app.add_subcommand("info", "what captures hold: calls, ops, shapes, dtypes, sizes");
@@ -431,7 +467,10 @@ int main(int argc, char** argv) {
     return code == 0 ? 0 : kExitUsage;
   }
   try {
-    if (*run) return command_run(run_args, testlist, json_path, csv_path, output, std::vector<std::string>(argv, argv + argc));
+    if (*run) {
+      return command_run(run_args, testlist, json_path, csv_path, output, !no_ceilings,
+                         std::vector<std::string>(argv, argv + argc));
+    }
     if (*info) return command_info(info_inputs);
     if (*convert) return command_convert(convert_from, convert_to);
     if (*kernels) return command_kernels();

@@ -46,6 +46,8 @@ const std::vector<Column>& columns() {
       {"discarded_samples", "/timing/discarded_samples", true},
       {"tflops", "/tflops", true},
       {"gbytes_per_s", "/gbytes_per_s", true},
+      {"matrix_ceiling_fraction", "/matrix_ceiling_fraction", true},
+      {"copy_ceiling_fraction", "/copy_ceiling_fraction", true},
       {"max_abs", "/error/max_abs", true},
       {"mean_abs", "/error/mean_abs", true},
       {"mse", "/error/mse", true},

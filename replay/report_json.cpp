@@ -56,6 +56,8 @@ nlohmann::json kernel_json(const KernelResult& k) {
     j["gbytes_per_s"] = number(k.gbytes_per_s());
   }
   if (k.error) j["error"] = error_json(*k.error);
+  if (k.matrix_ceiling_fraction) j["matrix_ceiling_fraction"] = number(*k.matrix_ceiling_fraction);
+  if (k.copy_ceiling_fraction) j["copy_ceiling_fraction"] = number(*k.copy_ceiling_fraction);
   return j;
 }
 
@@ -80,7 +82,7 @@ nlohmann::json call_json(const CallResult& c) {
           {"notes", c.notes},
           {"case_tag", c.case_tag},
           {"work", work_json(c.work)},
-          {"reference", {{"rows", c.reference_rows}, {"sampled", c.reference_sampled}}},
+          {"reference", {{"device", c.reference_device}, {"rows", c.reference_rows}, {"sampled", c.reference_sampled}}},
           {"kernels", kernels}};
 }
 

@@ -31,6 +31,8 @@ struct KernelResult {
   std::optional<ErrorStats> error;
   std::vector<std::string> refcheck_failures;  // which thresholds were exceeded
   std::string rerun;                           // the command that reruns this row
+  // Achieved rates over the ceilings measured on the same GPU at start-up, when measured.
+  std::optional<double> matrix_ceiling_fraction, copy_ceiling_fraction;
   double tflops() const { return timing ? work.tflops(timing->median_s) : 0.0; }
   double gbytes_per_s() const { return timing ? work.gbytes_per_s(timing->median_s) : 0.0; }
   AttentionWork work;
@@ -51,9 +53,20 @@ struct CallResult {
   std::vector<std::string> notes;  // e.g. dropout replayed as 0
   std::string case_tag;
   AttentionWork work;
+  std::string reference_device = "cpu";
   std::int64_t reference_rows = 0;  // query rows the reference computed per head
   bool reference_sampled = false;
   std::vector<KernelResult> kernels;
+};
+
+// Rates measured on the GPU at start-up (replay/ceilings.h), the yardsticks for a kernel's rate.
+struct Ceilings {
+  double bf16_tflops = 0;  // dense bf16 matrix product
+  double fp8_tflops = 0;   // dense fp8 (e4m3) matrix product
+  double int8_tops = 0;    // dense int8 matrix product
+  double copy_gbps = 0;    // device-to-device copy, bytes read plus bytes written
+  // The matrix rate that bounds a kernel taking `dtype` inputs; 0 when none was measured.
+  double matrix_tflops_for(DType dtype) const;
 };
 
 struct Environment {

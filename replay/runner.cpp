@@ -6,6 +6,9 @@
 #include "formats/pt_format.h"
 #include "kernels/kernel.h"
 #include "kernels/reference.h"
+#ifdef ATTNREPLAY_HAVE_CUDA
+#include "replay/cuda_timing.h"
+#endif
 
 namespace attnreplay {
 namespace fs = std::filesystem;
@@ -19,6 +22,17 @@ std::string_view disposition_name(Disposition disposition) {
     case Disposition::failed: return "failed";
   }
   return "?";
+}
+
+double Ceilings::matrix_tflops_for(DType dtype) const {
+  switch (dtype) {
+    case DType::bfloat16:
+    case DType::float16: return bf16_tflops;  // fp16 and bf16 share the tensor cores' rate
+    case DType::float8_e4m3fn:
+    case DType::float8_e5m2: return fp8_tflops;
+    case DType::int8: return int8_tops;
+    default: return 0;
+  }
 }
 
 bool Report::any_incorrect() const {
@@ -111,6 +125,19 @@ std::string safe_file_part(std::string text) {
   return text;
 }
 
+// One timer per device kind, made on first use (the CUDA one allocates its L2 flush buffer).
+SampleTimer& timer_for(const KernelDescription& kernel, const ReplayOptions& options) {
+  static CpuClockTimer cpu_timer;
+  if (kernel.device != "cuda") return cpu_timer;
+#ifdef ATTNREPLAY_HAVE_CUDA
+  static std::map<bool, std::unique_ptr<SampleTimer>> cuda_timers;
+  auto& timer = cuda_timers[options.hot_l2];
+  if (!timer) timer = make_cuda_timer(CudaTimerOptions{!options.hot_l2});
+  if (timer) return *timer;
+#endif
+  throw std::runtime_error("CUDA timing is not available in this build");
+}
+
 }  // namespace
 
 CallResult replay_call(const AttentionCall& captured, const ReplayOptions& options, const std::string& rerun_input) {
@@ -140,7 +167,12 @@ CallResult replay_call(const AttentionCall& captured, const ReplayOptions& optio
     rows = sample_query_rows(result.shape.seq_q, options.ref_sample_rows,
                              options.seed ^ static_cast<std::uint64_t>(call.call_index));
   }
-  const ReferenceOutput reference = reference_attention(call, rows);
+  const bool gpu_reference = options.reference_device == "cuda" ||
+                             (options.reference_device == "auto" && gpu_reference_available());
+  if (gpu_reference && !gpu_reference_available()) throw InputError("--reference cuda: no CUDA device");
+  const ReferenceOutput reference =
+      gpu_reference ? reference_attention_gpu(call, rows) : reference_attention(call, rows);
+  result.reference_device = gpu_reference ? "cuda" : "cpu";
   result.reference_rows = static_cast<std::int64_t>(reference.rows.size());
   result.reference_sampled = reference.sampled;
   if (reference.fully_masked_rows > 0) {
@@ -151,7 +183,6 @@ CallResult replay_call(const AttentionCall& captured, const ReplayOptions& optio
     return fmt::format("attnreplay run {} --kernels {}{}", rerun_input, kernel, options.rerun_base);
   };
 
-  CpuClockTimer cpu_timer;
   for (const Kernel* kernel : select_kernels(options.kernels)) {
     KernelResult k;
     k.kernel = kernel->name();
@@ -169,7 +200,12 @@ CallResult replay_call(const AttentionCall& captured, const ReplayOptions& optio
     }
     try {
       auto prepared = kernel->prepare(call);
-      k.timing = measure(*prepared, cpu_timer, options.stopping);
+      k.timing = measure(*prepared, timer_for(kernel->description(), options), options.stopping);
+      if (kernel->description().device == "cuda") {
+        const double matrix = options.ceilings.matrix_tflops_for(call.q.dtype);
+        if (matrix > 0) k.matrix_ceiling_fraction = k.tflops() / matrix;
+        if (options.ceilings.copy_gbps > 0) k.copy_ceiling_fraction = k.gbytes_per_s() / options.ceilings.copy_gbps;
+      }
       const HostTensor output = prepared->output();
       k.error = compare_to_reference(output, reference);
       judge(k, options, call.q.dtype);
@@ -182,6 +218,11 @@ CallResult replay_call(const AttentionCall& captured, const ReplayOptions& optio
                          {{"kernel", k.kernel}, {"source", call.source}, {"call_index", std::to_string(call.call_index)}},
                          file.string());
       }
+    } catch (const KernelNotSupported& declined) {
+      k.disposition = Disposition::not_supported;
+      k.reason = declined.what();
+      k.timing.reset();
+      k.error.reset();
     } catch (const std::exception& error) {
       k.disposition = Disposition::failed;
       k.reason = error.what();

@@ -25,6 +25,9 @@ struct ReplayOptions {
   std::uint64_t seed = 0;            // for row sampling
   std::optional<RefcheckThresholds> refcheck;
   std::string save_outputs_dir;  // one .pt per (call, kernel) when set
+  std::string reference_device = "auto";  // "cpu", "cuda", or "auto" (the GPU when there is one)
+  bool hot_l2 = false;                    // GPU samples without flushing the L2 first
+  Ceilings ceilings;  // measured on this GPU at start-up; zeros when not measured
   std::string case_tag;
   // The flags, other than inputs, that reproduce this run; each row's rerun command adds to it.
   std::string rerun_base;

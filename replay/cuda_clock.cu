@@ -1,0 +1,114 @@
+#include <cuda_runtime.h>
+
+#include <stdexcept>
+
+#include "replay/cuda_clock.h"
+
+namespace attnreplay::cuda_clock {
+namespace {
+
+void check(cudaError_t status, const char* what) {
+  if (status != cudaSuccess) {
+    throw std::runtime_error(std::string("CUDA error in ") + what + ": " + cudaGetErrorString(status));
+  }
+}
+
+// Spins for ~20 us of wall time (the global timer) and counts SM cycles meanwhile: their ratio is
+// the clock the SM ran at right after the sample.
+__global__ void clock_probe(unsigned long long* cycles, unsigned long long* nanoseconds) {
+  unsigned long long start_time, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start_time));
+  const long long start_clock = clock64();
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start_time < 20000);
+  *cycles = static_cast<unsigned long long>(clock64() - start_clock);
+  *nanoseconds = now - start_time;
+}
+
+int attribute(cudaDeviceAttr which) {
+  int device = 0, value = 0;
+  cudaGetDevice(&device);
+  if (cudaDeviceGetAttribute(&value, which, device) != cudaSuccess) value = 0;
+  cudaGetLastError();
+  return value;
+}
+
+}  // namespace
+
+struct EventClock::Resources {
+  void* flush = nullptr;
+  size_t flush_bytes = 0;
+  unsigned long long* probe = nullptr;
+  cudaEvent_t start{}, stop{};
+  ~Resources() {
+    cudaFree(flush);
+    cudaFree(probe);
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+  }
+};
+
+bool device_present() {
+  int count = 0;
+  const bool present = cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+  cudaGetLastError();
+  return present;
+}
+
+EventClock::EventClock(bool cold_l2) : resources_(std::make_unique<Resources>()), cold_l2_(cold_l2) {
+  rated_mhz_ = attribute(cudaDevAttrClockRate) / 1000.0;
+  // Twice the L2, as nvbench flushes: every line of the cache is evicted by the zeroing.
+  resources_->flush_bytes = 2 * static_cast<size_t>(attribute(cudaDevAttrL2CacheSize));
+  if (cold_l2_) check(cudaMalloc(&resources_->flush, resources_->flush_bytes), "cudaMalloc (L2 flush buffer)");
+  check(cudaMalloc(&resources_->probe, 2 * sizeof(unsigned long long)), "cudaMalloc (clock probe)");
+  check(cudaEventCreate(&resources_->start), "cudaEventCreate");
+  check(cudaEventCreate(&resources_->stop), "cudaEventCreate");
+}
+
+EventClock::~EventClock() = default;
+
+void EventClock::begin() {
+  if (cold_l2_) check(cudaMemsetAsync(resources_->flush, 0, resources_->flush_bytes, 0), "L2 flush");
+  check(cudaEventRecord(resources_->start, 0), "cudaEventRecord");
+}
+
+Sample EventClock::end() {
+  Resources& r = *resources_;
+  check(cudaEventRecord(r.stop, 0), "cudaEventRecord");
+  clock_probe<<<1, 1>>>(r.probe, r.probe + 1);
+  check(cudaGetLastError(), "clock probe launch");
+  check(cudaEventSynchronize(r.stop), "cudaEventSynchronize");
+  float milliseconds = 0;
+  check(cudaEventElapsedTime(&milliseconds, r.start, r.stop), "cudaEventElapsedTime");
+  unsigned long long probe[2] = {0, 0};
+  check(cudaMemcpy(probe, r.probe, sizeof(probe), cudaMemcpyDeviceToHost), "clock probe read");
+  Sample sample;
+  sample.seconds = milliseconds * 1e-3;
+  sample.sm_mhz = probe[1] ? static_cast<double>(probe[0]) / static_cast<double>(probe[1]) * 1e3 : 0.0;
+  return sample;
+}
+
+std::map<std::string, std::string> describe_device() {
+  std::map<std::string, std::string> v;
+  if (!device_present()) return v;
+  int device = 0;
+  cudaGetDevice(&device);
+  cudaDeviceProp properties{};
+  if (cudaGetDeviceProperties(&properties, device) != cudaSuccess) return v;
+  v["gpu"] = properties.name;
+  v["gpu_compute_capability"] = std::to_string(properties.major) + "." + std::to_string(properties.minor);
+  v["gpu_sm_count"] = std::to_string(properties.multiProcessorCount);
+  v["gpu_memory_bytes"] = std::to_string(properties.totalGlobalMem);
+  v["gpu_l2_bytes"] = std::to_string(properties.l2CacheSize);
+  v["gpu_sm_clock_rated_mhz"] = std::to_string(attribute(cudaDevAttrClockRate) / 1000);
+  v["gpu_memory_clock_mhz"] = std::to_string(attribute(cudaDevAttrMemoryClockRate) / 1000);
+  int driver = 0, runtime = 0;
+  cudaDriverGetVersion(&driver);
+  cudaRuntimeGetVersion(&runtime);
+  v["cuda_driver"] = std::to_string(driver / 1000) + "." + std::to_string(driver % 1000 / 10);
+  v["cuda_runtime"] = std::to_string(runtime / 1000) + "." + std::to_string(runtime % 1000 / 10);
+  return v;
+}
+
+}  // namespace attnreplay::cuda_clock

@@ -1,0 +1,39 @@
+#pragma once
+// The CUDA runtime side of GPU timing, behind a C++17 interface so that nvcc never sees the
+// project's C++20 headers. replay/cuda_timing.cpp builds the SampleTimer on it.
+#include <map>
+#include <memory>
+#include <string>
+
+namespace attnreplay::cuda_clock {
+
+bool device_present();
+
+struct Sample {
+  double seconds = 0;  // between the events around the run
+  double sm_mhz = 0;   // SM clock measured right after it
+};
+
+class EventClock {
+ public:
+  explicit EventClock(bool cold_l2);
+  ~EventClock();
+  EventClock(const EventClock&) = delete;
+  EventClock& operator=(const EventClock&) = delete;
+  // Flushes the L2 (when cold) and records the start event on the default stream.
+  void begin();
+  // Records the stop event, probes the SM clock, waits, and reads both.
+  Sample end();
+  double rated_sm_mhz() const { return rated_mhz_; }
+
+ private:
+  struct Resources;
+  std::unique_ptr<Resources> resources_;
+  bool cold_l2_;
+  double rated_mhz_ = 0;
+};
+
+// GPU name, compute capability, SM count, memory, L2, clocks, driver and runtime versions.
+std::map<std::string, std::string> describe_device();
+
+}  // namespace attnreplay::cuda_clock
