@@ -1,0 +1,263 @@
+"""The `attnreplay` command line: the run table, --refcheck exit codes, kernel and call selection,
+the CSV and its rerun commands, `info`, and the generated-shape flags (GQA, cross-length causal
+with bottom-right alignment, head_dim_vo != head_dim_qk)."""
+
+import csv
+import math
+import re
+import shlex
+
+import numpy as np
+import pytest
+import torch
+
+import attnreplay_h5
+from conftest import FAST, load_json, load_pt, run_attnreplay
+
+CPU_KERNELS = ("reference", "torch-flash-cpu", "torch-math")
+
+
+def check_other_kernels(statuses, ran="passed"):
+    # Kernels for other devices (CUDA) decline on a machine without one, and run where there is.
+    for kernel, status in statuses.items():
+        if kernel not in CPU_KERNELS:
+            assert status in ("not_supported", ran), (kernel, status)
+
+# replay/report_csv.cpp's columns, in order: the CSV's documented fixed header.
+CSV_HEADER = [
+    "source", "call_index", "case_tag", "op", "backend", "batch", "heads_q", "heads_kv", "seq_q", "seq_kv",
+    "head_dim_qk", "head_dim_vo", "dtype", "layout", "is_causal", "causal_alignment", "mask", "scale", "flops",
+    "bytes", "arithmetic_intensity", "kernel", "status", "reason", "time_method", "cache", "median_s", "min_s",
+    "max_s", "stdev_rel", "samples", "discarded_samples", "tflops", "gbytes_per_s", "max_abs", "mean_abs", "mse",
+    "rmse", "std_abs", "rel_l1", "rel_l2", "cosine", "nan_count", "inf_count", "rows_compared", "sampled", "rerun",
+]
+
+TABLE_COLUMNS = ["kernel", "status", "median ms", "±%", "TFLOP/s", "GB/s", "max_abs", "rel_l2", "cosine"]
+
+
+def table_rows(stdout):
+    """{kernel: [status, median ms, ±%, TFLOP/s, GB/s, max_abs, rel_l2, cosine]} of the printed table."""
+    lines = stdout.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.split()[:2] == ["kernel", "status"])
+    assert re.sub(r"\s+", " ", lines[header].strip()) == " ".join(TABLE_COLUMNS)
+    rows = {}
+    for line in lines[header + 1:]:
+        fields = line.split()
+        if len(fields) != len(TABLE_COLUMNS) or line.startswith("    "):
+            break
+        rows[fields[0]] = fields[1:]
+    return rows
+
+
+@pytest.fixture(scope="module")
+def big_run(tmp_path_factory):
+    """The shape the brief names, once: 1 batch, 4 heads, 1000 tokens, head dim 64, bf16."""
+    folder = tmp_path_factory.mktemp("big")
+    result = run_attnreplay("run", "--shape", "1,4,1000,64", "--kernels", "all", "--refcheck",
+                            "--json", folder / "r.json", "--csv", folder / "r.csv", *FAST)
+    return result, load_json(folder / "r.json"), folder
+
+
+def test_table_shows_every_cpu_kernel_with_speed_and_error(big_run):
+    result, report, _ = big_run
+    rows = table_rows(result.stdout)
+    assert set(CPU_KERNELS) <= set(rows), result.stdout
+    for kernel in CPU_KERNELS:
+        status, median_ms, spread, tflops, gbps, max_abs, rel_l2, cosine = rows[kernel]
+        assert status == "passed", result.stdout
+        for text in (median_ms, spread, tflops, gbps, max_abs, rel_l2, cosine):
+            assert math.isfinite(float(text)), (kernel, text)
+        assert float(median_ms) > 0 and float(tflops) > 0 and float(gbps) > 0
+        # The table's TFLOP/s is the JSON's work over the JSON's median time.
+        k = next(k for k in report["calls"][0]["kernels"] if k["kernel"] == kernel)
+        assert float(tflops) == pytest.approx(report["calls"][0]["work"]["flops"] / k["timing"]["median_s"] / 1e12,
+                                              rel=1e-3)
+    # 2 * b * h * s^2 * (d_qk + d_vo) = 1.024 GFLOP; Q, K, V, O of 256000 bf16 each = 2.05 MB.
+    assert "work 1.02 GFLOP, 2.05 MB, 500 FLOP/B" in result.stdout
+    check_other_kernels({k: fields[0] for k, fields in rows.items()})
+    kernels = report["calls"][0]["kernels"]
+    assert f"1 calls, {len(kernels)} results: " in result.stdout and "; 0 input errors" in result.stdout
+
+
+def test_reference_has_zero_error_against_itself(big_run):
+    result, report, _ = big_run
+    status, *_, max_abs, rel_l2, cosine = table_rows(result.stdout)["reference"]
+    assert (float(max_abs), float(rel_l2), cosine) == (0.0, 0.0, "1.00000000")
+    error = next(k for k in report["calls"][0]["kernels"] if k["kernel"] == "reference")["error"]
+    assert error["max_abs"] == error["mean_abs"] == error["rel_l2"] == error["rel_l1"] == 0
+    assert error["cosine"] == pytest.approx(1, abs=1e-15)
+
+
+def test_refcheck_passes_on_bf16(big_run):
+    result, report, _ = big_run
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert report["calls"][0]["dtype"] == "bfloat16"
+    statuses = {k["kernel"]: k["status"] for k in report["calls"][0]["kernels"]}
+    assert all(statuses[k] == "passed" for k in CPU_KERNELS), statuses
+    check_other_kernels(statuses)
+
+
+def test_impossible_threshold_exits_3(tmp_path):
+    # A cosine above 1 cannot hold: every kernel is 'incorrect', exit 3, JSON still written.
+    result = run_attnreplay("run", "--shape", "1,2,64,32", "--refcheck-min-cosine", "1.1", "--json",
+                            tmp_path / "r.json", *FAST)
+    assert result.returncode == 3, result.stdout + result.stderr
+    kernels = [k for k in load_json(tmp_path / "r.json")["calls"][0]["kernels"] if k["status"] != "not_supported"]
+    assert {k["kernel"] for k in kernels} >= set(CPU_KERNELS)
+    assert {k["status"] for k in kernels} == {"incorrect"}
+    assert all(any(f.startswith("cosine") and "< 1.1" in f for f in k["refcheck_failures"]) for k in kernels)
+
+
+def test_unknown_kernel_is_a_clear_error(tmp_path):
+    result = run_attnreplay("run", "--shape", "1,2,16,8", "--kernels", "nosuch", "--json", tmp_path / "r.json")
+    assert result.returncode != 0
+    assert "unknown kernel 'nosuch'" in result.stderr
+    for kernel in CPU_KERNELS:  # the message lists what is known
+        assert kernel in result.stderr
+    assert "kernel " not in result.stdout  # nothing was run
+
+
+def make_capture(path, count=5):
+    rng = np.random.default_rng(7)
+    calls = []
+    for index in range(count):
+        seq = 8 + 4 * index  # distinct shapes tell the calls apart
+        calls.append({"call_index": index, "op": f"op{index % 2}",
+                      "q": rng.standard_normal((1, 2, seq, 16)).astype(np.float32),
+                      "k": rng.standard_normal((1, 2, seq, 16)).astype(np.float32),
+                      "v": rng.standard_normal((1, 2, seq, 16)).astype(np.float32)})
+    attnreplay_h5.write_calls(str(path), calls)
+    return calls
+
+
+def test_calls_selects_by_index(tmp_path):
+    make_capture(tmp_path / "cap.h5")
+    run_attnreplay("run", tmp_path / "cap.h5", "--calls", "1-2,4", "--kernels", "reference", "--json",
+                   tmp_path / "r.json", "-q", *FAST, check=0)
+    calls = load_json(tmp_path / "r.json")["calls"]
+    assert [c["call_index"] for c in calls] == [1, 2, 4]
+    assert [c["shape"]["seq_q"] for c in calls] == [12, 16, 24]
+
+
+def run_csv_and_reruns(tmp_path, inputs, kernels="all"):
+    run_attnreplay("run", *inputs, "--kernels", kernels, "--csv", tmp_path / "r.csv", "-q", *FAST, check=0)
+    with open(tmp_path / "r.csv", newline="") as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == CSV_HEADER
+    records = [dict(zip(CSV_HEADER, row)) for row in rows[1:]]
+    assert all(len(row) == len(CSV_HEADER) for row in rows)
+    for number, record in enumerate(records):
+        argv = shlex.split(record["rerun"])
+        assert argv[:2] == ["attnreplay", "run"], record["rerun"]
+        out = tmp_path / f"rerun{number}.csv"
+        run_attnreplay(*argv[1:], "--csv", out, "-q", check=0)
+        with open(out, newline="") as f:
+            again = [dict(zip(CSV_HEADER, row)) for row in list(csv.reader(f))[1:]]
+        same = [r for r in again if r["kernel"] == record["kernel"] and r["call_index"] == record["call_index"]]
+        assert len(same) == 1, (record["rerun"], again)
+        for column in ("source", "op", "batch", "heads_q", "heads_kv", "seq_q", "seq_kv", "head_dim_qk",
+                       "head_dim_vo", "dtype", "layout", "is_causal", "mask", "scale", "flops", "bytes", "status",
+                       "max_abs", "rel_l2", "cosine"):
+            assert same[0][column] == record[column], (column, record["rerun"])
+    return records
+
+
+def test_csv_rerun_commands_reproduce_rows_of_generated_calls(tmp_path):
+    records = run_csv_and_reruns(tmp_path, ["--shape", "1,2,32,16", "--num_kv_heads", "1", "--causal"])
+    assert {r["kernel"] for r in records} >= set(CPU_KERNELS)  # every kernel's row, run or declined
+
+
+def test_csv_rerun_commands_reproduce_rows_of_captures(tmp_path):
+    make_capture(tmp_path / "cap.h5", count=2)
+    records = run_csv_and_reruns(tmp_path, [tmp_path / "cap.h5"], kernels=",".join(CPU_KERNELS))
+    assert [(r["call_index"], r["kernel"]) for r in records] == [(str(i), k) for i in range(2) for k in CPU_KERNELS]
+
+
+def test_csv_rerun_commands_quote_paths_with_spaces(tmp_path):
+    # The rerun command is meant for a shell: an input path with a space must survive shlex.
+    folder = tmp_path / "my captures"
+    folder.mkdir()
+    make_capture(folder / "cap.h5", count=1)
+    run_csv_and_reruns(tmp_path, [folder / "cap.h5"], kernels="reference")
+
+
+def test_info_lists_calls_ops_shapes_dtypes_and_bytes(tmp_path):
+    rng = np.random.default_rng(3)
+    q = torch.from_numpy(rng.standard_normal((1, 4, 8, 16))).to(torch.bfloat16)
+    k = torch.from_numpy(rng.standard_normal((1, 2, 12, 16))).to(torch.bfloat16)
+    v = torch.from_numpy(rng.standard_normal((1, 2, 12, 8))).to(torch.bfloat16)
+    mask = torch.from_numpy(rng.random((1, 1, 8, 12)) > 0.5)
+    f32 = rng.standard_normal((2, 5, 3, 4)).astype(np.float32)
+    attnreplay_h5.write_calls(str(tmp_path / "cap.h5"), [
+        {"call_index": 7, "op": "aten::scaled_dot_product_attention", "backend": "flash", "q": q, "k": k, "v": v,
+         "mask": mask, "is_causal": True, "causal_alignment": "bottom_right"},
+        {"call_index": 9, "op": "flash_attn_func", "layout": "bshd", "q": f32, "k": f32, "v": f32, "out": f32},
+    ], deduplicate=False)
+    result = run_attnreplay("info", tmp_path / "cap.h5", check=0)
+    lines = result.stdout.splitlines()
+    assert lines[0] == f"{tmp_path / 'cap.h5'}: attnreplay-hdf5 v1, 2 calls"
+    first = next(line.split() for line in lines if line.split()[:1] == ["7"])
+    second = next(line.split() for line in lines if line.split()[:1] == ["9"])
+    bytes7 = (q.numel() + k.numel() + v.numel()) * 2 + mask.numel()
+    bytes9 = 4 * f32.size * 4
+    assert first == ["7", "aten::scaled_dot_product_attention", "(flash)", "bfloat16", "bhsd", "b1", "hq4", "hkv2",
+                     "sq8", "skv12", "dqk16", "dvo8", "bottom_right", "bool", "1x1x8x12", str(bytes7)]
+    assert second == ["9", "flash_attn_func", "float32", "bshd", "b2", "hq3", "hkv3", "sq5", "skv5", "dqk4", "dvo4",
+                      "no", "none", str(bytes9)]
+    assert "  1 x aten::scaled_dot_product_attention" in lines
+    assert "  1 x flash_attn_func" in lines
+    assert f"  tensor bytes: {bytes7 + bytes9}" in lines
+
+
+def numpy_attention(q, k, v, scale, causal_offset=None):
+    """fp64 attention of BHSD arrays; causal_offset: row i sees keys j <= i + offset."""
+    group = q.shape[1] // k.shape[1]
+    k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
+    scores = np.einsum("bhid,bhjd->bhij", q, k) * scale
+    if causal_offset is not None:
+        i, j = np.indices(scores.shape[-2:])
+        scores = np.where(j <= i + causal_offset, scores, -np.inf)
+    top = scores.max(axis=-1, keepdims=True)
+    weights = np.exp(scores - np.where(np.isfinite(top), top, 0))
+    total = weights.sum(axis=-1, keepdims=True)
+    return np.einsum("bhij,bhjd->bhid", np.divide(weights, total, out=np.zeros_like(weights), where=total > 0), v)
+
+
+GENERATED = {
+    # name: (flags, expected shape (b, hq, hkv, sq, skv, dqk, dvo), bottom-right causal)
+    "gqa": (["--shape", "2,8,24,16", "--num_kv_heads", "2"], (2, 8, 2, 24, 24, 16, 16), False),
+    "bottom_right_short_queries": (["--shape", "1,4,12,16", "--s_kv", "40", "--causal", "--causal_alignment",
+                                    "bottom_right"], (1, 4, 4, 12, 40, 16, 16), True),
+    "bottom_right_long_queries": (["--shape", "1,2,30,16", "--s_kv", "18", "--num_kv_heads", "1", "--causal",
+                                   "--causal_alignment", "bottom_right"], (1, 2, 1, 30, 18, 16, 16), True),
+    "head_dim_vo": (["--shape", "1,2,20,32", "--head_dim_vo", "16"], (1, 2, 2, 20, 20, 32, 16), False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GENERATED))
+def test_generated_shapes(tmp_path, name):
+    flags, (b, hq, hkv, sq, skv, dqk, dvo), bottom_right = GENERATED[name]
+    run_attnreplay("run", *flags, "--dtype", "fp32", "--kernels", "all", "--refcheck", "--json", tmp_path / "r.json",
+                   "--save-inputs", tmp_path / "in.h5", "--save-outputs", tmp_path / "outs", "-q", *FAST, check=0)
+    call = load_json(tmp_path / "r.json")["calls"][0]
+    assert call["shape"] == {"batch": b, "heads_q": hq, "heads_kv": hkv, "seq_q": sq, "seq_kv": skv,
+                             "head_dim_qk": dqk, "head_dim_vo": dvo}
+    statuses = {k["kernel"]: k["status"] for k in call["kernels"]}
+    if dqk != dvo:
+        assert statuses.pop("torch-flash-cpu") == "not_supported"
+        reason = next(k["reason"] for k in call["kernels"] if k["kernel"] == "torch-flash-cpu")
+        assert f"head_dim_qk {dqk} != head_dim_vo {dvo}" in reason
+    # torch agrees with the reference
+    assert all(status == "passed" for k, status in statuses.items() if k in CPU_KERNELS), statuses
+    check_other_kernels(statuses)
+    if bottom_right:
+        assert call["is_causal"] and call["causal_alignment"] == "bottom_right"
+        pairs = sq * (2 * skv - sq) / 2 if sq <= skv else skv * skv / 2
+        assert call["work"]["flops"] == pytest.approx(2 * b * hq * pairs * (dqk + dvo), rel=1e-12)
+    # The generated inputs, saved, give numpy's own attention: the reference's masking is right.
+    saved = attnreplay_h5.read_calls(str(tmp_path / "in.h5"))[0]
+    assert saved["dtypes"]["q"] == "float32" and saved["enable_gqa"] == (hq != hkv)
+    expected = numpy_attention(*(saved[n].astype(np.float64) for n in "qkv"), 1 / math.sqrt(dqk),
+                               causal_offset=(skv - sq) if bottom_right else None)
+    reference = load_pt(tmp_path / "outs" / "call0_reference.pt")["out"].numpy()
+    np.testing.assert_allclose(reference, expected, rtol=0, atol=1e-12)
