@@ -69,14 +69,14 @@ class PtFileWriter final : public CaptureWriter {
 
 }  // namespace
 
-std::unique_ptr<CaptureWriter> open_capture_writer(const std::string& path) {
+std::unique_ptr<CaptureWriter> open_capture_writer(const std::string& path, const std::string& producer) {
   const fs::path target(path);
   std::error_code error;
   if (path.ends_with('/') || fs::is_directory(target, error)) return std::make_unique<PtFolderWriter>(path);
   const std::string extension = target.extension().string();
   if (extension == ".h5" || extension == ".hdf5") {
     Hdf5WriterOptions options;
-    options.producer = "attnreplay convert";
+    options.producer = producer;
     return std::make_unique<Hdf5CaptureWriter>(path, options);
   }
   if (extension == ".pt") return std::make_unique<PtFileWriter>(path);

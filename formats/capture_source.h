@@ -38,6 +38,7 @@ class CaptureWriter {
 
 // ".h5"/".hdf5": HDF5 schema v1. ".pt": one torch.load-able file. A path ending in '/' or an
 // existing folder: one .pt per call inside it.
-std::unique_ptr<CaptureWriter> open_capture_writer(const std::string& path);
+// `producer` is recorded in the file (HDF5's root attribute 'producer').
+std::unique_ptr<CaptureWriter> open_capture_writer(const std::string& path, const std::string& producer);
 
 }  // namespace attnreplay

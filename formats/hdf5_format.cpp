@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -475,6 +476,14 @@ class Hdf5CaptureSource final : public CaptureSource {
         throw_input_error(path_, "cannot be read as HDF5 (truncated or corrupt?): {}", first_error);
       }
     }
+    // A file cut short after a crash opens in SWMR mode, which skips HDF5's own length check:
+    // compare the file's length with the end of its allocated space ourselves.
+    haddr_t end_of_allocation = 0;
+    std::error_code size_error;
+    const auto file_size = std::filesystem::file_size(path_, size_error);
+    if (!size_error && H5Fget_eoa(file_.get(), &end_of_allocation) >= 0 && file_size < end_of_allocation) {
+      throw_input_error(path_, "truncated: {} bytes, but its data extends to {} bytes", file_size, end_of_allocation);
+    }
     const hid_t root = file_.get();
     const auto schema = read_string_attribute(root, "attnreplay_schema");
     if (!schema || *schema != kHdf5SchemaName) {
@@ -488,6 +497,9 @@ class Hdf5CaptureSource final : public CaptureSource {
                         kHdf5SchemaVersion);
     }
     calls_ = read_table<CallRow>("calls", call_row_type());
+    // Calls are appended as they finish, which threads can reorder: present them by index.
+    std::stable_sort(calls_.begin(), calls_.end(),
+                     [](const CallRow& a, const CallRow& b) { return a.call_index < b.call_index; });
     tensors_ = read_table<TensorRow>("tensors", tensor_row_type());
     metadata_ = read_table<std::uint8_t>("metadata_json", Handle(H5Tcopy(H5T_NATIVE_UINT8), H5Tclose));
   }

@@ -1,7 +1,10 @@
 #include "formats/pt_format.h"
 
 #include <ATen/ATen.h>
+#include <caffe2/serialize/inline_container.h>
+#include <torch/csrc/jit/serialization/export.h>
 #include <torch/csrc/jit/serialization/pickle.h>
+#include <torch/csrc/jit/serialization/pickler.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -40,8 +43,14 @@ c10::IValue load_pickle(const std::string& path) {
   try {
     return torch::jit::pickle_load(read_file(path));
   } catch (const c10::Error& error) {
+    const std::string what = error.what_without_backtrace();
+    if (what.find("_rebuild_tensor_v3") != std::string::npos) {
+      throw_input_error(path, "holds tensors of a dtype that torch.save pickles with _rebuild_tensor_v3 (fp8, say), "
+                              "which libtorch's C++ reader cannot rebuild; save them as bits, x.view(torch.uint8), "
+                              "with a 'dtypes' entry naming the dtype (docs/format.md), or write HDF5");
+    }
     throw_input_error(path, "cannot be unpickled (truncated, corrupt, or holds objects other than tensors and "
-                            "plain containers): {}", error.what_without_backtrace());
+                            "plain containers): {}", what);
   }
 }
 
@@ -63,16 +72,34 @@ class CallDictReader {
     return value;
   }
   HostTensor tensor(const std::string& key) const {
-    auto value = get(key);
+    auto value = optional_tensor(key);
     if (!value) throw_input_error(where_, "field '{}': missing", key);
-    if (!value->isTensor()) throw_input_error(where_, "field '{}': expected a tensor, got {}", key, value->tagKind());
-    return host_tensor_from_torch(value->toTensor());
+    return *value;
   }
   std::optional<HostTensor> optional_tensor(const std::string& key) const {
     auto value = get(key);
     if (!value) return std::nullopt;
     if (!value->isTensor()) throw_input_error(where_, "field '{}': expected a tensor, got {}", key, value->tagKind());
-    return host_tensor_from_torch(value->toTensor());
+    HostTensor tensor = host_tensor_from_torch(value->toTensor());
+    // Element types Python's torch.load cannot rebuild from a C++ pickle (fp8) travel as their
+    // bits in uint8, with the real dtype under 'dtypes'.
+    if (auto declared = declared_dtype(key); declared && *declared != tensor.dtype) {
+      if (tensor.dtype != DType::uint8 || dtype_size(*declared) != 1) {
+        throw_input_error(where_, "field 'dtypes': says '{}' is {}, but it holds {}", key, dtype_name(*declared),
+                          dtype_name(tensor.dtype));
+      }
+      tensor.dtype = *declared;
+    }
+    return tensor;
+  }
+  std::optional<DType> declared_dtype(const std::string& key) const {
+    auto dtypes = get("dtypes");
+    if (!dtypes || !dtypes->isGenericDict()) return std::nullopt;
+    auto entry = lookup(dtypes->toGenericDict(), key);
+    if (!entry || !entry->isString()) return std::nullopt;
+    auto dtype = parse_dtype(entry->toStringRef());
+    if (!dtype) throw_input_error(where_, "field 'dtypes': unknown dtype '{}' for '{}'", entry->toStringRef(), key);
+    return dtype;
   }
   std::optional<double> number(const std::string& key) const {
     auto value = get(key);
@@ -332,12 +359,21 @@ class PtFolderSource final : public CaptureSource {
   std::vector<std::string> open_errors_;
 };
 
-c10::IValue optional_tensor_value(const std::optional<HostTensor>& tensor) {
-  return tensor ? c10::IValue(torch_from_host_tensor(*tensor)) : c10::IValue();
+// A tensor as Python's torch.load can rebuild it: fp8 as its bits in uint8 (declared in 'dtypes').
+at::Tensor loadable_tensor(const HostTensor& tensor) {
+  at::Tensor t = torch_from_host_tensor(tensor);
+  if (tensor.dtype == DType::float8_e4m3fn || tensor.dtype == DType::float8_e5m2) t = t.view(at::kByte);
+  return t;
 }
 
+c10::IValue optional_tensor_value(const std::optional<HostTensor>& tensor) {
+  return tensor ? c10::IValue(loadable_tensor(*tensor)) : c10::IValue();
+}
+
+Dict string_dict() { return Dict(c10::StringType::get(), c10::AnyType::get()); }
+
 c10::IValue call_to_dict(const AttentionCall& call) {
-  Dict dict(c10::StringType::get(), c10::AnyType::get());
+  Dict dict = string_dict();
   dict.insert("format", std::string(kPtSchemaName));
   dict.insert("schema_version", kPtSchemaVersion);
   dict.insert("call_index", call.call_index);
@@ -349,22 +385,45 @@ c10::IValue call_to_dict(const AttentionCall& call) {
   dict.insert("scale", call.scale ? c10::IValue(*call.scale) : c10::IValue());
   dict.insert("dropout_p", call.dropout_p);
   dict.insert("enable_gqa", call.enable_gqa);
-  dict.insert("q", torch_from_host_tensor(call.q));
-  dict.insert("k", torch_from_host_tensor(call.k));
-  dict.insert("v", torch_from_host_tensor(call.v));
+  dict.insert("q", loadable_tensor(call.q));
+  dict.insert("k", loadable_tensor(call.k));
+  dict.insert("v", loadable_tensor(call.v));
   dict.insert("mask", optional_tensor_value(call.mask));
   dict.insert("out", optional_tensor_value(call.out));
-  c10::Dict<std::string, std::string> devices;
-  devices.insert("q", call.q.device);
-  devices.insert("k", call.k.device);
-  devices.insert("v", call.v.device);
-  if (call.mask) devices.insert("mask", call.mask->device);
-  if (call.out) devices.insert("out", call.out->device);
+  Dict devices = string_dict(), dtypes = string_dict();
+  std::vector<std::pair<std::string, const HostTensor*>> named = {{"q", &call.q}, {"k", &call.k}, {"v", &call.v}};
+  if (call.mask) named.emplace_back("mask", &*call.mask);
+  if (call.out) named.emplace_back("out", &*call.out);
+  for (const auto& [name, tensor] : named) {
+    devices.insert(name, tensor->device);
+    dtypes.insert(name, std::string(dtype_name(tensor->dtype)));
+  }
   dict.insert("devices", devices);
-  c10::Dict<std::string, std::string> metadata;
+  dict.insert("dtypes", dtypes);
+  Dict metadata = string_dict();
   for (const auto& [key, value] : call.metadata) metadata.insert(key, value);
   dict.insert("metadata", metadata);
   return dict;
+}
+
+// torch.save's zip layout, pickled without TorchScript's type tags (restore_type_tag), which
+// Python's torch.load(weights_only=True) refuses.
+std::vector<char> save_for_python(const c10::IValue& value) {
+  std::vector<char> pickle_bytes;
+  torch::jit::Pickler pickler([&](const char* data, size_t size) { pickle_bytes.insert(pickle_bytes.end(), data, data + size); },
+                              nullptr, nullptr, nullptr, nullptr, /*tag_aggregates=*/false);
+  pickler.protocol();
+  pickler.pushIValue(value);
+  pickler.stop();
+  std::vector<char> archive;
+  caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t size) {
+    const auto* bytes = static_cast<const char*>(data);
+    archive.insert(archive.end(), bytes, bytes + size);
+    return size;
+  });
+  torch::jit::writeArchiveAndTensors("data", pickle_bytes.data(), pickle_bytes.size(), pickler.tensorData(), writer);
+  writer.writeEndOfFile();
+  return archive;
 }
 
 void write_bytes(const std::vector<char>& bytes, const std::string& path) {
@@ -387,25 +446,30 @@ std::unique_ptr<CaptureSource> open_pt_file(const std::string& path) { return st
 std::unique_ptr<CaptureSource> open_pt_folder(const std::string& path) { return std::make_unique<PtFolderSource>(path); }
 
 void write_pt_call(const AttentionCall& call, const std::string& path) {
-  write_bytes(torch::jit::pickle_save(call_to_dict(call)), path);
+  write_bytes(save_for_python(call_to_dict(call)), path);
 }
 
 void write_pt_calls(const std::vector<AttentionCall>& calls, const std::string& path) {
-  Dict root(c10::StringType::get(), c10::AnyType::get());
+  Dict root = string_dict();
   root.insert("format", std::string("attnreplay.capture"));
   root.insert("schema_version", kPtSchemaVersion);
   c10::impl::GenericList list(c10::AnyType::get());
   for (const AttentionCall& call : calls) list.push_back(call_to_dict(call));
   root.insert("calls", list);
-  write_bytes(torch::jit::pickle_save(root), path);
+  write_bytes(save_for_python(root), path);
 }
 
 void write_pt_tensors(const std::vector<std::pair<std::string, HostTensor>>& tensors,
                       const std::vector<std::pair<std::string, std::string>>& strings, const std::string& path) {
-  Dict root(c10::StringType::get(), c10::AnyType::get());
-  for (const auto& [key, tensor] : tensors) root.insert(key, torch_from_host_tensor(tensor));
+  Dict root = string_dict();
+  Dict dtypes = string_dict();
+  for (const auto& [key, tensor] : tensors) {
+    root.insert(key, loadable_tensor(tensor));
+    dtypes.insert(key, std::string(dtype_name(tensor.dtype)));
+  }
+  root.insert("dtypes", dtypes);
   for (const auto& [key, value] : strings) root.insert(key, value);
-  write_bytes(torch::jit::pickle_save(root), path);
+  write_bytes(save_for_python(root), path);
 }
 
 }  // namespace attnreplay

@@ -29,6 +29,12 @@ constexpr int kExitFailures = 1;   // an input, call or kernel failed
 constexpr int kExitUsage = 2;
 constexpr int kExitIncorrect = 3;  // --refcheck thresholds exceeded
 
+// A flag that cannot work, as opposed to an input that turned out bad.
+class UsageError : public InputError {
+ public:
+  using InputError::InputError;
+};
+
 // The flags of one `run`: what a command line or one line of a --testlist gives.
 struct RunArgs {
   std::vector<std::string> inputs;
@@ -171,8 +177,8 @@ bool wants_generated(const RunArgs& a) {
   return !a.shape.empty() || a.batch_size || a.num_qo_heads || a.s_qo || a.head_dim_qk;
 }
 
-// The generated call and the flags that regenerate it.
-std::pair<AttentionCall, std::string> generated_call(const RunArgs& a) {
+// The generated call's description and the flags that regenerate it; throws on bad flags.
+std::pair<GeneratedCallSpec, std::string> generated_spec(const RunArgs& a) {
   GeneratedCallSpec spec;
   AttentionShape& s = spec.shape;
   s = {1, 1, 0, 128, 0, 64, 0};
@@ -208,7 +214,7 @@ std::pair<AttentionCall, std::string> generated_call(const RunArgs& a) {
                                   dtype_name(*dtype), layout_name(*layout), a.seed);
   if (a.causal) flags += fmt::format(" --causal --causal_alignment {}", causal_alignment_name(*alignment));
   if (a.scale) flags += " --scale " + format_number(*a.scale);
-  return {generate_call(spec), flags};
+  return {spec, flags};
 }
 
 struct Output {
@@ -216,17 +222,19 @@ struct Output {
   Ceilings ceilings;
 };
 
-// Runs one set of run flags into `report`. Input problems are recorded, never thrown.
-void run_one(const RunArgs& a, Report& report, const Output& output) {
+// Runs one set of run flags into `report`. Problems with inputs are recorded, each prefixed with
+// `place` (a test-list line) when given; bad flags throw.
+void run_one(const RunArgs& a, Report& report, const Output& output, const std::string& place = {}) {
   ReplayOptions options = replay_options(a);
   options.ceilings = output.ceilings;
   auto show = [&output](const CallResult& call) {
     if (!output.quiet) print_call_table(call, std::cout), std::cout.flush();
   };
   std::unique_ptr<CaptureWriter> saved_inputs;
-  if (!a.save_inputs.empty()) saved_inputs = open_capture_writer(a.save_inputs);
+  if (!a.save_inputs.empty()) saved_inputs = open_capture_writer(a.save_inputs, "attnreplay run --save-inputs");
   if (wants_generated(a)) {
-    auto [call, flags] = generated_call(a);
+    const auto [spec, flags] = generated_spec(a);
+    const AttentionCall call = generate_call(spec);
     if (saved_inputs) saved_inputs->append(call);
     CallResult result = replay_call(call, options, flags);
     show(result);
@@ -235,6 +243,7 @@ void run_one(const RunArgs& a, Report& report, const Output& output) {
     throw InputError("nothing to replay: give capture files or folders, --shape, or --testlist");
   }
   const auto wanted = parse_call_ranges(a.calls);
+  const std::size_t first_error = report.input_errors.size();
   for (const std::string& input : a.inputs) {
     try {
       auto source = open_capture(input);
@@ -253,6 +262,11 @@ void run_one(const RunArgs& a, Report& report, const Output& output) {
     }
   }
   if (saved_inputs) saved_inputs->close();
+  if (!place.empty()) {
+    for (std::size_t i = first_error; i < report.input_errors.size(); ++i) {
+      report.input_errors[i] = place + ": " + report.input_errors[i];
+    }
+  }
 }
 
 std::string now_utc() {
@@ -307,7 +321,14 @@ int command_run(const RunArgs& args, const std::string& testlist, const std::str
 #else
   (void)measure_gpu_ceilings;
 #endif
-  report.stopping_rule = replay_options(args).stopping.describe();
+  // Bad flags on the command line are usage errors (exit 2), found before any work.
+  try {
+    report.stopping_rule = replay_options(args).stopping.describe();
+    if (wants_generated(args)) generated_spec(args);
+    parse_call_ranges(args.calls);
+  } catch (const InputError& error) {
+    throw UsageError(error.what());
+  }
   if (!testlist.empty()) {
     std::ifstream in(testlist);
     if (!in) throw InputError(fmt::format("{}: cannot open test list", testlist));
@@ -327,7 +348,7 @@ int command_run(const RunArgs& args, const std::string& testlist, const std::str
         add_run_options(parser, line_args);
         parser.parse(line, false);
         if (line_args.case_tag.empty()) line_args.case_tag = where;
-        run_one(line_args, report, output);
+        run_one(line_args, report, output, where);
       } catch (const CLI::Error& error) {
         report.input_errors.push_back(fmt::format("{}: {}", where, error.what()));
       } catch (const InputError& error) {
@@ -336,6 +357,9 @@ int command_run(const RunArgs& args, const std::string& testlist, const std::str
     }
   }
   if (testlist.empty() || wants_generated(args) || !args.inputs.empty()) {
+    if (!wants_generated(args) && args.inputs.empty()) {
+      throw UsageError("nothing to replay: give capture files or folders, --shape, or --testlist");
+    }
     try {
       run_one(args, report, output);
     } catch (const InputError& error) {
@@ -359,7 +383,7 @@ int command_info(const std::vector<std::string>& inputs) {
       std::map<std::string, int> ops;
       std::uint64_t bytes = 0;
       std::cout << fmt::format("{}: {}, {} calls\n", input, source->format(), source->size());
-      std::cout << fmt::format("  {:>6}  {:<44} {:<10} {:<6} {:<38} {:<8} {:<16} {:>10}\n", "call", "op (backend)",
+      std::cout << fmt::format("  {:>6}  {:<44} {:<14} {:<6} {:<38} {:<12} {:<16} {:>10}\n", "call", "op (backend)",
                                "dtype", "layout", "shape", "causal", "mask", "bytes");
       for (const std::string& error : source->open_errors()) {
         std::cout << "  error: " << error << '\n';
@@ -374,7 +398,7 @@ int command_info(const std::vector<std::string>& inputs) {
           bytes += call_bytes;
           ++ops[call.op];
           const std::string op = call.backend.empty() ? call.op : fmt::format("{} ({})", call.op, call.backend);
-          std::cout << fmt::format("  {:>6}  {:<44} {:<10} {:<6} {:<38} {:<8} {:<16} {:>10}\n", call.call_index, op,
+          std::cout << fmt::format("  {:>6}  {:<44} {:<14} {:<6} {:<38} {:<12} {:<16} {:>10}\n", call.call_index, op,
                                    dtype_name(call.q.dtype), layout_name(call.layout), call.shape().to_string(),
                                    call.is_causal ? causal_alignment_name(call.causal_alignment) : "no",
                                    call.mask ? fmt::format("{} {}", dtype_name(call.mask->dtype), shape_string(call.mask->shape)) : "none",
@@ -399,7 +423,7 @@ int command_info(const std::vector<std::string>& inputs) {
 
 int command_convert(const std::string& from, const std::string& to) {
   auto source = open_capture(from);
-  auto writer = open_capture_writer(to);
+  auto writer = open_capture_writer(to, "attnreplay convert");
   int written = 0;
   int status = kExitOk;
   for (const std::string& error : source->open_errors()) {
@@ -474,6 +498,9 @@ int main(int argc, char** argv) {
     if (*info) return command_info(info_inputs);
     if (*convert) return command_convert(convert_from, convert_to);
     if (*kernels) return command_kernels();
+  } catch (const UsageError& error) {
+    std::cerr << "error: " << error.what() << '\n';
+    return kExitUsage;
   } catch (const InputError& error) {
     std::cerr << "error: " << error.what() << '\n';
     return kExitFailures;

@@ -50,6 +50,16 @@ bool Report::any_failed() const {
   return false;
 }
 
+std::string shell_quote(const std::string& text) {
+  if (!text.empty() && text.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./=,:@%+") ==
+                           std::string::npos) {
+    return text;
+  }
+  std::string quoted = "'";
+  for (char c : text) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return quoted + "'";
+}
+
 std::vector<const Kernel*> select_kernels(const std::vector<std::string>& names) {
   std::vector<const Kernel*> selected;
   auto add = [&selected](const Kernel* kernel) {
@@ -255,7 +265,8 @@ void replay_capture(CaptureSource& source, const std::function<bool(std::int64_t
         if (!wanted(header.call_index)) continue;
       }
       const AttentionCall call = source.load(position);
-      CallResult result = replay_call(call, options, fmt::format("{} --calls {}", source.path(), call.call_index));
+      CallResult result =
+          replay_call(call, options, fmt::format("{} --calls {}", shell_quote(source.path()), call.call_index));
       if (on_call) on_call(result);
       report.calls.push_back(std::move(result));
     } catch (const InputError& error) {

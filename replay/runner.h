@@ -33,6 +33,9 @@ struct ReplayOptions {
   std::string rerun_base;
 };
 
+// `text` as one word for a POSIX shell (rerun commands hold paths).
+std::string shell_quote(const std::string& text);
+
 // Resolves kernel names ("all" expands), throwing InputError for unknown names.
 std::vector<const class Kernel*> select_kernels(const std::vector<std::string>& names);
 

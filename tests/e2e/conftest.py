@@ -44,18 +44,30 @@ def load_json(path):
         return json.load(f)
 
 
-def load_pt(path):
-    """torch.load(weights_only=True) of a .pt written by attnreplay.
-
-    libtorch's pickler tags typed dicts with torch.jit._pickle.restore_type_tag, which
-    weights_only rejects unless allow-listed (a bug of its own, tested in test_format_interop);
-    allow-listing it keeps weights_only's protection against arbitrary code.
-    """
+def with_declared_dtypes(value):
+    """Applies docs/format.md's convention: a uint8 tensor whose dict says, under 'dtypes', that it
+    is fp8 holds that dtype's bits (Python's torch.load cannot rebuild fp8 from a C++ pickle)."""
     import torch
-    import torch.jit._pickle  # noqa: F401  (not imported by `import torch`)
 
-    with torch.serialization.safe_globals([torch.jit._pickle.restore_type_tag]):
-        return torch.load(path, weights_only=True)
+    if isinstance(value, list):
+        return [with_declared_dtypes(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    declared = value.get("dtypes") or {}
+    out = {}
+    for key, item in value.items():
+        name = declared.get(key) if isinstance(declared, dict) else None
+        if isinstance(item, torch.Tensor) and name and item.dtype == torch.uint8 and name != "uint8":
+            item = item.view(getattr(torch, name))
+        out[key] = with_declared_dtypes(item)
+    return out
+
+
+def load_pt(path):
+    """torch.load(weights_only=True) of a .pt written by attnreplay, fp8 tensors restored."""
+    import torch
+
+    return with_declared_dtypes(torch.load(path, weights_only=True))
 
 
 @pytest.fixture(scope="session")

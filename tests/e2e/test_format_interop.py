@@ -164,6 +164,17 @@ def test_cpp_pt_loads_with_plain_weights_only(cpp_written):
     # pt_format.h promises files that Python's torch.load(weights_only=True) reads, as is.
     torch.load(f"{cpp_written['fp32', 'bhsd']}.pt", weights_only=True)
     torch.load(f"{cpp_written['fp32', 'bhsd']}_outs/call0_reference.pt", weights_only=True)
+    # fp8 travels as uint8 bits, its dtype named under 'dtypes'.
+    (call,) = torch.load(f"{cpp_written['fp8', 'bhsd']}.pt", weights_only=True)["calls"]
+    assert call["q"].dtype == torch.uint8 and call["dtypes"]["q"] == "float8_e4m3fn"
+
+
+def test_python_fp8_pt_without_bits_gets_a_clear_error(tmp_path):
+    # torch.save pickles fp8 with _rebuild_tensor_v3, which libtorch's C++ reader cannot rebuild.
+    x = torch.randn(1, 2, 4, 8).to(torch.float8_e4m3fn)
+    torch.save({"q": x, "k": x, "v": x}, tmp_path / "raw_fp8.pt")
+    result = run_attnreplay("info", tmp_path / "raw_fp8.pt", check=1)
+    assert "raw_fp8.pt" in result.stderr and "x.view(torch.uint8)" in result.stderr
 
 
 # ---------------------------------------------------------------------------------------------
@@ -218,10 +229,11 @@ def python_written(tmp_path_factory):
         g = folder / group
         (g / "one_per_file").mkdir(parents=True)
         attnreplay_h5.write_calls(str(g / "py.h5"), list(h5_calls.values()))
-        for call in pt_calls.values():
+        # fp8 is saved as its bits with the dtype declared, as docs/format.md says to.
+        saved = [as_bits(call) for call in pt_calls.values()]
+        for call in saved:
             torch.save(call, g / "one_per_file" / f"call_{call['call_index']}.pt")
-        torch.save({"format": "attnreplay.capture", "schema_version": 1, "calls": list(pt_calls.values())[::-1]},
-                   g / "many.pt")
+        torch.save({"format": "attnreplay.capture", "schema_version": 1, "calls": saved[::-1]}, g / "many.pt")
         groups[group] = {
             "h5_calls": h5_calls, "pt_calls": pt_calls, "folder": g,
             "info_h5": run_attnreplay("info", g / "py.h5"),
@@ -232,6 +244,19 @@ def python_written(tmp_path_factory):
             "files_to_pt": run_attnreplay("convert", g / "one_per_file", g / "one_per_file.back.pt"),
         }
     return groups
+
+
+def as_bits(call):
+    """The call as Python should torch.save it for C++: fp8 tensors as uint8 plus 'dtypes'."""
+    fp8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+    saved, dtypes = dict(call), {}
+    for key, value in call.items():
+        if isinstance(value, torch.Tensor) and value.dtype in fp8:
+            saved[key] = value.view(torch.uint8)
+            dtypes[key] = str(value.dtype).removeprefix("torch.")
+    if dtypes:
+        saved["dtypes"] = dtypes
+    return saved
 
 
 def converted(result, what):
