@@ -1,11 +1,12 @@
-"""What capture costs the job it runs in. Two figures (issue: capture), each measured side by side
-in one run on the same machine:
+"""What capture costs the job it runs in. Two figures, each measured side by side in one run on
+the same machine:
 
-1. The preload's cost when capture matches nothing, as a fraction of a model step: the real
-   MiniLM model on the CPU, where per-op overhead shows most. Runs alternate between without
-   the preload and with it (ATTNCAP_OPS matching no op), and per-step medians are compared.
+1. The preload's cost when capture matches nothing, as a fraction of a model step. On the CPU:
+   the real MiniLM model, where per-op overhead shows most. On the GPU (--device cuda): one
+   Flux-sized transformer block, 1x24x4608x128 bf16. Runs alternate between without the preload
+   and with it (ATTNCAP_OPS matching no op), and per-step medians are compared.
 2. The stall on the model's thread per captured GB, against the usual alternative (x.cpu() and
-   torch.save inline), on a loop of SDPA calls.
+   torch.save inline): CPU, a loop of SDPA calls; GPU, the Flux block with every call captured.
 
     python bench/capture_overhead.py --attncap build/capture/libattncap.so --out results.json
 """
@@ -61,9 +62,42 @@ def capture_stall(attncap, calls, shape):
             "goal_ratio": 10.0}
 
 
+def gpu_figures(attncap, rounds, steps):
+    job = [str(HERE / "jobs/flux_block.py"), "--steps", str(steps)]
+    without, with_preload, captured, saved = [], [], [], []
+    block = None
+    for _ in range(rounds):
+        result = run_job(job)
+        block = result["block"]
+        without += result["step_s"]
+        with_preload += run_job(job, attncap, {"ATTNCAP_OPS": "^matches-no-op$",
+                                               "ATTNCAP_OUT": tempfile.mkdtemp()})["step_s"]
+    with tempfile.TemporaryDirectory() as folder:
+        captured = run_job(job, attncap, {"ATTNCAP_OUT": folder})["step_s"]
+    with tempfile.TemporaryDirectory() as folder:
+        saved = run_job(job + ["--torch-save", folder])["step_s"]
+    base = statistics.median(without)
+    # q, k, v and the output of the block's one attention call, bf16
+    gigabytes_per_step = 4 * 1 * 24 * 4608 * 128 * 2 / 1e9
+    stall_capture = (statistics.median(captured) - base) / gigabytes_per_step
+    stall_save = (statistics.median(saved) - base) / gigabytes_per_step
+    return {
+        "preload_cost": {"model": f"{block}, 1x4608 tokens, 24 heads x 128, bf16, GPU",
+                         "steps_each": len(without), "median_step_s_without": base,
+                         "median_step_s_with_preload": statistics.median(with_preload),
+                         "overhead_fraction": statistics.median(with_preload) / base - 1.0, "goal_fraction": 0.01},
+        "capture_stall": {"job": f"{block}, every attention call captured", "gb_per_step": gigabytes_per_step,
+                          "median_step_s_plain": base, "median_step_s_attncap": statistics.median(captured),
+                          "median_step_s_torch_save": statistics.median(saved),
+                          "stall_s_per_gb_attncap": stall_capture, "stall_s_per_gb_torch_save": stall_save,
+                          "ratio_torch_save_to_attncap": stall_save / stall_capture if stall_capture > 0 else None,
+                          "goal_ratio": 10.0}}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--attncap", required=True, help="path of libattncap.so")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--calls", type=int, default=64)
@@ -72,9 +106,14 @@ def main():
     args = parser.parse_args()
     attncap = str(Path(args.attncap).resolve())
     results = {"machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-                           "python": platform.python_version()},
-               "preload_cost": preload_cost(attncap, args.rounds, args.steps),
-               "capture_stall": capture_stall(attncap, args.calls, args.shape)}
+                           "python": platform.python_version()}}
+    if args.device == "cuda":
+        import torch
+        results["machine"]["gpu"] = torch.cuda.get_device_name()
+        results.update(gpu_figures(attncap, args.rounds, args.steps))
+    else:
+        results["preload_cost"] = preload_cost(attncap, args.rounds, args.steps)
+        results["capture_stall"] = capture_stall(attncap, args.calls, args.shape)
     text = json.dumps(results, indent=2)
     print(text)
     if args.out:

@@ -51,8 +51,9 @@ struct RunArgs {
   std::int64_t ref_sample_rows = 0;
   bool refcheck = false;
   std::optional<double> refcheck_min_cosine, refcheck_max_rel_l2, refcheck_max_abs;
-  StoppingRule stopping;
-  double max_noise_percent = 2.0;
+  // Unset: the device's default (StoppingRule for CPU kernels, gpu_default() for GPU kernels).
+  std::optional<int> warmup, min_samples;
+  std::optional<double> min_time, max_noise_percent, timeout;
   std::string case_tag;
   std::string save_outputs;
   std::string save_inputs;
@@ -87,12 +88,11 @@ void add_run_options(CLI::App& app, RunArgs& a) {
   app.add_option("--refcheck-min-cosine", a.refcheck_min_cosine, "threshold (implies --refcheck)");
   app.add_option("--refcheck-max-rel-l2", a.refcheck_max_rel_l2, "threshold (implies --refcheck)");
   app.add_option("--refcheck-max-abs", a.refcheck_max_abs, "threshold (implies --refcheck)");
-  app.add_option("--warmup", a.stopping.warmup_runs, "warm-up runs")->capture_default_str();
-  app.add_option("--min-samples", a.stopping.min_samples, "fewest timed samples")->capture_default_str();
-  app.add_option("--min-time", a.stopping.min_time_s, "least seconds of timed samples")->capture_default_str();
-  app.add_option("--max-noise", a.max_noise_percent, "stop once the relative stdev is under this percentage")
-      ->capture_default_str();
-  app.add_option("--timeout", a.stopping.timeout_s, "most seconds of sampling per call and kernel")->capture_default_str();
+  app.add_option("--warmup", a.warmup, "warm-up runs (CPU 1, GPU 3)");
+  app.add_option("--min-samples", a.min_samples, "fewest timed samples (CPU 5, GPU 10)");
+  app.add_option("--min-time", a.min_time, "least seconds of timed samples (CPU 0.1, GPU 0.5)");
+  app.add_option("--max-noise", a.max_noise_percent, "stop once the relative stdev is under this percentage (CPU 2, GPU 0.5)");
+  app.add_option("--timeout", a.timeout, "most seconds of sampling per call and kernel (CPU 5, GPU 15)");
   app.add_option("--case_tag", a.case_tag, "a label carried into every row");
   app.add_option("--save-outputs", a.save_outputs, "folder for each kernel's output (.pt per call and kernel)");
   app.add_option("--save-inputs", a.save_inputs, "write the replayed calls to this capture (.h5, .pt or folder/)");
@@ -144,8 +144,14 @@ ReplayOptions replay_options(const RunArgs& a) {
   ReplayOptions o;
   o.kernels = a.kernels;
   select_kernels(o.kernels);  // unknown names fail before any work
-  o.stopping = a.stopping;
-  o.stopping.max_noise = a.max_noise_percent / 100.0;
+  o.stopping_gpu = StoppingRule::gpu_default();
+  for (StoppingRule* rule : {&o.stopping, &o.stopping_gpu}) {
+    if (a.warmup) rule->warmup_runs = *a.warmup;
+    if (a.min_samples) rule->min_samples = *a.min_samples;
+    if (a.min_time) rule->min_time_s = *a.min_time;
+    if (a.max_noise_percent) rule->max_noise = *a.max_noise_percent / 100.0;
+    if (a.timeout) rule->timeout_s = *a.timeout;
+  }
   o.ref_sample_rows = a.ref_sample_rows;
   o.seed = a.seed;
   if (a.refcheck || a.refcheck_min_cosine || a.refcheck_max_rel_l2 || a.refcheck_max_abs) {
@@ -157,17 +163,16 @@ ReplayOptions replay_options(const RunArgs& a) {
   o.hot_l2 = a.hot_l2;
   // The flags that change results, so that each row's rerun command reproduces it.
   std::string& r = o.rerun_base;
-  const StoppingRule defaults;
   if (a.ref_sample_rows > 0) r += fmt::format(" --ref-sample-rows {} --seed {}", a.ref_sample_rows, a.seed);
   if (o.refcheck) r += " --refcheck";
   if (a.refcheck_min_cosine) r += " --refcheck-min-cosine " + format_number(*a.refcheck_min_cosine);
   if (a.refcheck_max_rel_l2) r += " --refcheck-max-rel-l2 " + format_number(*a.refcheck_max_rel_l2);
   if (a.refcheck_max_abs) r += " --refcheck-max-abs " + format_number(*a.refcheck_max_abs);
-  if (a.stopping.warmup_runs != defaults.warmup_runs) r += fmt::format(" --warmup {}", a.stopping.warmup_runs);
-  if (a.stopping.min_samples != defaults.min_samples) r += fmt::format(" --min-samples {}", a.stopping.min_samples);
-  if (a.stopping.min_time_s != defaults.min_time_s) r += " --min-time " + format_number(a.stopping.min_time_s);
-  if (a.stopping.timeout_s != defaults.timeout_s) r += " --timeout " + format_number(a.stopping.timeout_s);
-  if (o.stopping.max_noise != defaults.max_noise) r += " --max-noise " + format_number(a.max_noise_percent);
+  if (a.warmup) r += fmt::format(" --warmup {}", *a.warmup);
+  if (a.min_samples) r += fmt::format(" --min-samples {}", *a.min_samples);
+  if (a.min_time) r += " --min-time " + format_number(*a.min_time);
+  if (a.timeout) r += " --timeout " + format_number(*a.timeout);
+  if (a.max_noise_percent) r += " --max-noise " + format_number(*a.max_noise_percent);
   if (a.reference != "auto") r += " --reference " + a.reference;
   if (a.hot_l2) r += " --hot-l2";
   return o;
@@ -323,7 +328,8 @@ int command_run(const RunArgs& args, const std::string& testlist, const std::str
 #endif
   // Bad flags on the command line are usage errors (exit 2), found before any work.
   try {
-    report.stopping_rule = replay_options(args).stopping.describe();
+    const ReplayOptions options = replay_options(args);
+    report.stopping_rule = "CPU " + options.stopping.describe() + "; GPU " + options.stopping_gpu.describe();
     if (wants_generated(args)) generated_spec(args);
     parse_call_ranges(args.calls);
   } catch (const InputError& error) {

@@ -210,8 +210,10 @@ CallResult replay_call(const AttentionCall& captured, const ReplayOptions& optio
     }
     try {
       auto prepared = kernel->prepare(call);
-      k.timing = measure(*prepared, timer_for(kernel->description(), options), options.stopping);
-      if (kernel->description().device == "cuda") {
+      const bool on_gpu = kernel->description().device == "cuda";
+      k.timing = measure(*prepared, timer_for(kernel->description(), options),
+                         on_gpu ? options.stopping_gpu : options.stopping);
+      if (on_gpu) {
         const double matrix = options.ceilings.matrix_tflops_for(call.q.dtype);
         if (matrix > 0) k.matrix_ceiling_fraction = k.tflops() / matrix;
         if (options.ceilings.copy_gbps > 0) k.copy_ceiling_fraction = k.gbytes_per_s() / options.ceilings.copy_gbps;

@@ -20,7 +20,8 @@ struct RefcheckThresholds {
 
 struct ReplayOptions {
   std::vector<std::string> kernels{"all"};  // names, or "all"
-  StoppingRule stopping;
+  StoppingRule stopping;      // CPU kernels
+  StoppingRule stopping_gpu;  // GPU kernels: nvbench's defaults unless flags say otherwise
   std::int64_t ref_sample_rows = 0;  // 0: every query row
   std::uint64_t seed = 0;            // for row sampling
   std::optional<RefcheckThresholds> refcheck;

@@ -14,6 +14,16 @@ std::string StoppingRule::describe() const {
                      warmup_runs, min_samples, min_time_s, max_noise * 100, timeout_s);
 }
 
+StoppingRule StoppingRule::gpu_default() {
+  StoppingRule rule;
+  rule.warmup_runs = 3;
+  rule.min_samples = 10;
+  rule.min_time_s = 0.5;
+  rule.max_noise = 0.005;
+  rule.timeout_s = 15.0;
+  return rule;
+}
+
 std::optional<double> CpuClockTimer::time_one(PreparedKernel& kernel) {
   const auto start = std::chrono::steady_clock::now();
   kernel.run();

@@ -21,6 +21,8 @@ struct StoppingRule {
   double timeout_s = 5.0;
   int max_samples = 10000;
   std::string describe() const;
+  // nvbench's defaults for GPU kernels: >= 10 samples and 0.5 s, 0.5 % noise, 15 s timeout.
+  static StoppingRule gpu_default();
 };
 
 struct TimingSummary {

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Everything that needs the GPU, in one call of the device tool: build there, run the GPU tests,
+# the timing-fidelity check against triton's do_bench, the suite of the peers' shapes, and
+# capture's overhead; results under $OUT (at most 8 files come back).
+#   run(command="bash bench/gpu.sh", carry=[".whl"])
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+OUT="${OUT:-$ROOT/out/gpu}"
+BUILD="$ROOT/build-gpu"
+mkdir -p "$OUT"
+LOG="$OUT/gpu.log"
+exec > >(tee -a "$LOG") 2>&1
+status=0
+step() { echo; echo "== $* ($(date -u +%H:%M:%S))"; }
+
+step "machine"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv
+python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
+# Pure-Python packages the image lacks (diffusers) travel as wheels in .whl (bench/README.md).
+if compgen -G "$ROOT/.whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$ROOT"/.whl/*.whl \
+    && export PYTHONPATH=/tmp/site
+fi
+
+step "build"
+cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython3_EXECUTABLE="$(command -v python3)" \
+  -DCMAKE_CUDA_ARCHITECTURES=90a > "$OUT/cmake.log" 2>&1 || { tail -40 "$OUT/cmake.log"; exit 1; }
+cmake --build "$BUILD" -j "$(nproc)" 2>&1 | tail -5 || exit 1
+BIN="$BUILD/replay/attnreplay"
+export ATTNREPLAY_BIN="$BIN" ATTNCAP_LIB="$BUILD/capture/libattncap.so"
+"$BIN" kernels
+
+step "GPU tests"
+python3 -m pytest -q -p no:cacheprovider "$ROOT/tests/gpu" 2>&1 | tail -25 || status=1
+
+step "timing fidelity against triton.testing.do_bench"
+python3 "$ROOT/bench/do_bench_check.py" --attnreplay "$BIN" --out "$OUT/do_bench.json" | tail -40 || status=1
+
+step "suite"
+"$BIN" run --testlist "$ROOT/bench/suite_gpu.txt" --json "$OUT/suite.json" --csv "$OUT/suite.csv" \
+  > "$OUT/suite.txt" 2>&1 || status=1
+grep -E "^\[|torch-|summary|calls," "$OUT/suite.txt" | head -80
+python3 "$ROOT/bench/plot_suite.py" "$OUT/suite.json" "$OUT/suite.png" || status=1
+
+step "capture overhead on the GPU"
+python3 "$ROOT/bench/capture_overhead.py" --device cuda --attncap "$ATTNCAP_LIB" --rounds 2 --steps 20 \
+  --out "$OUT/capture_gpu.json" | tail -30 || status=1
+
+step "done: status $status"
+exit $status

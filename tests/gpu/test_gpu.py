@@ -1,0 +1,114 @@
+"""GPU checks, run by bench/gpu.sh on the GPU machine (not by CI, which has no GPU).
+
+- the GPU fp64 reference agrees with the CPU fp64 reference;
+- every torch CUDA backend runs or declines with a reason, and bf16 errors land where expected;
+- capture on the GPU: outputs bit-identical with it on, the captured tensors are what the op saw
+  (even when the model writes to them in place right after), and the backend op is named.
+"""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = os.environ.get("ATTNREPLAY_BIN", str(ROOT / "build/replay/attnreplay"))
+ATTNCAP = os.environ.get("ATTNCAP_LIB", str(ROOT / "build/capture/libattncap.so"))
+FAST = ["--min-samples", "3", "--min-time", "0", "--timeout", "1", "--no-ceilings"]
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def replay(tmp_path, *args):
+    out = tmp_path / "r.json"
+    result = subprocess.run([BIN, "run", *map(str, args), "--json", str(out), "-q", *FAST],
+                            capture_output=True, text=True)
+    assert out.exists(), result.stdout + result.stderr
+    return json.loads(out.read_text()), result
+
+
+@pytest.mark.parametrize("flags", [
+    ["--shape", "2,4,33,16"],
+    ["--shape", "1,8,40,32", "--num_kv_heads", "2", "--causal"],
+    ["--shape", "1,2,17,32", "--s_kv", "45", "--causal", "--causal_alignment", "bottom_right", "--head_dim_vo", "16"],
+    ["--shape", "1,2,45,32", "--s_kv", "17", "--causal", "--causal_alignment", "bottom_right"],
+    ["--shape", "1,4,300,64", "--dtype", "fp32"],
+])
+def test_gpu_reference_matches_cpu_reference(tmp_path, flags):
+    report, _ = replay(tmp_path, *flags, "--reference", "cpu", "--kernels", "reference-cuda")
+    (kernel,) = report["calls"][0]["kernels"]
+    assert kernel["status"] == "not_verified", kernel
+    assert kernel["error"]["rel_l2"] < 1e-13 and kernel["error"]["nan_count"] == 0, kernel["error"]
+
+
+def test_gpu_reference_with_masks(tmp_path):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 20, 16, generator=g) for _ in range(3))
+    mask = torch.rand(2, 1, 20, 20, generator=g) > 0.4
+    mask[0, 0, 3] = False  # a fully masked row: output 0 in both references
+    torch.save({"q": q, "k": k, "v": v, "attn_mask": mask}, tmp_path / "m.pt")
+    report, _ = replay(tmp_path, tmp_path / "m.pt", "--reference", "cpu", "--kernels", "reference-cuda")
+    (kernel,) = report["calls"][0]["kernels"]
+    assert kernel["error"]["max_abs"] < 1e-13, kernel["error"]
+
+
+CUDA_BACKENDS = ["torch-flash", "torch-efficient", "torch-cudnn", "torch-math-cuda"]
+
+
+@pytest.mark.parametrize("flags", [
+    ["--shape", "1,8,1024,128"],
+    ["--shape", "2,8,4250,64", "--causal"],
+    ["--shape", "1,16,512,128", "--num_kv_heads", "4", "--causal"],
+    ["--shape", "1,4,256,64", "--layout", "bshd"],
+])
+def test_every_cuda_backend_runs_or_says_why(tmp_path, flags):
+    report, _ = replay(tmp_path, *flags, "--dtype", "bf16", "--kernels", ",".join(CUDA_BACKENDS), "--refcheck")
+    for kernel in report["calls"][0]["kernels"]:
+        assert kernel["status"] in ("passed", "not_supported"), kernel
+        if kernel["status"] == "passed":
+            assert kernel["error"]["cosine"] > 0.999 and kernel["timing"]["method"] == "cuda-event"
+            assert kernel["timing"]["cache"] == "cold-l2"
+        else:
+            assert kernel["reason"], kernel
+    assert any(k["status"] == "passed" for k in report["calls"][0]["kernels"])
+
+
+JOB = r'''
+import sys, torch, torch.nn.functional as F
+torch.manual_seed(0)
+outs, seen = [], []
+q, k, v = (torch.randn(1, 8, 512, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+for step in range(4):
+    o = F.scaled_dot_product_attention(q, k, v, is_causal=step % 2 == 1)
+    seen.append(k.clone())
+    k.mul_(1.5)   # in place, right after: the capture must hold the k the op saw
+    outs.append(o)
+torch.cuda.synchronize()
+torch.save({"outs": [o.cpu() for o in outs], "seen_k": [x.cpu() for x in seen]}, sys.argv[1])
+'''
+
+
+def test_capture_on_gpu(tmp_path):
+    job = tmp_path / "job.py"
+    job.write_text(JOB)
+    subprocess.run([sys.executable, job, tmp_path / "off.pt"], check=True)
+    env = dict(os.environ, LD_PRELOAD=ATTNCAP, ATTNCAP_OUT=str(tmp_path / "caps"))
+    run = subprocess.run([sys.executable, job, tmp_path / "on.pt"], env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    off, on = torch.load(tmp_path / "off.pt"), torch.load(tmp_path / "on.pt")
+    for a, b in zip(off["outs"], on["outs"]):
+        assert torch.equal(a.view(torch.int16), b.view(torch.int16))
+    (capture,) = (tmp_path / "caps").glob("*.h5")
+    converted = tmp_path / "caps.pt"
+    subprocess.run([BIN, "convert", capture, converted], check=True)
+    calls = torch.load(converted, weights_only=True)["calls"]
+    assert len(calls) == 4
+    for call, out, k in zip(calls, on["outs"], on["seen_k"]):
+        assert call["devices"]["q"].startswith("cuda"), call["devices"]
+        assert torch.equal(call["k"].view(torch.int16), k.view(torch.int16))
+        assert torch.equal(call["out"].view(torch.int16), out.view(torch.int16))
+        assert call["backend"].startswith("aten::_scaled_dot_product"), call["backend"]
+    print("backends seen on the GPU:", sorted({c["backend"] for c in calls}))
