@@ -13,8 +13,8 @@ namespace attnreplay::capture {
 
 // Ops captured by default: torch SDPA and its backends, and the attention ops that flash-attn,
 // SageAttention and xformers register. nn.MultiheadAttention's fast path
-// (aten::_native_multi_head_attention) is left out on purpose: it calls SDPA inside, which is
-// what gets captured, with per-head Q, K, V rather than the unprojected inputs.
+// (aten::_native_multi_head_attention) is left out on purpose: its inputs are the unprojected
+// sequences, not per-head Q, K, V (the observer reports when it computes attention unseen).
 inline constexpr const char* kDefaultOpsPattern =
     R"(^aten::(scaled_dot_product_attention|_scaled_dot_product_\w*attention\w*|_flash_attention_forward|_efficient_attention_forward)$|^flash_attn\w*::|^sage\w*::|^xformers\w*::.*attention)";
 

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstring>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -50,6 +51,8 @@ State* state = nullptr;  // set once by attncap_start; never freed (callbacks ma
 
 // Matched ops active on this thread: the outermost one is recorded, inner ones name its backend.
 thread_local int active_depth = 0;
+// Attention calls seen on this thread: tells whether nn.MultiheadAttention's fast path made one.
+thread_local std::int64_t attention_calls_on_thread = 0;
 thread_local struct PendingCall* outermost = nullptr;
 
 // Host copies under way for one call; the writer thread finishes them into the record.
@@ -148,6 +151,16 @@ std::string thread_label() {
   return std::to_string(static_cast<long long>(gettid()));
 }
 
+void shutdown_at_exit();
+
+// Exit handlers run in reverse order of registration, and CUDA registers its teardown when it
+// starts. Registering our flush again once a GPU call is seen makes it run first, while the
+// pending device-to-host copies can still complete.
+void flush_before_cuda_exits() {
+  static std::once_flag registered;
+  std::call_once(registered, [] { std::atexit(shutdown_at_exit); });
+}
+
 // Builds the record from the op's arguments. Tensors are copied to host memory now: after the
 // start callback the inputs are no longer ours to read.
 void fill_call(PendingCall& pending, const at::RecordFunction& fn, std::int64_t index) {
@@ -163,10 +176,13 @@ void fill_call(PendingCall& pending, const at::RecordFunction& fn, std::int64_t 
   call.layout = flash_style ? Layout::bshd : Layout::bhsd;
   call.causal_alignment = flash_style ? CausalAlignment::bottom_right : CausalAlignment::top_left;
   TensorCopies& copies = *pending.copies;
+  if (qkv[0]->toTensor().is_cuda()) flush_before_cuda_exits();
   copies.q = HostCopy::start(qkv[0]->toTensor());
   copies.k = HostCopy::start(qkv[1]->toTensor());
   copies.v = HostCopy::start(qkv[2]->toTensor());
-  if (const auto* mask = find_input(inputs, {"attn_mask", "mask", "attn_bias"}); mask && mask->isTensor()) {
+  // Autograd passes an absent optional tensor as an undefined one.
+  if (const auto* mask = find_input(inputs, {"attn_mask", "mask", "attn_bias"});
+      mask && mask->isTensor() && mask->toTensor().defined()) {
     copies.mask = HostCopy::start(mask->toTensor());
   }
   if (const auto* scale = find_input(inputs, {"scale", "softmax_scale", "sm_scale"}); scale && scale->isDouble()) {
@@ -205,8 +221,27 @@ void fill_call(PendingCall& pending, const at::RecordFunction& fn, std::int64_t 
   }
 }
 
+void report_failure_once(const std::exception& error) {
+  static std::once_flag reported;
+  std::call_once(reported, [&] {
+    const auto* c10_error = dynamic_cast<const c10::Error*>(&error);
+    std::fprintf(stderr, "[attncap] a call was not captured: %s\n",
+                 c10_error ? c10_error->what_without_backtrace() : error.what());
+  });
+}
+
+constexpr const char* kMultiheadFastPath = "aten::_native_multi_head_attention";
+
+// nn.MultiheadAttention's fast path: on some devices it computes attention inside the one op
+// (bmm, softmax, bmm) and calls no attention op that could be captured. Say so once.
+struct MultiheadMarker final : at::ObserverContext {
+  std::int64_t calls_before = attention_calls_on_thread;
+};
+
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
-  if (!state || !op_matches(fn.name())) return nullptr;
+  if (!state) return nullptr;
+  if (std::strcmp(fn.name(), kMultiheadFastPath) == 0) return std::make_unique<MultiheadMarker>();
+  if (!op_matches(fn.name())) return nullptr;
   if (active_depth > 0) {
     ++active_depth;
     if (outermost && outermost->call.backend.empty()) outermost->call.backend = fn.name();
@@ -217,6 +252,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     for (const c10::IValue& input : fn.inputs()) {
       if (input.isTensor() && is_placeholder(input.toTensor())) return std::make_unique<PassThrough>();
     }
+    ++attention_calls_on_thread;
     auto pending = std::make_unique<PendingCall>();
     const std::int64_t index = state->next_index++;
     ++state->recorder->stats().seen;
@@ -237,14 +273,23 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     return pending;
   } catch (const std::exception& error) {
     ++state->recorder->stats().failed;
-    static std::once_flag reported;
-    std::call_once(reported, [&] { std::fprintf(stderr, "[attncap] a call was not captured: %s\n", error.what()); });
+    report_failure_once(error);
     return std::make_unique<PassThrough>();
   }
 }
 
 void on_end(const at::RecordFunction& fn, at::ObserverContext* context) {
   if (!context) return;
+  if (auto* marker = dynamic_cast<MultiheadMarker*>(context)) {
+    if (attention_calls_on_thread == marker->calls_before && !state->config.quiet) {
+      static std::once_flag said;
+      std::call_once(said, [] {
+        std::fprintf(stderr, "[attncap] nn.MultiheadAttention's fast path (%s) computed attention inside one op, "
+                             "with no attention op to capture: those calls are not in the capture\n", kMultiheadFastPath);
+      });
+    }
+    return;
+  }
   --active_depth;
   auto* pending = dynamic_cast<PendingCall*>(context);
   if (!pending) return;
@@ -269,8 +314,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* context) {
                             [copies = pending->copies](AttentionCall& call) { copies->finish_into(call); });
   } catch (const std::exception& error) {
     ++state->recorder->stats().failed;
-    static std::once_flag reported;
-    std::call_once(reported, [&] { std::fprintf(stderr, "[attncap] a call was not captured: %s\n", error.what()); });
+    report_failure_once(error);
   }
 }
 

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <filesystem>
 #include <unistd.h>
 
 #include <cstdio>
@@ -36,6 +37,7 @@ Recorder::Recorder(const CaptureConfig& config, std::string path) : config_(conf
     options.exclusive = true;
     writer_ = std::make_unique<Hdf5CaptureWriter>(path_, options);
   } else {
+    std::filesystem::create_directories(path_);
     writer_ = std::make_unique<PtFolderCapture>(path_);
   }
   thread_ = std::thread([this] { write_loop(); });
@@ -91,13 +93,16 @@ void Recorder::write_loop() {
         });
       }
     }
-    if (writer_ && ready) {
+    if (writer_failed_) {
+      ++stats_.failed;  // queued before the writer failed; nothing more is written
+    } else if (writer_ && ready) {
       try {
         writer_->append(item.call);
         ++stats_.captured;
       } catch (const std::exception& error) {
         // Disk full, folder gone: say so once, keep what is written, stop capturing.
         ++stats_.failed;
+        writer_failed_ = true;
         if (accepting_.exchange(false)) {
           std::fprintf(stderr, "[attncap] capture stopped: %s; the %lld calls written so far are kept in %s\n",
                        error.what(), static_cast<long long>(stats_.captured.load()), path_.c_str());

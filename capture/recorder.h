@@ -60,6 +60,7 @@ class Recorder {
   std::uint64_t queued_bytes_ = 0;
   bool stopping_ = false;
   std::atomic<bool> accepting_{true};
+  bool writer_failed_ = false;  // written by the writer thread only
   std::atomic<bool> shut_down_{false};
   std::thread thread_;
   std::once_flag copy_failure_reported_;

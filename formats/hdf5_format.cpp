@@ -92,16 +92,17 @@ std::string hdf5_error_text() {
   H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, collect_error, &messages);
   H5Eclear2(H5E_DEFAULT);
   if (messages.empty()) return "unknown HDF5 error";
-  return fmt::format("{}", fmt::join(messages, "; "));
+  std::string text = fmt::format("{}", fmt::join(messages, "; "));
+  std::replace(text.begin(), text.end(), '\n', ' ');
+  return text;
 }
 
 void silence_hdf5_errors() {
   // HDF5 prints its error stack to stderr by default; we turn failures into our own messages.
-  static const bool silenced = [] {
-    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
-    return true;
-  }();
-  (void)silenced;
+  // A thread-safe HDF5 keeps this setting per thread (capture writes from its own thread).
+  thread_local bool silenced = false;
+  if (!silenced) H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  silenced = true;
 }
 
 Handle check(hid_t id, herr_t (*closer)(hid_t), const std::string& where, std::string_view what) {
@@ -363,6 +364,7 @@ Hdf5CaptureWriter::~Hdf5CaptureWriter() {
 }
 
 void Hdf5CaptureWriter::append(const AttentionCall& call) {
+  silence_hdf5_errors();
   State& s = *state_;
   ATTNREPLAY_ASSERT(s.file.valid(), "append after close");
   const std::string where = fmt::format("{}: call {}", s.path, call.call_index);
@@ -370,8 +372,9 @@ void Hdf5CaptureWriter::append(const AttentionCall& call) {
   if (call.mask) named.emplace_back("mask", &*call.mask);
   if (call.out) named.emplace_back("out", &*call.out);
 
-  // Order matters for a reader after a crash: tensor bytes, then their rows, then the call row,
-  // which is what makes the call visible.
+  // Order matters for a reader after a crash or a full disk: tensor bytes are written and flushed
+  // first; only then the rows that point at them, and last the call row, which makes the call
+  // visible. A write that fails leaves no row pointing at missing data.
   std::vector<TensorRow> rows;
   for (const auto& [name, tensor] : named) {
     if (tensor->rank() > kMaxRank) throw_input_error(where, "field '{}': more than {} dims", name, kMaxRank);
@@ -414,6 +417,7 @@ void Hdf5CaptureWriter::append(const AttentionCall& call) {
   call_row.scale = call.scale ? *call.scale : std::numeric_limits<double>::quiet_NaN();
   call_row.dropout_p = call.dropout_p;
   call_row.enable_gqa = call.enable_gqa ? 1 : 0;
+  check(H5Fflush(s.file.get(), H5F_SCOPE_GLOBAL), where, "flush failed");
   call_row.first_tensor = static_cast<std::int64_t>(s.tensors_length);
   call_row.tensor_count = static_cast<std::int32_t>(rows.size());
   append_rows(s.tensors.get(), s.tensor_type.get(), rows.data(), rows.size(), s.tensors_length, where);

@@ -16,7 +16,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = os.environ.get("ATTNREPLAY_BIN", str(ROOT / "build/replay/attnreplay"))
-ATTNCAP = os.environ.get("ATTNCAP_LIB", str(ROOT / "build/capture/libattncap.so"))
+ATTNCAP = os.environ.get("ATTNREPLAY_ATTNCAP_LIB", str(ROOT / "build/capture/libattncap.so"))
 FAST = ["--min-samples", "3", "--min-time", "0", "--timeout", "1", "--no-ceilings"]
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
