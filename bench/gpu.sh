@@ -12,6 +12,9 @@ LOG="$OUT/gpu.log"
 exec > >(tee -a "$LOG") 2>&1
 status=0
 step() { echo; echo "== $* ($(date -u +%H:%M:%S))"; }
+# GPU_STEPS picks a subset, e.g. GPU_STEPS="tests dobench" (the build always runs).
+STEPS="${GPU_STEPS:-tests dobench suite capture}"
+wants() { [[ " $STEPS " == *" $1 "* ]]; }
 
 step "machine"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv
@@ -27,24 +30,32 @@ cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython3_EXECU
   -DCMAKE_CUDA_ARCHITECTURES=90a > "$OUT/cmake.log" 2>&1 || { tail -40 "$OUT/cmake.log"; exit 1; }
 cmake --build "$BUILD" -j "$(nproc)" 2>&1 | tail -5 || exit 1
 BIN="$BUILD/replay/attnreplay"
-export ATTNREPLAY_BIN="$BIN" ATTNCAP_LIB="$BUILD/capture/libattncap.so"
+export ATTNREPLAY_BIN="$BIN" ATTNREPLAY_ATTNCAP_LIB="$BUILD/capture/libattncap.so"
 "$BIN" kernels
 
+if wants tests; then
 step "GPU tests"
 python3 -m pytest -q -p no:cacheprovider "$ROOT/tests/gpu" 2>&1 | tail -25 || status=1
+fi
 
+if wants dobench; then
 step "timing fidelity against triton.testing.do_bench"
 python3 "$ROOT/bench/do_bench_check.py" --attnreplay "$BIN" --out "$OUT/do_bench.json" | tail -40 || status=1
+fi
 
+if wants suite; then
 step "suite"
 "$BIN" run --testlist "$ROOT/bench/suite_gpu.txt" --json "$OUT/suite.json" --csv "$OUT/suite.csv" \
   > "$OUT/suite.txt" 2>&1 || status=1
 grep -E "^\[|torch-|summary|calls," "$OUT/suite.txt" | head -80
 python3 "$ROOT/bench/plot_suite.py" "$OUT/suite.json" "$OUT/suite.png" || status=1
+fi
 
+if wants capture; then
 step "capture overhead on the GPU"
-python3 "$ROOT/bench/capture_overhead.py" --device cuda --attncap "$ATTNCAP_LIB" --rounds 2 --steps 20 \
+python3 "$ROOT/bench/capture_overhead.py" --device cuda --attncap "$ATTNREPLAY_ATTNCAP_LIB" --rounds 2 --steps 20 \
   --out "$OUT/capture_gpu.json" | tail -30 || status=1
+fi
 
 step "done: status $status"
 exit $status
