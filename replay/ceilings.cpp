@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <ATen/detail/CUDAHooksInterface.h>
 
+#include <fmt/format.h>
+
 #include <functional>
 
 #include "replay/cuda_timing.h"
@@ -34,6 +36,15 @@ double median_seconds(const std::function<void()>& body) {
 }
 
 }  // namespace
+
+void describe_torch_cuda(Environment& environment) {
+  auto& hooks = at::detail::getCUDAHooks();
+  if (!hooks.hasCUDA()) return;
+  const long cudnn = hooks.versionCuDNN();
+  environment.values["cudnn"] = fmt::format("{}.{}.{}", cudnn / 10000, cudnn / 100 % 100, cudnn % 100);
+  const long runtime = hooks.versionCUDART();
+  environment.values["torch_cuda_runtime"] = fmt::format("{}.{}", runtime / 1000, runtime % 1000 / 10);
+}
 
 Ceilings measure_ceilings() {
   Ceilings c;

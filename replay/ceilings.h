@@ -9,4 +9,7 @@ namespace attnreplay {
 // Zeros without a GPU; a rate that cannot be measured (no fp8 on the chip, say) stays 0.
 Ceilings measure_ceilings();
 
+// cuDNN and CUDA runtime versions as libtorch reports them.
+void describe_torch_cuda(Environment& environment);
+
 }  // namespace attnreplay

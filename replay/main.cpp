@@ -310,6 +310,7 @@ int command_run(const RunArgs& args, const std::string& testlist, const std::str
   report.started_utc = now_utc();
   report.environment = describe_environment();
 #ifdef ATTNREPLAY_HAVE_CUDA
+  if (cuda_device_present()) describe_torch_cuda(report.environment);
   if (measure_gpu_ceilings && cuda_device_present()) {
     output.ceilings = measure_ceilings();
     auto& v = report.environment.values;

@@ -29,8 +29,8 @@ void print_call_table(const CallResult& call, std::ostream& out) {
                      call.is_causal ? std::string(causal_alignment_name(call.causal_alignment)) + "  " : std::string(),
                      si(call.work.flops, "FLOP"), si(call.work.bytes, "B"), call.work.arithmetic_intensity(),
                      call.reference_sampled ? fmt::format("  (errors on {} sampled query rows)", call.reference_rows) : "");
-  out << fmt::format("  {:<18} {:<13} {:>10} {:>6} {:>9} {:>9} {:>10} {:>10} {:>12}\n", "kernel", "status", "median ms",
-                     "±%", "TFLOP/s", "GB/s", "max_abs", "rel_l2", "cosine");
+  out << fmt::format("  {:<18} {:<13} {:>10} {:>6} {:>9} {:>9} {:>6} {:>10} {:>10} {:>12}\n", "kernel", "status",
+                     "median ms", "±%", "TFLOP/s", "GB/s", "%peak", "max_abs", "rel_l2", "cosine");
   std::vector<std::string> footnotes;
   for (const KernelResult& k : call.kernels) {
     std::string time = "-", spread = "-", tflops = "-", gbps = "-";
@@ -49,8 +49,13 @@ void print_call_table(const CallResult& call, std::ostream& out) {
         footnotes.push_back(fmt::format("{}: {} NaN, {} Inf in the output", k.kernel, k.error->nan_count, k.error->inf_count));
       }
     }
-    out << fmt::format("  {:<18} {:<13} {:>10} {:>6} {:>9} {:>9} {:>10} {:>10} {:>12}\n", k.kernel,
-                       disposition_name(k.disposition), time, spread, tflops, gbps, max_abs, rel_l2, cosine);
+    // The larger of the two fractions of this GPU's measured ceilings: what bounds the kernel.
+    std::string peak = "-";
+    if (k.matrix_ceiling_fraction || k.copy_ceiling_fraction) {
+      peak = fmt::format("{:.0f}", 100 * std::max(k.matrix_ceiling_fraction.value_or(0), k.copy_ceiling_fraction.value_or(0)));
+    }
+    out << fmt::format("  {:<18} {:<13} {:>10} {:>6} {:>9} {:>9} {:>6} {:>10} {:>10} {:>12}\n", k.kernel,
+                       disposition_name(k.disposition), time, spread, tflops, gbps, peak, max_abs, rel_l2, cosine);
     if (!k.reason.empty() && k.disposition != Disposition::not_verified && k.disposition != Disposition::passed) {
       footnotes.push_back(fmt::format("{}: {}", k.kernel, k.reason));
     }
