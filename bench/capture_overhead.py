@@ -28,7 +28,9 @@ def run_job(args, preload=None, env_extra=None):
     if preload:
         env["LD_PRELOAD"] = preload
     env.update(env_extra or {})
-    result = subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, check=True)
+    result = subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)} exited {result.returncode}:\n{result.stderr[-3000:]}")
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
@@ -72,22 +74,26 @@ def gpu_figures(attncap, rounds, steps):
         without += result["step_s"]
         with_preload += run_job(job, attncap, {"ATTNCAP_OPS": "^matches-no-op$",
                                                "ATTNCAP_OUT": tempfile.mkdtemp()})["step_s"]
+    # The stall is compared on the plain block, where the inline torch.save can be put.
+    plain = job + ["--plain"]
+    plain_base = run_job(plain)["step_s"]
     with tempfile.TemporaryDirectory() as folder:
-        captured = run_job(job, attncap, {"ATTNCAP_OUT": folder})["step_s"]
+        captured = run_job(plain, attncap, {"ATTNCAP_OUT": folder})["step_s"]
     with tempfile.TemporaryDirectory() as folder:
-        saved = run_job(job + ["--torch-save", folder])["step_s"]
+        saved = run_job(plain + ["--torch-save", folder])["step_s"]
     base = statistics.median(without)
     # q, k, v and the output of the block's one attention call, bf16
     gigabytes_per_step = 4 * 1 * 24 * 4608 * 128 * 2 / 1e9
-    stall_capture = (statistics.median(captured) - base) / gigabytes_per_step
-    stall_save = (statistics.median(saved) - base) / gigabytes_per_step
+    stall_capture = (statistics.median(captured) - statistics.median(plain_base)) / gigabytes_per_step
+    stall_save = (statistics.median(saved) - statistics.median(plain_base)) / gigabytes_per_step
     return {
         "preload_cost": {"model": f"{block}, 1x4608 tokens, 24 heads x 128, bf16, GPU",
                          "steps_each": len(without), "median_step_s_without": base,
                          "median_step_s_with_preload": statistics.median(with_preload),
                          "overhead_fraction": statistics.median(with_preload) / base - 1.0, "goal_fraction": 0.01},
-        "capture_stall": {"job": f"{block}, every attention call captured", "gb_per_step": gigabytes_per_step,
-                          "median_step_s_plain": base, "median_step_s_attncap": statistics.median(captured),
+        "capture_stall": {"job": "plain-torch Flux-sized block, every attention call captured",
+                          "gb_per_step": gigabytes_per_step,
+                          "median_step_s_plain": statistics.median(plain_base), "median_step_s_attncap": statistics.median(captured),
                           "median_step_s_torch_save": statistics.median(saved),
                           "stall_s_per_gb_attncap": stall_capture, "stall_s_per_gb_torch_save": stall_save,
                           "ratio_torch_save_to_attncap": stall_save / stall_capture if stall_capture > 0 else None,

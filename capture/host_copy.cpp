@@ -19,10 +19,10 @@
 namespace attnreplay::capture {
 
 struct HostCopy::Pending {
-  at::Tensor pinned;
+  at::Tensor snapshot;  // the device-to-device clone
   HostTensor shape_only;
 #ifdef ATTNCAP_WITH_CUDA
-  at::cuda::CUDAEvent copied;
+  at::cuda::CUDAEvent produced;  // the clone is complete once this fires
 #endif
 };
 
@@ -49,23 +49,11 @@ HostCopy HostCopy::start(const at::Tensor& tensor) {
   if (tensor.is_cuda()) {
     const c10::DeviceIndex device = tensor.device().index();
     c10::cuda::CUDAGuard device_guard(device);
-    const c10::cuda::CUDAStream producer = c10::cuda::getCurrentCUDAStream(device);
-    // A device-to-device clone on the producer's stream: it sees exactly what the op saw, even if
-    // the model later writes to the tensor in place (a KV cache, say).
-    at::Tensor snapshot = tensor.contiguous().clone();
-    at::cuda::CUDAEvent produced;
-    produced.record(producer);
-    const c10::cuda::CUDAStream side = side_stream(device);
-    produced.block(side);
     auto pending = std::make_shared<Pending>();
-    pending->pinned = at::empty(tensor.sizes(), tensor.options().device(at::kCPU).pinned_memory(true));
-    {
-      c10::cuda::CUDAStreamGuard stream_guard(side);
-      pending->pinned.copy_(snapshot, /*non_blocking=*/true);
-    }
-    // The caching allocator must not reuse the clone's memory before the side stream is done.
-    c10::cuda::CUDACachingAllocator::recordStream(snapshot.storage().data_ptr(), side);
-    pending->copied.record(side);
+    // On the producer's current stream: ordered after whatever produced the tensor, and before
+    // anything the model does to it next.
+    pending->snapshot = tensor.contiguous().clone();
+    pending->produced.record(c10::cuda::getCurrentCUDAStream(device));
     pending->shape_only.dtype = dtype_from_torch(tensor.scalar_type());
     pending->shape_only.shape = tensor.sizes().vec();
     pending->shape_only.captured_strides = tensor.strides().vec();
@@ -80,14 +68,24 @@ HostCopy HostCopy::start(const at::Tensor& tensor) {
 
 HostTensor HostCopy::finish() {
   if (ready_) return std::move(*ready_);
-#ifdef ATTNCAP_WITH_CUDA
-  pending_->copied.synchronize();
-#endif
   HostTensor host = std::move(pending_->shape_only);
-  auto bytes = std::make_shared<std::vector<std::byte>>(pending_->pinned.nbytes());
-  if (!bytes->empty()) std::memcpy(bytes->data(), pending_->pinned.data_ptr(), bytes->size());
+#ifdef ATTNCAP_WITH_CUDA
+  const c10::DeviceIndex device = pending_->snapshot.device().index();
+  c10::cuda::CUDAGuard device_guard(device);
+  const c10::cuda::CUDAStream side = side_stream(device);
+  pending_->produced.block(side);
+  // The clone is freed on another stream than the one that made it: tell the allocator.
+  c10::cuda::CUDACachingAllocator::recordStream(pending_->snapshot.storage().data_ptr(), side);
+  at::Tensor on_host;
+  {
+    c10::cuda::CUDAStreamGuard stream_guard(side);
+    on_host = pending_->snapshot.to(at::kCPU);  // waits for the copy, on this thread only
+  }
+  auto bytes = std::make_shared<std::vector<std::byte>>(on_host.nbytes());
+  if (!bytes->empty()) std::memcpy(bytes->data(), on_host.data_ptr(), bytes->size());
   host.bytes = std::move(bytes);
-  pending_.reset();  // pinned memory goes back to torch's host allocator
+#endif
+  pending_.reset();
   return host;
 }
 

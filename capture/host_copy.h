@@ -1,9 +1,9 @@
 #pragma once
 // Copies a tensor the model is using to host memory for capture, without touching it and without
 // making the model's thread wait for a GPU. CPU tensors are copied at once. A CUDA tensor is cloned
-// on the stream that produced it (ordered after its producer, and safe from later in-place writes),
-// then copied into pinned host memory on a side stream; finish() waits for that copy, on the
-// writer thread.
+// on the stream that produced it (ordered after its producer, and safe from later in-place writes:
+// a device-to-device copy, microseconds on the model's thread); finish(), on capture's own thread,
+// copies the clone to the host on a side stream and lets the clone go.
 #include <ATen/core/Tensor.h>
 
 #include <memory>

@@ -40,7 +40,8 @@ Recorder::Recorder(const CaptureConfig& config, std::string path) : config_(conf
     std::filesystem::create_directories(path_);
     writer_ = std::make_unique<PtFolderCapture>(path_);
   }
-  thread_ = std::thread([this] { write_loop(); });
+  copier_ = std::thread([this] { copy_loop(); });
+  writer_thread_ = std::thread([this] { write_loop(); });
 }
 
 Recorder::~Recorder() { shutdown(); }
@@ -53,7 +54,7 @@ void Recorder::submit(AttentionCall call, std::uint64_t bytes, Finish finish) {
   }
   std::unique_lock lock(mutex_);
   // A call larger than the whole budget still goes through once the queue is empty.
-  auto has_room = [&] { return queue_.empty() || queued_bytes_ + bytes <= config_.queue_bytes || stopping_; };
+  auto has_room = [&] { return queued_bytes_ == 0 || queued_bytes_ + bytes <= config_.queue_bytes || stopping_; };
   if (!has_room()) {
     if (config_.when_full == WhenFull::drop) {
       ++stats_.dropped_full;
@@ -66,8 +67,44 @@ void Recorder::submit(AttentionCall call, std::uint64_t bytes, Finish finish) {
   if (stopping_) return;
   stats_.bytes += bytes;
   queued_bytes_ += bytes;
-  queue_.push_back({std::move(call), bytes, std::move(finish)});
-  has_work_.notify_one();
+  to_copy_.push_back({std::move(call), bytes, std::move(finish)});
+  has_copies_.notify_one();
+}
+
+void Recorder::copy_loop() {
+  while (true) {
+    Work item;
+    {
+      std::unique_lock lock(mutex_);
+      has_copies_.wait(lock, [&] { return !to_copy_.empty() || stopping_; });
+      if (to_copy_.empty()) {
+        copier_done_ = true;
+        has_writes_.notify_all();
+        return;
+      }
+      item = std::move(to_copy_.front());
+      to_copy_.pop_front();
+    }
+    if (item.finish) {
+      try {
+        item.finish(item.call);
+      } catch (const std::exception& error) {
+        // One call's copy failed (an unexpected device, say): skip it, keep capturing.
+        ++stats_.failed;
+        std::call_once(copy_failure_reported_, [&] {
+          std::fprintf(stderr, "[attncap] a call was not captured: %s\n", error.what());
+        });
+        std::lock_guard lock(mutex_);
+        queued_bytes_ -= item.bytes;
+        has_room_.notify_all();
+        continue;
+      }
+      item.finish = nullptr;
+    }
+    std::lock_guard lock(mutex_);
+    to_write_.push_back(std::move(item));
+    has_writes_.notify_one();
+  }
 }
 
 void Recorder::write_loop() {
@@ -75,27 +112,14 @@ void Recorder::write_loop() {
     Work item;
     {
       std::unique_lock lock(mutex_);
-      has_work_.wait(lock, [&] { return !queue_.empty() || stopping_; });
-      if (queue_.empty()) return;
-      item = std::move(queue_.front());
-      queue_.pop_front();
-    }
-    bool ready = true;
-    if (item.finish) {
-      try {
-        item.finish(item.call);
-      } catch (const std::exception& error) {
-        // One call's copy failed (an unexpected device, say): skip it, keep capturing.
-        ready = false;
-        ++stats_.failed;
-        std::call_once(copy_failure_reported_, [&] {
-          std::fprintf(stderr, "[attncap] a call was not captured: %s\n", error.what());
-        });
-      }
+      has_writes_.wait(lock, [&] { return !to_write_.empty() || copier_done_; });
+      if (to_write_.empty()) return;
+      item = std::move(to_write_.front());
+      to_write_.pop_front();
     }
     if (writer_failed_) {
       ++stats_.failed;  // queued before the writer failed; nothing more is written
-    } else if (writer_ && ready) {
+    } else if (writer_) {
       try {
         writer_->append(item.call);
         ++stats_.captured;
@@ -124,9 +148,10 @@ void Recorder::shutdown() {
     stopping_ = true;
   }
   accepting_ = false;
-  has_work_.notify_all();
+  has_copies_.notify_all();
   has_room_.notify_all();
-  if (thread_.joinable()) thread_.join();
+  if (copier_.joinable()) copier_.join();
+  if (writer_thread_.joinable()) writer_thread_.join();
   try {
     if (writer_) writer_->close();
   } catch (const std::exception& error) {
@@ -147,8 +172,9 @@ void Recorder::shutdown() {
 void Recorder::abandon_in_child() {
   accepting_ = false;
   shut_down_ = true;
-  // The thread and the open file belong to the parent; release without joining or closing.
-  thread_.detach();
+  // The threads and the open file belong to the parent; release without joining or closing.
+  copier_.detach();
+  writer_thread_.detach();
   (void)writer_.release();
 }
 

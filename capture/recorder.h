@@ -1,6 +1,8 @@
 #pragma once
-// Takes finished calls from the model's threads and writes them on a background thread, within a
-// bounded host-memory budget. Never throws: failures are reported once on stderr and counted.
+// Takes finished calls from the model's threads and writes them in the background, within a
+// bounded memory budget: a copier thread finishes each call's tensor copies (device to host),
+// so that GPU clones are let go quickly, and a writer thread writes calls to the file. Never
+// throws: failures are reported once on stderr and counted.
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -44,25 +46,27 @@ class Recorder {
   const std::string& path() const { return path_; }
 
  private:
+  void copy_loop();
   void write_loop();
 
   CaptureConfig config_;
   std::string path_;
   std::unique_ptr<CaptureWriter> writer_;
   std::mutex mutex_;
-  std::condition_variable has_work_, has_room_;
+  std::condition_variable has_copies_, has_writes_, has_room_;
   struct Work {
     AttentionCall call;
     std::uint64_t bytes = 0;
     Finish finish;
   };
-  std::deque<Work> queue_;
+  std::deque<Work> to_copy_, to_write_;  // calls whose copies are pending; calls ready to write
   std::uint64_t queued_bytes_ = 0;
   bool stopping_ = false;
   std::atomic<bool> accepting_{true};
   bool writer_failed_ = false;  // written by the writer thread only
   std::atomic<bool> shut_down_{false};
-  std::thread thread_;
+  bool copier_done_ = false;
+  std::thread copier_, writer_thread_;
   std::once_flag copy_failure_reported_;
   CaptureStats stats_;
 };

@@ -10,8 +10,10 @@ import torch
 import torch.nn.functional as F
 
 
-def plain_block(dim, heads):
-    # attention + MLP at Flux's sizes; SDPA is the only attention call, as in Flux.
+def plain_block(dim, heads, save_folder=None):
+    # attention + MLP at Flux's sizes; SDPA is the only attention call, as in Flux. With
+    # `save_folder`, each call's tensors are copied to the host and torch.save'd inline: what users
+    # do without a capture tool.
     qkv = torch.nn.Linear(dim, 3 * dim).cuda().to(torch.bfloat16)
     proj = torch.nn.Linear(dim, dim).cuda().to(torch.bfloat16)
     up = torch.nn.Linear(dim, 4 * dim).cuda().to(torch.bfloat16)
@@ -20,9 +22,15 @@ def plain_block(dim, heads):
     def run(x):
         b, s, _ = x.shape
         q, k, v = qkv(x).view(b, s, 3, heads, dim // heads).permute(2, 0, 3, 1, 4)
-        a = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, s, dim)
+        out = F.scaled_dot_product_attention(q, k, v)
+        if save_folder:
+            run.calls += 1
+            torch.save({"q": q.cpu(), "k": k.cpu(), "v": v.cpu(), "out": out.cpu()},
+                       os.path.join(save_folder, f"call_{run.calls}.pt"))
+        a = out.transpose(1, 2).reshape(b, s, dim)
         x = x + proj(a)
         return x + down(F.gelu(up(x)))
+    run.calls = 0
     return run
 
 
@@ -30,12 +38,15 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--torch-save", help="folder: x.cpu() + torch.save of each attention call")
+    parser.add_argument("--plain", action="store_true", help="the plain-torch block, not diffusers'")
+    parser.add_argument("--torch-save", help="folder: x.cpu() + torch.save of each attention call (plain block)")
     args = parser.parse_args()
     torch.manual_seed(0)
     dim, heads, image, text = 3072, 24, 4096, 512
     kind = "plain torch"
     try:
+        if args.plain or args.torch_save:
+            raise ImportError("plain block asked for")
         from diffusers.models.transformers.transformer_flux import FluxTransformerBlock
         block = FluxTransformerBlock(dim=dim, num_attention_heads=heads, attention_head_dim=dim // heads)
         block = block.cuda().to(torch.bfloat16).eval()
@@ -46,21 +57,11 @@ def main():
             return block(hidden_states=hidden, encoder_hidden_states=context, temb=temb)
         kind = "diffusers FluxTransformerBlock"
     except Exception as error:  # diffusers missing or its API moved: same sizes in plain torch
-        run = plain_block(dim, heads)
+        run = plain_block(dim, heads, args.torch_save)
         x = torch.randn(1, image + text, dim, device="cuda", dtype=torch.bfloat16)
         def step():
             return run(x)
         kind = f"plain torch block ({type(error).__name__})"
-    if args.torch_save:
-        original = F.scaled_dot_product_attention
-        counter = [0]
-        def saving(q, k, v, *rest, **kwargs):
-            out = original(q, k, v, *rest, **kwargs)
-            torch.save({"q": q.cpu(), "k": k.cpu(), "v": v.cpu(), "out": out.cpu()},
-                       os.path.join(args.torch_save, f"call_{counter[0]}.pt"))
-            counter[0] += 1
-            return out
-        F.scaled_dot_product_attention = saving
     times = []
     with torch.inference_mode():
         for i in range(args.warmup + args.steps):
