@@ -29,18 +29,39 @@ struct HostCopy::Pending {
 #ifdef ATTNCAP_WITH_CUDA
 namespace {
 
-// One side stream per device, taken once from torch's pool.
+// One side stream per device, taken once from torch's pool. Never destroyed: copies may still be
+// finishing while the process exits.
 c10::cuda::CUDAStream side_stream(c10::DeviceIndex device) {
-  static std::mutex mutex;
-  static std::unordered_map<c10::DeviceIndex, c10::cuda::CUDAStream> streams;
-  std::lock_guard lock(mutex);
-  auto found = streams.find(device);
-  if (found == streams.end()) found = streams.emplace(device, c10::cuda::getStreamFromPool(false, device)).first;
+  static auto* mutex = new std::mutex;
+  static auto* streams = new std::unordered_map<c10::DeviceIndex, c10::cuda::CUDAStream>;
+  std::lock_guard lock(*mutex);
+  auto found = streams->find(device);
+  if (found == streams->end()) found = streams->emplace(device, c10::cuda::getStreamFromPool(false, device)).first;
   return found->second;
 }
 
 }  // namespace
 #endif
+
+void HostCopy::prepare_device(const at::Tensor& tensor) {
+#ifdef ATTNCAP_WITH_CUDA
+  if (!tensor.is_cuda()) return;
+  // Everything finish() uses is created here, once, so that it exists before the exit handler
+  // that flushes capture is registered: what is created later is destroyed before it runs.
+  const c10::DeviceIndex device = tensor.device().index();
+  c10::cuda::CUDAGuard device_guard(device);
+  const c10::cuda::CUDAStream side = side_stream(device);
+  at::cuda::CUDAEvent event;
+  event.record(c10::cuda::getCurrentCUDAStream(device));
+  event.block(side);
+  c10::cuda::CUDAStreamGuard stream_guard(side);
+  at::Tensor probe = at::zeros({1}, tensor.options()).clone();
+  c10::cuda::CUDACachingAllocator::recordStream(probe.storage().data_ptr(), side);
+  (void)probe.to(at::kCPU);
+#else
+  (void)tensor;
+#endif
+}
 
 HostCopy HostCopy::start(const at::Tensor& tensor) {
   HostCopy copy;

@@ -16,6 +16,8 @@ namespace attnreplay::capture {
 class HostCopy {
  public:
   static HostCopy start(const at::Tensor& tensor);
+  // Creates, once, what copying from this tensor's device needs (call before the first start()).
+  static void prepare_device(const at::Tensor& tensor);
   // The host tensor, with the model's strides and device recorded. Waits for a pending copy.
   HostTensor finish();
   std::uint64_t nbytes() const { return nbytes_; }

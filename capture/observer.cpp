@@ -153,12 +153,15 @@ std::string thread_label() {
 
 void shutdown_at_exit();
 
-// Exit handlers run in reverse order of registration, and CUDA registers its teardown when it
-// starts. Registering our flush again once a GPU call is seen makes it run first, while the
-// pending device-to-host copies can still complete.
-void flush_before_cuda_exits() {
+// Exit handlers run in reverse order of registration, and CUDA (like every lazily made static)
+// registers its teardown when it starts. Preparing the copy machinery, then registering our flush
+// again once a GPU call is seen, makes the flush run first, while pending copies can complete.
+void flush_before_cuda_exits(const at::Tensor& tensor) {
   static std::once_flag registered;
-  std::call_once(registered, [] { std::atexit(shutdown_at_exit); });
+  std::call_once(registered, [&] {
+    HostCopy::prepare_device(tensor);
+    std::atexit(shutdown_at_exit);
+  });
 }
 
 // Builds the record from the op's arguments. Tensors are copied to host memory now: after the
@@ -176,7 +179,7 @@ void fill_call(PendingCall& pending, const at::RecordFunction& fn, std::int64_t 
   call.layout = flash_style ? Layout::bshd : Layout::bhsd;
   call.causal_alignment = flash_style ? CausalAlignment::bottom_right : CausalAlignment::top_left;
   TensorCopies& copies = *pending.copies;
-  if (qkv[0]->toTensor().is_cuda()) flush_before_cuda_exits();
+  if (qkv[0]->toTensor().is_cuda()) flush_before_cuda_exits(qkv[0]->toTensor());
   copies.q = HostCopy::start(qkv[0]->toTensor());
   copies.k = HostCopy::start(qkv[1]->toTensor());
   copies.v = HostCopy::start(qkv[2]->toTensor());
