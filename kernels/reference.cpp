@@ -153,36 +153,39 @@ ReferenceOutput reference_attention(const AttentionCall& call, std::vector<std::
 
 namespace {
 
-class ReferenceKernel final : public Kernel {
+class PreparedReference final : public PreparedKernel {
  public:
-  const KernelDescription& description() const override {
-    static const KernelDescription description{
-        "reference", "exact attention in fp64 on the CPU, streaming over keys (what errors are measured against)",
-        "cpu", true};
-    return description;
+  PreparedReference(const AttentionCall& call, ReferenceKernel::Compute compute) : call_(call), compute_(compute) {}
+  void run() override { output_ = compute_(call_); }
+  HostTensor output() override {
+    const AttentionShape& s = output_.shape;
+    return HostTensor::from_doubles(DType::float64, {s.batch, s.heads_q, s.seq_q, s.head_dim_vo}, output_.values);
   }
-  std::optional<std::string> unsupported_reason(const AttentionCall&) const override { return std::nullopt; }
 
-  class Prepared final : public PreparedKernel {
-   public:
-    explicit Prepared(const AttentionCall& call) : call_(call) {}
-    void run() override { output_ = reference_attention(call_); }
-    HostTensor output() override {
-      const AttentionShape& s = output_.shape;
-      return HostTensor::from_doubles(DType::float64, {s.batch, s.heads_q, s.seq_q, s.head_dim_vo}, output_.values);
-    }
-
-   private:
-    AttentionCall call_;
-    ReferenceOutput output_;
-  };
-
-  std::unique_ptr<PreparedKernel> prepare(const AttentionCall& call) const override {
-    return std::make_unique<Prepared>(call);
-  }
+ private:
+  AttentionCall call_;
+  ReferenceKernel::Compute compute_;
+  ReferenceOutput output_;
 };
 
-ATTNREPLAY_REGISTER_KERNEL(ReferenceKernel);
+}  // namespace
+
+std::optional<std::string> ReferenceKernel::unsupported_reason(const AttentionCall&) const {
+  if (available_ && !available_()) return "no CUDA device";
+  return std::nullopt;
+}
+
+std::unique_ptr<PreparedKernel> ReferenceKernel::prepare(const AttentionCall& call) const {
+  return std::make_unique<PreparedReference>(call, compute_);
+}
+
+namespace {
+
+const bool registered = KernelRegistry::instance().add(std::make_unique<ReferenceKernel>(
+    KernelDescription{"reference",
+                      "exact attention in fp64 on the CPU, streaming over keys (what errors are measured against)",
+                      "cpu", true},
+    [](const AttentionCall& call) { return reference_attention(call); }, nullptr));
 
 }  // namespace
 }  // namespace attnreplay

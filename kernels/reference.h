@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "formats/attention_call.h"
+#include "kernels/kernel.h"
 
 namespace attnreplay {
 
@@ -32,6 +33,24 @@ ReferenceOutput reference_attention(const AttentionCall& call, std::vector<std::
 // The same on a GPU (fp64 DGEMMs in chunks of query rows), for calls too large for the CPU.
 bool gpu_reference_available();
 ReferenceOutput reference_attention_gpu(const AttentionCall& call, std::vector<std::int64_t> rows = {});
+
+// A reference run as a kernel, so that it is timed and checked like any other (the CPU one against
+// itself, the GPU one against the CPU one).
+class ReferenceKernel final : public Kernel {
+ public:
+  using Compute = ReferenceOutput (*)(const AttentionCall& call);
+  using Available = bool (*)();
+  ReferenceKernel(KernelDescription description, Compute compute, Available available)
+      : description_(std::move(description)), compute_(compute), available_(available) {}
+  const KernelDescription& description() const override { return description_; }
+  std::optional<std::string> unsupported_reason(const AttentionCall&) const override;
+  std::unique_ptr<PreparedKernel> prepare(const AttentionCall& call) const override;
+
+ private:
+  KernelDescription description_;
+  Compute compute_;
+  Available available_;
+};
 
 // `count` distinct query positions drawn uniformly with a fixed seed, ascending.
 std::vector<std::int64_t> sample_query_rows(std::int64_t seq_q, std::int64_t count, std::uint64_t seed);

@@ -101,37 +101,11 @@ ReferenceOutput reference_attention_gpu(const AttentionCall& call, std::vector<s
 
 namespace {
 
-class GpuReferenceKernel final : public Kernel {
- public:
-  const KernelDescription& description() const override {
-    static const KernelDescription description{
-        "reference-cuda", "exact attention in fp64 on the GPU (DGEMM, chunked rows): the reference for large calls",
-        "cuda", false};
-    return description;
-  }
-  std::optional<std::string> unsupported_reason(const AttentionCall&) const override {
-    if (!gpu_reference_available()) return "no CUDA device";
-    return std::nullopt;
-  }
-  class Prepared final : public PreparedKernel {
-   public:
-    explicit Prepared(const AttentionCall& call) : call_(call) {}
-    void run() override { output_ = reference_attention_gpu(call_, {}); }
-    HostTensor output() override {
-      const AttentionShape& s = output_.shape;
-      return HostTensor::from_doubles(DType::float64, {s.batch, s.heads_q, s.seq_q, s.head_dim_vo}, output_.values);
-    }
-
-   private:
-    AttentionCall call_;
-    ReferenceOutput output_;
-  };
-  std::unique_ptr<PreparedKernel> prepare(const AttentionCall& call) const override {
-    return std::make_unique<Prepared>(call);
-  }
-};
-
-ATTNREPLAY_REGISTER_KERNEL(GpuReferenceKernel);
+const bool registered = KernelRegistry::instance().add(std::make_unique<ReferenceKernel>(
+    KernelDescription{"reference-cuda",
+                      "exact attention in fp64 on the GPU (DGEMM, chunked rows): the reference for large calls",
+                      "cuda", false},
+    [](const AttentionCall& call) { return reference_attention_gpu(call); }, gpu_reference_available));
 
 }  // namespace
 }  // namespace attnreplay

