@@ -69,6 +69,8 @@ configure_and_build() {
   command -v ninja >/dev/null && generator=(-G Ninja)
   if [ ! -f "$BUILD/CMakeCache.txt" ] || ! grep -qs "^Python3_EXECUTABLE:.*=$VENV/bin/python$" "$BUILD/CMakeCache.txt"; then
     log "configuring $BUILD"
+    # A cache made with another venv remembers that venv's torch: start it afresh.
+    rm -f "$BUILD/CMakeCache.txt"
     cmake -S "$ROOT" -B "$BUILD" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
       -DCMAKE_PREFIX_PATH="$torch_prefix" -DPython3_EXECUTABLE="$VENV/bin/python" >/dev/null
   fi
