@@ -68,9 +68,8 @@ std::vector<std::int64_t> sample_query_rows(std::int64_t seq_q, std::int64_t cou
   return picked;
 }
 
-ReferenceOutput reference_attention(const AttentionCall& call, std::vector<std::int64_t> rows, unsigned threads) {
+ReferenceOutput reference_output_for(const AttentionShape& s, std::vector<std::int64_t> rows) {
   ReferenceOutput result;
-  const AttentionShape s = call.shape();
   result.shape = s;
   result.sampled = !rows.empty() && static_cast<std::int64_t>(rows.size()) < s.seq_q;
   if (rows.empty()) {
@@ -78,6 +77,12 @@ ReferenceOutput reference_attention(const AttentionCall& call, std::vector<std::
     std::iota(rows.begin(), rows.end(), 0);
   }
   result.rows = std::move(rows);
+  return result;
+}
+
+ReferenceOutput reference_attention(const AttentionCall& call, std::vector<std::int64_t> rows, unsigned threads) {
+  const AttentionShape s = call.shape();
+  ReferenceOutput result = reference_output_for(s, std::move(rows));
   const auto n_rows = static_cast<std::int64_t>(result.rows.size());
   result.values.assign(static_cast<std::size_t>(s.batch * s.heads_q * n_rows * s.head_dim_vo), 0.0);
 

@@ -26,6 +26,10 @@ struct ReferenceOutput {
   }
 };
 
+// The result's frame for `rows` of a call of shape `s` (all rows when `rows` is empty), without
+// values: what both references fill in.
+ReferenceOutput reference_output_for(const AttentionShape& s, std::vector<std::int64_t> rows);
+
 // `rows` empty: every query row. Dropout is not applied (replay is inference).
 ReferenceOutput reference_attention(const AttentionCall& call, std::vector<std::int64_t> rows = {},
                                     unsigned threads = 0);

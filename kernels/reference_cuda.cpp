@@ -41,18 +41,11 @@ bool gpu_reference_available() { return at::detail::getCUDAHooks().hasCUDA(); }
 ReferenceOutput reference_attention_gpu(const AttentionCall& call, std::vector<std::int64_t> rows) {
   ATTNREPLAY_ASSERT(gpu_reference_available(), "GPU reference without a GPU");
   at::InferenceMode inference;
-  ReferenceOutput result;
   const AttentionShape s = call.shape();
-  result.shape = s;
-  result.sampled = !rows.empty() && static_cast<std::int64_t>(rows.size()) < s.seq_q;
-  if (rows.empty()) {
-    rows.resize(static_cast<std::size_t>(s.seq_q));
-    std::iota(rows.begin(), rows.end(), 0);
-  }
-  result.rows = rows;
-  const auto n_rows = static_cast<std::int64_t>(rows.size());
+  ReferenceOutput result = reference_output_for(s, std::move(rows));
+  const auto n_rows = static_cast<std::int64_t>(result.rows.size());
   const auto device = at::Device(at::kCUDA, 0);
-  const at::Tensor row_index = at::tensor(rows, at::TensorOptions().dtype(at::kLong)).to(device);
+  const at::Tensor row_index = at::tensor(result.rows, at::TensorOptions().dtype(at::kLong)).to(device);
   const at::Tensor q = to_gpu_fp64(call.q, call.layout).index_select(2, row_index);
   const at::Tensor k = to_gpu_fp64(call.k, call.layout);
   const at::Tensor v = to_gpu_fp64(call.v, call.layout);

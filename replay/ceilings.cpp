@@ -26,11 +26,9 @@ class Lambda final : public PreparedKernel {
 double median_seconds(const std::function<void()>& body) {
   auto timer = make_cuda_timer(CudaTimerOptions{/*cold_l2=*/false});
   Lambda kernel(body);
-  StoppingRule rule;
-  rule.warmup_runs = 3;
-  rule.min_samples = 10;
+  // nvbench's rule, shortened: start-up should cost seconds, not minutes.
+  StoppingRule rule = StoppingRule::gpu_default();
   rule.min_time_s = 0.1;
-  rule.max_noise = 0.005;
   rule.timeout_s = 2;
   return measure(kernel, *timer, rule).median_s;
 }
