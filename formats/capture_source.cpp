@@ -1,5 +1,6 @@
 #include "formats/capture_source.h"
 
+#include <algorithm>
 #include <filesystem>
 
 #include "formats/errors.h"
@@ -9,17 +10,62 @@
 namespace attnreplay {
 namespace fs = std::filesystem;
 
+namespace {
+
+// A folder of HDF5 captures, as capture writes them (one file per process): the files' calls one
+// file after the other, files in name order. A file that cannot be opened is reported; the
+// others are read.
+class Hdf5FolderSource final : public CaptureSource {
+ public:
+  Hdf5FolderSource(std::string path, std::vector<std::string> files) : path_(std::move(path)) {
+    std::sort(files.begin(), files.end());
+    for (const std::string& file : files) {
+      try {
+        auto source = open_hdf5_capture(file);
+        for (const std::string& error : source->open_errors()) open_errors_.push_back(error);
+        for (std::size_t i = 0; i < source->size(); ++i) positions_.emplace_back(sources_.size(), i);
+        sources_.push_back(std::move(source));
+      } catch (const InputError& error) {
+        open_errors_.push_back(error.what());
+      }
+    }
+    if (sources_.empty()) throw_input_error(path_, "no readable capture: {}", open_errors_.front());
+  }
+  const std::string& path() const override { return path_; }
+  std::string format() const override {
+    return fmt::format("folder of {} {} files", sources_.size(), sources_.front()->format());
+  }
+  std::size_t size() const override { return positions_.size(); }
+  const std::vector<std::string>& open_errors() const override { return open_errors_; }
+  AttentionCall load(std::size_t position, bool with_data) override {
+    const auto [source, index] = positions_.at(position);
+    return sources_[source]->load(index, with_data);
+  }
+
+ private:
+  std::string path_;
+  std::vector<std::unique_ptr<CaptureSource>> sources_;
+  std::vector<std::pair<std::size_t, std::size_t>> positions_;  // (file, position in it)
+  std::vector<std::string> open_errors_;
+};
+
+}  // namespace
+
 std::unique_ptr<CaptureSource> open_capture(const std::string& path) {
   std::error_code error;
   const auto status = fs::status(path, error);
   if (error || !fs::exists(status)) throw_input_error(path, "no such file or folder");
   if (fs::is_directory(status)) {
-    // A folder of HDF5 captures (one per process) is not one call order; replay takes them as
-    // separate inputs.
+    std::vector<std::string> hdf5_files;
     for (const auto& entry : fs::directory_iterator(path)) {
       if (entry.path().extension() == ".pt") return open_pt_folder(path);
+      const std::string extension = entry.path().extension().string();
+      if (entry.is_regular_file() && (extension == ".h5" || extension == ".hdf5")) {
+        hdf5_files.push_back(entry.path().string());
+      }
     }
-    throw_input_error(path, "a folder with no .pt files; pass HDF5 captures as files");
+    if (!hdf5_files.empty()) return std::make_unique<Hdf5FolderSource>(path, std::move(hdf5_files));
+    throw_input_error(path, "a folder with no .pt, .h5 or .hdf5 files");
   }
   if (looks_like_hdf5(path)) return open_hdf5_capture(path);
   if (looks_like_zip(path)) return open_pt_file(path);

@@ -2,6 +2,8 @@
 stop the good calls beside them from running."""
 
 
+from pathlib import Path
+
 import h5py
 import numpy as np
 import pytest
@@ -181,3 +183,21 @@ def test_testlist_bad_line(tmp_path, name):
     assert len(report["input_errors"]) == 1, report["input_errors"]
     assert report["input_errors"][0].startswith(f"{testlist}:4: "), report["input_errors"]
     assert f"error: {testlist}:4: " in result.stderr
+
+
+def test_folder_of_hdf5_captures_is_read_file_after_file(tmp_path):
+    # Capture writes one HDF5 file per process into its folder: `attnreplay info caps/` reads them
+    # all, in name order, and reports an unreadable one without losing the others.
+    folder = tmp_path / "caps"
+    folder.mkdir()
+    for name, seed in (("b.h5", 1), ("a.h5", 2)):
+        run_attnreplay("run", "--shape", "1,2,8,4", "--kernels", "reference", "--seed", seed,
+                       "--save-inputs", folder / name, *FAST, check=0)
+    (folder / "c.h5").write_bytes(b"\x89HDF\r\n\x1a\n" + b"\0" * 64)
+    info = run_attnreplay("info", folder, check=1)
+    assert "folder of 2" in info.stdout and "2 calls" in info.stdout, info.stdout
+    assert "c.h5" in info.stdout + info.stderr
+    report = tmp_path / "r.json"
+    run_attnreplay("run", folder, "--kernels", "reference", "--json", report, *FAST, check=1)
+    calls = load_json(report)["calls"]
+    assert [Path(c["source"]).name for c in calls] == ["a.h5", "b.h5"]
