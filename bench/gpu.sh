@@ -19,7 +19,7 @@ wants() { [[ " $STEPS " == *" $1 "* ]]; }
 step "machine"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
-# Pure-Python packages the image lacks (diffusers) travel as wheels in .whl (bench/README.md).
+# Pure-Python packages the image lacks (diffusers) travel as wheels in .whl (bench/README.md says how).
 if compgen -G "$ROOT/.whl/*.whl" > /dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$ROOT"/.whl/*.whl \
     && export PYTHONPATH=/tmp/site
