@@ -10,7 +10,6 @@
 #include <c10/core/GradMode.h>
 #include <fmt/ranges.h>
 #include <fmt/format.h>
-#include <sys/time.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -27,7 +26,6 @@
 #include "capture/config.h"
 #include "capture/host_copy.h"
 #include "capture/recorder.h"
-#include "formats/torch_tensor.h"
 
 extern char** environ;
 
