@@ -30,6 +30,12 @@ class PreparedKernel {
   virtual HostTensor output() = 0;
   // Waits until work queued by run() has finished (GPU kernels); CPU kernels finish in run().
   virtual void synchronize() {}
+  // Kernels whose inputs need work before the attention itself (GQA expansion, a mask conversion,
+  // quantization, a layout change) say so, and redo that work from the inputs as the model had
+  // them in prepare_inputs(): the runner times it with run() as a second figure, since peers quote
+  // the kernel alone and users pay both.
+  virtual bool has_preparation() const { return false; }
+  virtual void prepare_inputs() {}
 };
 
 // Thrown by prepare() when a check that needs the real inputs (torch's own backend checks, say)

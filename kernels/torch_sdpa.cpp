@@ -25,32 +25,38 @@ struct TorchInputs {
   bool enable_gqa = false;
 };
 
-// BHSD views with the model's strides, bottom-right causality turned into an explicit mask (torch's
-// is_causal is top-left), and K/V expanded for GQA when the backend cannot broadcast heads.
-// SDPA's front door turns a bool mask into an additive float one before any backend sees it; the
-// math backend reads a bool mask differently, so every backend gets the converted one.
-TorchInputs torch_inputs(const AttentionCall& call, bool expand_gqa, at::Device device) {
-  const AttentionShape s = call.shape();
-  TorchInputs in;
+// Q, K, V and the mask as the model passed them (its strides restored), on `device`, Q/K/V as
+// BHSD views (BSHD calls are transposed views, which cost nothing).
+struct ModelInputs {
+  at::Tensor q, k, v;
+  std::optional<at::Tensor> mask;
+};
+
+ModelInputs model_inputs(const AttentionCall& call, at::Device device) {
   auto bhsd = [&](const HostTensor& tensor) {
     at::Tensor t = torch_from_host_tensor(tensor).to(device);  // .to keeps dense strides
     if (t.dim() == 3) t = t.unsqueeze(1);
     return call.layout == Layout::bshd ? t.transpose(1, 2) : t;
   };
-  in.q = bhsd(call.q);
-  in.k = bhsd(call.k);
-  in.v = bhsd(call.v);
-  in.enable_gqa = s.is_gqa();
+  ModelInputs in{bhsd(call.q), bhsd(call.k), bhsd(call.v), std::nullopt};
+  if (call.mask) in.mask = torch_from_host_tensor(*call.mask).to(device);
+  return in;
+}
+
+// What a backend takes, made on the device from the model's inputs: bottom-right causality as an
+// explicit mask (torch's is_causal is top-left), K/V expanded for GQA when the backend cannot
+// broadcast heads, and a bool mask as an additive float one (what SDPA's front door gives every
+// backend; the math backend reads a bool mask differently).
+TorchInputs backend_inputs(const ModelInputs& model, const AttentionCall& call, bool expand_gqa) {
+  const AttentionShape s = call.shape();
+  TorchInputs in{model.q, model.k, model.v, model.mask, call.is_causal, s.is_gqa()};
   if (expand_gqa && s.is_gqa()) {
     in.k = in.k.repeat_interleave(s.heads_q / s.heads_kv, 1);
     in.v = in.v.repeat_interleave(s.heads_q / s.heads_kv, 1);
     in.enable_gqa = false;
   }
-  if (call.mask) in.mask = torch_from_host_tensor(*call.mask).to(device);
-  in.is_causal = call.is_causal;
   if (call.is_causal && call.causal_alignment == CausalAlignment::bottom_right && s.seq_q != s.seq_kv) {
-    at::Tensor causal =
-        at::ones({s.seq_q, s.seq_kv}, at::TensorOptions().dtype(at::kBool).device(device)).tril(s.seq_kv - s.seq_q);
+    at::Tensor causal = at::ones({s.seq_q, s.seq_kv}, model.q.options().dtype(at::kBool)).tril(s.seq_kv - s.seq_q);
     if (in.mask && in.mask->scalar_type() == at::kBool) in.mask = at::logical_and(*in.mask, causal);
     else if (in.mask) in.mask = in.mask->masked_fill(causal.logical_not(), -std::numeric_limits<double>::infinity());
     else in.mask = causal;
@@ -61,6 +67,13 @@ TorchInputs torch_inputs(const AttentionCall& call, bool expand_gqa, at::Device 
                   .masked_fill(in.mask->logical_not(), -std::numeric_limits<double>::infinity());
   }
   return in;
+}
+
+// Whether backend_inputs() does any work for this call (views and unchanged tensors cost nothing).
+bool needs_preparation(const AttentionCall& call, bool expand_gqa) {
+  const AttentionShape s = call.shape();
+  return (expand_gqa && s.is_gqa()) || (call.mask && call.mask->dtype == DType::boolean) ||
+         (call.is_causal && call.causal_alignment == CausalAlignment::bottom_right && s.seq_q != s.seq_kv);
 }
 
 bool cuda_available() { return at::detail::getCUDAHooks().hasCUDA(); }
@@ -88,12 +101,20 @@ class TorchSdpaKernel final : public Kernel {
 
   class Prepared final : public PreparedKernel {
    public:
-    Prepared(const TorchBackend& backend, const AttentionCall& call) : backend_(backend), scale_(call.softmax_scale()) {
+    Prepared(const TorchBackend& backend, const AttentionCall& call)
+        : backend_(backend), call_(call), scale_(call.softmax_scale()),
+          has_preparation_(needs_preparation(call, backend.expand_gqa)) {
       const at::Device device = backend.device == "cuda" ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
-      inputs_ = torch_inputs(call, backend.expand_gqa, device);
+      model_ = model_inputs(call, device);
+      inputs_ = backend_inputs(model_, call_, backend_.expand_gqa);
       if (backend.torch_check) {
         if (auto reason = backend.torch_check(inputs_)) throw KernelNotSupported(*reason);
       }
+    }
+    bool has_preparation() const override { return has_preparation_; }
+    void prepare_inputs() override {
+      at::InferenceMode inference;
+      inputs_ = backend_inputs(model_, call_, backend_.expand_gqa);
     }
     void run() override {
       at::InferenceMode inference;
@@ -106,8 +127,11 @@ class TorchSdpaKernel final : public Kernel {
 
    private:
     const TorchBackend& backend_;
-    TorchInputs inputs_;
+    AttentionCall call_;
     double scale_;
+    bool has_preparation_;
+    ModelInputs model_;
+    TorchInputs inputs_;
     at::Tensor output_;
   };
 

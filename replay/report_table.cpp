@@ -56,6 +56,10 @@ void print_call_table(const CallResult& call, std::ostream& out) {
     }
     out << fmt::format("  {:<18} {:<13} {:>10} {:>6} {:>9} {:>9} {:>6} {:>10} {:>10} {:>12}\n", k.kernel,
                        disposition_name(k.disposition), time, spread, tflops, gbps, peak, max_abs, rel_l2, cosine);
+    if (k.timing_with_preparation) {
+      footnotes.push_back(fmt::format("{}: {:.4g} ms with its input preparation",
+                                      k.kernel, k.timing_with_preparation->median_s * 1e3));
+    }
     if (!k.reason.empty() && k.disposition != Disposition::not_verified && k.disposition != Disposition::passed) {
       footnotes.push_back(fmt::format("{}: {}", k.kernel, k.reason));
     }

@@ -28,6 +28,9 @@ struct KernelResult {
   Disposition disposition = Disposition::not_verified;
   std::string reason;
   std::optional<TimingSummary> timing;  // absent for the model's own captured output
+  // The kernel with its input preparation (GQA expansion, mask conversion, quantization), for
+  // kernels that need any: what a user pays, beside the kernel-only figure peers quote.
+  std::optional<TimingSummary> timing_with_preparation;
   std::optional<ErrorStats> error;
   std::vector<std::string> refcheck_failures;  // which thresholds were exceeded
   std::string rerun;                           // the command that reruns this row

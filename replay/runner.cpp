@@ -135,6 +135,21 @@ std::string safe_file_part(std::string text) {
   return text;
 }
 
+// Times a kernel's input preparation together with the kernel.
+class WithPreparation final : public PreparedKernel {
+ public:
+  explicit WithPreparation(PreparedKernel& kernel) : kernel_(kernel) {}
+  void run() override {
+    kernel_.prepare_inputs();
+    kernel_.run();
+  }
+  void synchronize() override { kernel_.synchronize(); }
+  HostTensor output() override { return kernel_.output(); }
+
+ private:
+  PreparedKernel& kernel_;
+};
+
 // One timer per device kind, made on first use (the CUDA one allocates its L2 flush buffer).
 SampleTimer& timer_for(const KernelDescription& kernel, const ReplayOptions& options) {
   static CpuClockTimer cpu_timer;
@@ -211,8 +226,13 @@ CallResult replay_call(const AttentionCall& captured, const ReplayOptions& optio
     try {
       auto prepared = kernel->prepare(call);
       const bool on_gpu = kernel->description().device == "cuda";
-      k.timing = measure(*prepared, timer_for(kernel->description(), options),
-                         on_gpu ? options.stopping_gpu : options.stopping);
+      const StoppingRule& rule = on_gpu ? options.stopping_gpu : options.stopping;
+      SampleTimer& timer = timer_for(kernel->description(), options);
+      k.timing = measure(*prepared, timer, rule);
+      if (prepared->has_preparation()) {
+        WithPreparation with_preparation(*prepared);
+        k.timing_with_preparation = measure(with_preparation, timer, rule);
+      }
       if (on_gpu) {
         const double matrix = options.ceilings.matrix_tflops_for(call.q.dtype);
         if (matrix > 0) k.matrix_ceiling_fraction = k.tflops() / matrix;

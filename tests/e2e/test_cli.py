@@ -28,7 +28,7 @@ CSV_HEADER = [
     "source", "call_index", "case_tag", "op", "backend", "batch", "heads_q", "heads_kv", "seq_q", "seq_kv",
     "head_dim_qk", "head_dim_vo", "dtype", "layout", "is_causal", "causal_alignment", "mask", "scale", "flops",
     "bytes", "arithmetic_intensity", "kernel", "status", "reason", "time_method", "cache", "median_s", "min_s",
-    "max_s", "stdev_rel", "samples", "discarded_samples", "tflops", "gbytes_per_s", "matrix_ceiling_fraction",
+    "max_s", "stdev_rel", "median_s_with_preparation", "samples", "discarded_samples", "tflops", "gbytes_per_s", "matrix_ceiling_fraction",
     "copy_ceiling_fraction", "max_abs", "mean_abs", "mse",
     "rmse", "std_abs", "rel_l1", "rel_l2", "cosine", "nan_count", "inf_count", "rows_compared", "sampled", "rerun",
 ]
@@ -262,3 +262,18 @@ def test_generated_shapes(tmp_path, name):
                                causal_offset=(skv - sq) if bottom_right else None)
     reference = load_pt(tmp_path / "outs" / "call0_reference.pt")["out"].numpy()
     np.testing.assert_allclose(reference, expected, rtol=0, atol=1e-12)
+
+
+def test_input_preparation_is_timed_beside_the_kernel_when_there_is_any(tmp_path):
+    # GQA: the CPU flash backend gets K/V expanded first, which users pay and peers leave out.
+    run_attnreplay("run", "--shape", "1,8,64,32", "--num_kv_heads", "2", "--kernels", "torch-flash-cpu,torch-math",
+                   "--json", tmp_path / "gqa.json", *FAST, check=0)
+    kernels = {k["kernel"]: k for k in load_json(tmp_path / "gqa.json")["calls"][0]["kernels"]}
+    prepared = kernels["torch-flash-cpu"]["timing_with_preparation"]
+    assert prepared["samples"] > 0 and prepared["median_s"] > 0
+    assert "timing_with_preparation" not in kernels["torch-math"]  # math broadcasts kv heads itself
+    # Nothing to prepare: one figure only.
+    run_attnreplay("run", "--shape", "1,2,64,32", "--kernels", "torch-flash-cpu", "--json", tmp_path / "plain.json",
+                   *FAST, check=0)
+    (kernel,) = load_json(tmp_path / "plain.json")["calls"][0]["kernels"]
+    assert "timing_with_preparation" not in kernel
