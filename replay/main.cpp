@@ -252,16 +252,11 @@ void run_one(const RunArgs& a, Report& report, const Output& output, const std::
   for (const std::string& input : a.inputs) {
     try {
       auto source = open_capture(input);
-      if (saved_inputs) {
-        for (std::size_t i = 0; i < source->size(); ++i) {
-          try {
-            saved_inputs->append(source->load(i));
-          } catch (const InputError&) {
-            // reported by the replay below
-          }
-        }
-      }
-      replay_capture(*source, wanted, options, report, show);
+      // Each replayed call is saved as it is loaded for the replay: read once, and only the
+      // calls --calls selects.
+      auto save = [&saved_inputs](const AttentionCall& call) { saved_inputs->append(call); };
+      replay_capture(*source, wanted, options, report, show,
+                     saved_inputs ? std::function<void(const AttentionCall&)>(save) : nullptr);
     } catch (const InputError& error) {
       report.input_errors.push_back(error.what());
     }

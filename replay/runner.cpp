@@ -278,7 +278,8 @@ CallResult replay_call(const AttentionCall& captured, const ReplayOptions& optio
 
 void replay_capture(CaptureSource& source, const std::function<bool(std::int64_t)>& wanted,
                     const ReplayOptions& options, Report& report,
-                    const std::function<void(const CallResult&)>& on_call) {
+                    const std::function<void(const CallResult&)>& on_call,
+                    const std::function<void(const AttentionCall&)>& on_loaded) {
   for (const std::string& error : source.open_errors()) report.input_errors.push_back(error);
   for (std::size_t position = 0; position < source.size(); ++position) {
     try {
@@ -287,6 +288,7 @@ void replay_capture(CaptureSource& source, const std::function<bool(std::int64_t
         if (!wanted(header.call_index)) continue;
       }
       const AttentionCall call = source.load(position);
+      if (on_loaded) on_loaded(call);
       CallResult result =
           replay_call(call, options, fmt::format("{} --calls {}", shell_quote(source.path()), call.call_index));
       if (on_call) on_call(result);

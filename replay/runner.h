@@ -44,9 +44,11 @@ std::vector<const class Kernel*> select_kernels(const std::vector<std::string>& 
 CallResult replay_call(const AttentionCall& call, const ReplayOptions& options, const std::string& rerun_input);
 
 // Replays the calls of a capture whose call index `wanted` accepts, appending results and
-// per-call load errors to `report`; `on_call` sees each result as it is made.
+// per-call load errors to `report`; `on_loaded` sees each call once loaded, `on_call` each result
+// as it is made.
 void replay_capture(CaptureSource& source, const std::function<bool(std::int64_t)>& wanted,
                     const ReplayOptions& options, Report& report,
-                    const std::function<void(const CallResult&)>& on_call = {});
+                    const std::function<void(const CallResult&)>& on_call = {},
+                    const std::function<void(const AttentionCall&)>& on_loaded = {});
 
 }  // namespace attnreplay

@@ -277,3 +277,16 @@ def test_input_preparation_is_timed_beside_the_kernel_when_there_is_any(tmp_path
                    *FAST, check=0)
     (kernel,) = load_json(tmp_path / "plain.json")["calls"][0]["kernels"]
     assert "timing_with_preparation" not in kernel
+
+
+def test_save_inputs_writes_the_replayed_calls_only(tmp_path):
+    # --save-inputs writes the calls that were replayed: with --calls, only those.
+    import torch
+
+    calls = [{"q": torch.randn(1, 2, 8, 4), "k": torch.randn(1, 2, 8, 4), "v": torch.randn(1, 2, 8, 4),
+              "call_index": i} for i in range(3)]
+    torch.save({"calls": calls}, tmp_path / "three.pt")
+    run_attnreplay("run", tmp_path / "three.pt", "--calls", "1", "--kernels", "reference",
+                   "--save-inputs", tmp_path / "picked.h5", *FAST, check=0)
+    info = run_attnreplay("info", tmp_path / "picked.h5", check=0)
+    assert "1 calls" in info.stdout, info.stdout
