@@ -43,6 +43,18 @@ c10::cuda::CUDAStream side_stream(c10::DeviceIndex device) {
 }  // namespace
 #endif
 
+bool HostCopy::device_is_capturing_graph(const at::Tensor& tensor) {
+#ifdef ATTNCAP_WITH_CUDA
+  if (!tensor.is_cuda()) return false;
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  const auto stream = c10::cuda::getCurrentCUDAStream(tensor.device().index());
+  return cudaStreamIsCapturing(stream.stream(), &status) == cudaSuccess && status != cudaStreamCaptureStatusNone;
+#else
+  (void)tensor;
+  return false;
+#endif
+}
+
 void HostCopy::prepare_device(const at::Tensor& tensor) {
 #ifdef ATTNCAP_WITH_CUDA
   if (!tensor.is_cuda()) return;

@@ -18,6 +18,9 @@ class HostCopy {
   static HostCopy start(const at::Tensor& tensor);
   // Creates, once, what copying from this tensor's device needs (call before the first start()).
   static void prepare_device(const at::Tensor& tensor);
+  // True while the current stream of the tensor's device records a CUDA graph: a copy made now
+  // would become part of the graph, and the graph's replays bypass the dispatcher anyway.
+  static bool device_is_capturing_graph(const at::Tensor& tensor);
   // The host tensor, with the model's strides and device recorded. Waits for a pending copy.
   HostTensor finish();
   std::uint64_t nbytes() const { return nbytes_; }

@@ -1,10 +1,14 @@
-// libattncap_torch.so: observes the dispatcher through a global RecordFunction callback and records
-// every attention call. Loaded by libattncap.so once libtorch is in the process.
+// libattncap_torch.so: records every attention call. Loaded by libattncap.so once libtorch is in
+// the process.
 //
-// Inputs are only valid in the start callback and outputs only in the end callback, so inputs are
-// copied at the start and the call is completed at the end. Our own copies run with RecordFunction
-// off on this thread, so they never re-enter the observer. Nothing here throws into the job.
+// Ops the dispatcher knows at start (torch's SDPA and its backends) are observed by hooks put in
+// front of their own kernels (op_hooks.h), which cost nothing to any other op. Ops registered
+// later (flash-attn, SageAttention, xformers register theirs on import) are observed by a global
+// RecordFunction callback, added only once such an op appears. Either way, inputs are copied
+// before the op runs and the output after it. Our own copies run with observers off on this
+// thread, so they are never observed. Nothing here throws into the job.
 #include <ATen/ATen.h>
+#include <ATen/SequenceNumber.h>
 #include <ATen/core/function_schema.h>
 #include <ATen/record_function.h>
 #include <c10/core/GradMode.h>
@@ -25,6 +29,7 @@
 #include "capture/call_site.h"
 #include "capture/config.h"
 #include "capture/host_copy.h"
+#include "capture/op_hooks.h"
 #include "capture/recorder.h"
 
 extern char** environ;
@@ -42,7 +47,8 @@ struct State {
   std::mutex position_mutex;
   std::unique_ptr<PositionTracker> positions;
   std::string rank;
-  at::CallbackHandle handle = 0;
+  std::set<std::string> hooked;              // op names observed by hooks, never by RecordFunction
+  std::atomic<bool> record_function_on{false};  // set once an op needing RecordFunction appears
 };
 
 State* state = nullptr;  // set once by attncap_start; never freed (callbacks may run at exit)
@@ -80,14 +86,18 @@ struct PendingCall final : at::ObserverContext {
 // Marks an inner or ignored matched op, so the end callback keeps the depth right.
 struct PassThrough final : at::ObserverContext {};
 
+bool op_wanted(const std::string& name) {
+  if (!std::regex_search(name, state->ops)) return false;
+  return state->config.backward || name.find("backward") == std::string::npos;
+}
+
+// For the RecordFunction callback: matched ops that no hook observes.
 bool op_matches(const char* name) {
   // Op names are static strings: cache the verdict per pointer, per thread (no locking).
   thread_local std::unordered_map<const char*, bool> verdicts;
   auto found = verdicts.find(name);
   if (found != verdicts.end()) return found->second;
-  const std::string text(name);
-  bool match = std::regex_search(text, state->ops);
-  if (match && !state->config.backward && text.find("backward") != std::string::npos) match = false;
+  const bool match = op_wanted(name) && !state->hooked.count(name);
   verdicts.emplace(name, match);
   return match;
 }
@@ -105,10 +115,8 @@ struct NamedInput {
   const c10::IValue* value;
 };
 
-std::vector<NamedInput> named_inputs(const at::RecordFunction& fn) {
+std::vector<NamedInput> named_inputs(const c10::FunctionSchema* schema, c10::ArrayRef<c10::IValue> inputs) {
   std::vector<NamedInput> named;
-  const auto inputs = fn.inputs();
-  const auto schema = fn.operator_schema();
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     std::string name = schema && i < schema->arguments().size() ? schema->arguments()[i].name() : fmt::format("arg{}", i);
     named.push_back({std::move(name), &inputs[i]});
@@ -164,10 +172,10 @@ void flush_before_cuda_exits(const at::Tensor& tensor) {
 
 // Builds the record from the op's arguments. Tensors are copied to host memory now: after the
 // start callback the inputs are no longer ours to read.
-void fill_call(PendingCall& pending, const at::RecordFunction& fn, std::int64_t index) {
+void fill_call(PendingCall& pending, const std::string& op, const c10::FunctionSchema* schema,
+               c10::ArrayRef<c10::IValue> arguments, std::int64_t sequence_nr, std::int64_t index) {
   AttentionCall& call = pending.call;
-  const std::string op = fn.name();
-  const auto inputs = named_inputs(fn);
+  const auto inputs = named_inputs(schema, arguments);
   const auto qkv = find_qkv(inputs);
   if (!qkv[0]) throw std::runtime_error(fmt::format("{}: no query/key/value tensors among its arguments", op));
   call.call_index = index;
@@ -209,7 +217,7 @@ void fill_call(PendingCall& pending, const at::RecordFunction& fn, std::int64_t 
   call.metadata["thread"] = thread_label();
   call.metadata["time_unix_s"] = fmt::format("{:.6f}", std::chrono::duration<double>(
                                                           std::chrono::system_clock::now().time_since_epoch()).count());
-  call.metadata["sequence_nr"] = std::to_string(fn.seqNr());
+  call.metadata["sequence_nr"] = std::to_string(sequence_nr);
   if (!state->rank.empty()) call.metadata["rank"] = state->rank;
   if (state->config.call_site) {
     const CallSite site = current_call_site();
@@ -239,21 +247,52 @@ struct MultiheadMarker final : at::ObserverContext {
   std::int64_t calls_before = attention_calls_on_thread;
 };
 
-std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
-  if (!state) return nullptr;
-  if (std::strcmp(fn.name(), kMultiheadFastPath) == 0) return std::make_unique<MultiheadMarker>();
-  if (!op_matches(fn.name())) return nullptr;
+std::unique_ptr<at::ObserverContext> begin_multihead(const std::string&, const c10::FunctionSchema&,
+                                                     c10::ArrayRef<c10::IValue>) {
+  return std::make_unique<MultiheadMarker>();
+}
+
+void end_multihead(at::ObserverContext* context, const c10::ArrayRef<c10::IValue>*) {
+  const auto* marker = static_cast<MultiheadMarker*>(context);
+  if (attention_calls_on_thread == marker->calls_before && !state->config.quiet) {
+    static std::once_flag said;
+    std::call_once(said, [] {
+      std::fprintf(stderr, "[attncap] nn.MultiheadAttention's fast path (%s) computed attention inside one op, "
+                           "with no attention op to capture: those calls are not in the capture\n", kMultiheadFastPath);
+    });
+  }
+}
+
+void say_graph_capture_once(const std::string& op) {
+  static std::once_flag said;
+  std::call_once(said, [&] {
+    if (!state->config.quiet) {
+      std::fprintf(stderr, "[attncap] %s ran while a CUDA graph was being captured: calls inside CUDA graphs are "
+                           "not recorded (their replays bypass the dispatcher)\n", op.c_str());
+    }
+  });
+}
+
+// A matched op starts: the outermost one becomes a call (recorded if selected); one inside it names
+// the backend that ran.
+std::unique_ptr<at::ObserverContext> begin_call(const std::string& op, const c10::FunctionSchema* schema,
+                                                c10::ArrayRef<c10::IValue> inputs, std::int64_t sequence_nr) {
   if (active_depth > 0) {
     ++active_depth;
-    if (outermost && outermost->call.backend.empty()) outermost->call.backend = fn.name();
+    if (outermost && outermost->call.backend.empty()) outermost->call.backend = op;
     return std::make_unique<PassThrough>();
   }
   ++active_depth;
   try {
-    for (const c10::IValue& input : fn.inputs()) {
+    for (const c10::IValue& input : inputs) {
       if (input.isTensor() && is_placeholder(input.toTensor())) return std::make_unique<PassThrough>();
     }
     ++attention_calls_on_thread;
+    if (const auto* first = inputs.empty() ? nullptr : &inputs.front();
+        first && first->isTensor() && HostCopy::device_is_capturing_graph(first->toTensor())) {
+      say_graph_capture_once(op);
+      return std::make_unique<PassThrough>();
+    }
     auto pending = std::make_unique<PendingCall>();
     const std::int64_t index = state->next_index++;
     ++state->recorder->stats().seen;
@@ -263,7 +302,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
       ++state->selected;
       at::RecordFunctionGuard no_observers(false);  // our copies must not be observed
       c10::AutoGradMode no_grad(false);
-      fill_call(*pending, fn, index);
+      fill_call(*pending, op, schema, inputs, sequence_nr, index);
       pending->record = true;
     } else if (state->config.max_calls >= 0 && state->selected.load() >= state->config.max_calls &&
                state->config.selects(index)) {
@@ -279,28 +318,19 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   }
 }
 
-void on_end(const at::RecordFunction& fn, at::ObserverContext* context) {
+// A matched op ends. `outputs` is null when its kernel threw: nothing is recorded then.
+void end_call(at::ObserverContext* context, const c10::ArrayRef<c10::IValue>* outputs) {
   if (!context) return;
-  if (auto* marker = dynamic_cast<MultiheadMarker*>(context)) {
-    if (attention_calls_on_thread == marker->calls_before && !state->config.quiet) {
-      static std::once_flag said;
-      std::call_once(said, [] {
-        std::fprintf(stderr, "[attncap] nn.MultiheadAttention's fast path (%s) computed attention inside one op, "
-                             "with no attention op to capture: those calls are not in the capture\n", kMultiheadFastPath);
-      });
-    }
-    return;
-  }
   --active_depth;
   auto* pending = dynamic_cast<PendingCall*>(context);
   if (!pending) return;
   if (outermost == pending) outermost = nullptr;
-  if (!pending->record) return;
+  if (!pending->record || !outputs) return;
   try {
     at::RecordFunctionGuard no_observers(false);
     c10::AutoGradMode no_grad(false);
     if (state->config.record_output) {
-      for (const c10::IValue& output : fn.outputs()) {
+      for (const c10::IValue& output : *outputs) {
         if (output.isTensor() && output.toTensor().defined()) {
           pending->copies->out = HostCopy::start(output.toTensor());
           break;
@@ -317,6 +347,47 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* context) {
     ++state->recorder->stats().failed;
     report_failure_once(error);
   }
+}
+
+std::unique_ptr<at::ObserverContext> begin_hooked(const std::string& op, const c10::FunctionSchema& schema,
+                                                  c10::ArrayRef<c10::IValue> inputs) {
+  return begin_call(op, &schema, inputs, static_cast<std::int64_t>(at::sequence_number::peek()));
+}
+
+// RecordFunction callbacks, for matched ops that were registered after capture started.
+std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
+  if (!state || !op_matches(fn.name())) return nullptr;
+  const auto schema = fn.operator_schema();
+  return begin_call(fn.name(), schema ? &*schema : nullptr, fn.inputs(), fn.seqNr());
+}
+
+void on_end(const at::RecordFunction& fn, at::ObserverContext* context) {
+  if (!context) return;
+  const auto& outputs = fn.outputs();
+  const c10::ArrayRef<c10::IValue> view(outputs);
+  end_call(context, &view);
+}
+
+// An op registered after start that capture wants: only RecordFunction can see it.
+void on_new_op(const std::string& name) {
+  if (!op_wanted(name) || state->hooked.count(name) || state->record_function_on.exchange(true)) return;
+  at::addGlobalCallback(at::RecordFunctionCallback(&on_start, &on_end)
+                            .needsInputs(true)
+                            .needsOutputs(true)
+                            .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
+  if (!state->config.quiet) {
+    std::fprintf(stderr, "[attncap] %s was registered after capture started: observing it through RecordFunction, "
+                         "which costs every op of the job a little\n", name.c_str());
+  }
+}
+
+void install_observers() {
+  const HookCallbacks calls{&begin_hooked, &end_call};
+  for (const HookedOp& hooked : install_op_hooks(op_wanted, calls)) {
+    state->hooked.insert(hooked.op);
+  }
+  install_op_hooks([](const std::string& name) { return name == kMultiheadFastPath; }, {&begin_multihead, &end_multihead});
+  watch_new_ops(on_new_op);
 }
 
 std::vector<std::string> attncap_variable_names() {
@@ -393,10 +464,7 @@ extern "C" __attribute__((visibility("default"))) void attncap_start() {
     state = fresh.release();
     std::atexit(shutdown_at_exit);
     pthread_atfork(nullptr, nullptr, in_forked_child);
-    state->handle = at::addGlobalCallback(at::RecordFunctionCallback(&on_start, &on_end)
-                                              .needsInputs(true)
-                                              .needsOutputs(true)
-                                              .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
+    install_observers();
     if (!state->config.quiet) std::fprintf(stderr, "[attncap] capturing attention calls to %s\n", path.c_str());
   } catch (const std::exception& error) {
     std::fprintf(stderr, "[attncap] capture is off: %s\n", error.what());

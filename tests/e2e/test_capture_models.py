@@ -132,6 +132,21 @@ def test_diffusers_outputs_bit_identical_with_capture(diffusers_run, model):
     assert plain.shape == captured.shape and bits(plain) == bits(captured)
 
 
+def test_diffusers_replay_through_the_models_backend_is_bit_identical(diffusers_run, tmp_path):
+    # Every Flux and CogVideoX call, replayed through the backend the model ran (CPU flash, float32)
+    # from the captured tensors, must give the model's own output exactly.
+    import torch
+
+    path = the_capture(diffusers_run["folder"] / "caps")
+    assert {c["backend"] for c in diffusers_run["calls"]} == {CPU_FLASH}
+    attnreplay("run", path, "--kernels", "torch-flash-cpu", "--save-outputs", tmp_path, "-q", *FAST)
+    for c in read_calls(path, as_torch=True):
+        saved = torch.load(tmp_path / f"call{c['call_index']}_torch-flash-cpu.pt", weights_only=True)
+        replayed = saved["out"] if isinstance(saved, dict) else saved
+        assert bits(replayed.contiguous().numpy()) == bits(c["out"].contiguous().numpy()), \
+            f"call {c['call_index']}: max diff {(replayed - c['out']).abs().max().item()}"
+
+
 # ---------------------------------------------------------------------------------------------
 # (c) torch.compile (inductor, CPU).
 
@@ -317,3 +332,45 @@ def test_mha_fast_path_is_reported_as_not_captured(mha):
     assert not [c for c in mha["calls"] if c["q"].shape[2] == 10]
     notices = [line for line in attncap_lines(mha["captured"].stderr) if "MultiheadAttention" in line]
     assert len(notices) == 1 and "not in the capture" in notices[0], mha["captured"].stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# (g) An attention op registered after torch is imported (as flash-attn, SageAttention and xformers
+# register theirs): no hook can be put on it at start, so RecordFunction observes it.
+
+
+@pytest.fixture(scope="module")
+def registered(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("registered")
+    run_python_job("registered_op_job.py", "--save", folder / "plain.npz", preload=False)
+    captured = run_python_job("registered_op_job.py", "--save", folder / "captured.npz", out=folder / "caps")
+    return dict(folder=folder, captured=captured, calls=read_calls(the_capture(folder / "caps")))
+
+
+def test_registered_op_calls_are_captured_with_their_arguments(registered):
+    calls = registered["calls"]
+    assert [c["op"] for c in calls] == ["flash_attn_mock::fwd"] * 3, attncap_lines(registered["captured"].stderr)
+    # Its SDPA inside (hooked) is not a call of its own; it names the backend.
+    assert {c["backend"] for c in calls} == {SDPA}
+    assert [c["is_causal"] for c in calls] == [False, True, False]
+    assert [c["scale"] for c in calls] == pytest.approx([0.25, 0.25, 0.1])
+    assert {c["layout"] for c in calls} == {"bshd"} and {c["causal_alignment"] for c in calls} == {"bottom_right"}
+    assert all(c["q"].shape == (2, 9, 3, 16) for c in calls)
+
+
+def test_registered_op_outputs_bit_identical_and_recorded(registered):
+    plain, captured = np.load(registered["folder"] / "plain.npz"), np.load(registered["folder"] / "captured.npz")
+    for name, call in zip(("plain", "causal", "scaled"), registered["calls"]):
+        assert bits(plain[name]) == bits(captured[name]), name
+        assert bits(call["out"]) == bits(plain[name]), name
+
+
+def test_registered_op_says_once_that_it_needs_record_function(registered):
+    notices = [line for line in attncap_lines(registered["captured"].stderr) if "RecordFunction" in line]
+    assert len(notices) == 1 and "flash_attn_mock::fwd" in notices[0], registered["captured"].stderr
+
+
+def test_no_record_function_when_every_matched_op_is_hooked(minilm):
+    # torch's own attention ops are all hooked at start: nothing falls back to RecordFunction,
+    # whose per-op cost every op of the job would pay.
+    assert not [line for line in attncap_lines(minilm["captured"].stderr) if "RecordFunction" in line]
