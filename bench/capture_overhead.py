@@ -1,10 +1,12 @@
 """What capture costs the job it runs in. Two figures, each measured side by side in one run on
 the same machine:
 
-1. The preload's cost when capture matches nothing, as a fraction of a model step. On the CPU:
-   the real MiniLM model, where per-op overhead shows most. On the GPU (--device cuda): one
-   Flux-sized transformer block, 1x24x4608x128 bf16. Runs alternate between without the preload
-   and with it (ATTNCAP_OPS matching no op), and per-step medians are compared.
+1. The preload's cost when capture records nothing, as a fraction of a model step. On the CPU:
+   the real MiniLM model, where per-op overhead shows most, and a loop of tiny ops (the cost per
+   op, with hooks only and with RecordFunction on). On the GPU (--device cuda): one Flux-sized
+   transformer block, 1x24x4608x128 bf16. Runs alternate between no preload, a preload whose
+   ATTNCAP_OPS matches no op, and one that hooks torch's attention ops but selects no call
+   (ATTNCAP_CALLS past the end); per-step medians are compared.
 2. The stall on the model's thread per captured GB, against the usual alternative (x.cpu() and
    torch.save inline): CPU, a loop of SDPA calls; GPU, the Flux block with every call captured.
 
@@ -34,17 +36,51 @@ def run_job(args, preload=None, env_extra=None):
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def preload_cost(attncap, rounds, steps):
-    without, with_preload = [], []
+# What the preload is asked to do in each configuration compared with running without it.
+NOTHING_MATCHES = {"ATTNCAP_OPS": "^matches-no-op$"}
+NOTHING_SELECTED = {"ATTNCAP_CALLS": "1000000000"}  # torch's attention ops hooked, no call recorded
+
+
+def alternate(job, rounds, configs, key):
+    """Runs `job` once per configuration per round, alternating so that all share whatever the
+    machine is doing; returns each configuration's samples (`key` of the job's JSON)."""
+    samples = {name: [] for name in configs}
     for _ in range(rounds):
-        # Alternating runs share whatever the machine is doing at the time.
-        without += run_job([str(HERE / "jobs/minilm_steps.py"), "--steps", str(steps)])["step_s"]
-        with_preload += run_job([str(HERE / "jobs/minilm_steps.py"), "--steps", str(steps)], attncap,
-                                {"ATTNCAP_OPS": "^matches-no-op$", "ATTNCAP_OUT": tempfile.mkdtemp()})["step_s"]
-    base, hooked = statistics.median(without), statistics.median(with_preload)
-    return {"model": "all-MiniLM-L6-v2, batch of 4 sentences, CPU, 1 thread",
-            "steps_each": len(without), "median_step_s_without": base, "median_step_s_with_preload": hooked,
-            "overhead_fraction": hooked / base - 1.0, "goal_fraction": 0.01}
+        for name, (preload, env, extra_args) in configs.items():
+            env = dict(env, ATTNCAP_OUT=tempfile.mkdtemp()) if preload else env
+            samples[name] += run_job(job + extra_args, preload, env)[key]
+    return samples
+
+
+def overheads(samples, baseline):
+    base = statistics.median(samples[baseline])
+    return {name: {"median": statistics.median(values), "samples": len(values),
+                   "overhead_fraction": statistics.median(values) / base - 1.0}
+            for name, values in samples.items()}
+
+
+def preload_cost(attncap, rounds, steps):
+    configs = {"without preload": (None, {}, []),
+               "preload, ops match nothing": (attncap, NOTHING_MATCHES, []),
+               "preload, attention ops hooked, no call selected": (attncap, NOTHING_SELECTED, [])}
+    samples = alternate([str(HERE / "jobs/minilm_steps.py"), "--steps", str(steps)], rounds, configs, "step_s")
+    return {"model": "all-MiniLM-L6-v2, batch of 4 sentences, CPU, 1 thread", "unit": "s per step",
+            "configurations": overheads(samples, "without preload"), "goal_fraction": 0.01}
+
+
+def per_op_cost(attncap, rounds):
+    """Per-op cost on a loop of tiny ops, with hooks only and with RecordFunction turned on by an
+    attention op registered after start (every run registers it, so only capture differs)."""
+    configs = {"without preload": (None, {}, ["--late-op"]),
+               "preload, attention ops hooked": (attncap, NOTHING_SELECTED, []),
+               "preload, late op observed by RecordFunction": (attncap, NOTHING_SELECTED, ["--late-op"])}
+    samples = alternate([str(HERE / "jobs/tiny_ops.py")], rounds, configs, "op_s")
+    base = statistics.median(samples["without preload"])
+    result = overheads(samples, "without preload")
+    for name, values in samples.items():
+        result[name]["added_us_per_op"] = (statistics.median(values) - base) * 1e6
+    return {"job": "200k a + b on 1-element CPU tensors, inference_mode, 1 thread", "unit": "s per op",
+            "configurations": result}
 
 
 def capture_stall(attncap, calls, shape):
@@ -66,14 +102,11 @@ def capture_stall(attncap, calls, shape):
 
 def gpu_figures(attncap, rounds, steps):
     job = [str(HERE / "jobs/flux_block.py"), "--steps", str(steps)]
-    without, with_preload, captured, saved = [], [], [], []
-    block = None
-    for _ in range(rounds):
-        result = run_job(job)
-        block = result["block"]
-        without += result["step_s"]
-        with_preload += run_job(job, attncap, {"ATTNCAP_OPS": "^matches-no-op$",
-                                               "ATTNCAP_OUT": tempfile.mkdtemp()})["step_s"]
+    block = run_job(job + ["--steps", "1"])["block"]
+    configs = {"without preload": (None, {}, []),
+               "preload, ops match nothing": (attncap, NOTHING_MATCHES, []),
+               "preload, attention ops hooked, no call selected": (attncap, NOTHING_SELECTED, [])}
+    samples = alternate(job, rounds, configs, "step_s")
     # The stall is compared on the plain block, where the inline torch.save can be put.
     plain = job + ["--plain"]
     plain_base = run_job(plain)["step_s"]
@@ -81,16 +114,13 @@ def gpu_figures(attncap, rounds, steps):
         captured = run_job(plain, attncap, {"ATTNCAP_OUT": folder})["step_s"]
     with tempfile.TemporaryDirectory() as folder:
         saved = run_job(plain + ["--torch-save", folder])["step_s"]
-    base = statistics.median(without)
     # q, k, v and the output of the block's one attention call, bf16
     gigabytes_per_step = 4 * 1 * 24 * 4608 * 128 * 2 / 1e9
     stall_capture = (statistics.median(captured) - statistics.median(plain_base)) / gigabytes_per_step
     stall_save = (statistics.median(saved) - statistics.median(plain_base)) / gigabytes_per_step
     return {
-        "preload_cost": {"model": f"{block}, 1x4608 tokens, 24 heads x 128, bf16, GPU",
-                         "steps_each": len(without), "median_step_s_without": base,
-                         "median_step_s_with_preload": statistics.median(with_preload),
-                         "overhead_fraction": statistics.median(with_preload) / base - 1.0, "goal_fraction": 0.01},
+        "preload_cost": {"model": f"{block}, 1x4608 tokens, 24 heads x 128, bf16, GPU", "unit": "s per step",
+                         "configurations": overheads(samples, "without preload"), "goal_fraction": 0.01},
         "capture_stall": {"job": "plain-torch Flux-sized block, every attention call captured",
                           "gb_per_step": gigabytes_per_step,
                           "median_step_s_plain": statistics.median(plain_base), "median_step_s_attncap": statistics.median(captured),
@@ -119,6 +149,7 @@ def main():
         results.update(gpu_figures(attncap, args.rounds, args.steps))
     else:
         results["preload_cost"] = preload_cost(attncap, args.rounds, args.steps)
+        results["per_op_cost"] = per_op_cost(attncap, args.rounds)
         results["capture_stall"] = capture_stall(attncap, args.calls, args.shape)
     text = json.dumps(results, indent=2)
     print(text)

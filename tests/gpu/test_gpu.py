@@ -112,3 +112,47 @@ def test_capture_on_gpu(tmp_path):
         assert torch.equal(call["out"].view(torch.int16), out.view(torch.int16))
         assert call["backend"].startswith("aten::_scaled_dot_product"), call["backend"]
     print("backends seen on the GPU:", sorted({c["backend"] for c in calls}))
+
+
+GRAPH_JOB = r'''
+import sys, torch
+import torch.nn.functional as F
+torch.manual_seed(0)
+q, k, v = (torch.randn(1, 4, 256, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+eager = F.scaled_dot_product_attention(q, k, v)          # call 0, eager
+side = torch.cuda.Stream()
+side.wait_stream(torch.cuda.current_stream())
+with torch.cuda.stream(side):
+    F.scaled_dot_product_attention(q, k, v)              # call 1, warm-up on a side stream, eager
+torch.cuda.current_stream().wait_stream(side)
+graph = torch.cuda.CUDAGraph()
+with torch.cuda.graph(graph):
+    static_out = F.scaled_dot_product_attention(q, k, v)  # inside the graph: not recordable
+replays = []
+for _ in range(2):
+    graph.replay()
+    replays.append(static_out.clone())
+torch.cuda.synchronize()
+torch.save({"eager": eager.cpu(), "replays": [r.cpu() for r in replays]}, sys.argv[1])
+'''
+
+
+def test_capture_leaves_cuda_graphs_working_and_says_what_it_skips(tmp_path):
+    # A copy made while a graph is being captured would be recorded into the graph (or break the
+    # capture): calls made during graph capture are skipped, with a notice, and the graph's replays
+    # give what they give without the preload.
+    job = tmp_path / "graph_job.py"
+    job.write_text(GRAPH_JOB)
+    subprocess.run([sys.executable, job, tmp_path / "off.pt"], check=True)
+    env = dict(os.environ, LD_PRELOAD=ATTNCAP, ATTNCAP_OUT=str(tmp_path / "caps"))
+    run = subprocess.run([sys.executable, job, tmp_path / "on.pt"], env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    off, on = torch.load(tmp_path / "off.pt"), torch.load(tmp_path / "on.pt")
+    assert torch.equal(off["eager"].view(torch.int16), on["eager"].view(torch.int16))
+    for a, b in zip(off["replays"], on["replays"]):
+        assert torch.equal(a.view(torch.int16), b.view(torch.int16))
+    assert "CUDA graph" in run.stderr, run.stderr
+    (capture,) = (tmp_path / "caps").glob("*.h5")
+    converted = tmp_path / "caps.pt"
+    subprocess.run([BIN, "convert", capture, converted], check=True)
+    assert len(torch.load(converted, weights_only=True)["calls"]) == 2
