@@ -53,7 +53,7 @@ fi
 
 if wants capture; then
 step "capture overhead on the GPU"
-python3 "$ROOT/bench/capture_overhead.py" --device cuda --attncap "$ATTNREPLAY_ATTNCAP_LIB" --rounds 2 --steps 20 \
+python3 "$ROOT/bench/capture_overhead.py" --device cuda --attncap "$ATTNREPLAY_ATTNCAP_LIB" --rounds 3 --steps 30 \
   --out "$OUT/capture_gpu.json" | tail -30 || status=1
 fi
 
