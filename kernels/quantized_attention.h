@@ -1,0 +1,191 @@
+#pragma once
+// CPU emulation of attnreplay's own attention kernels (flash, sage1-int8, sage2-int8-fp8, fa3-fp8),
+// step by step as docs/quantized.md defines them, so that their accuracy can be audited without a
+// GPU. Each quantization step is a function of its own, for diagnostics on real inputs (K channel
+// means, block amax spread), and the emulation can leave steps out (EmulationStages) to tell which
+// one an error comes from.
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "formats/attention_call.h"
+
+namespace attnreplay {
+
+// ---- Options (flags of `attnreplay run`, recorded with the results) ----
+
+enum class QuantGranularity { per_block, per_warp, per_thread };  // --quant_gran
+enum class PvAccum { fp32, fp32_fp32, fp32_fp16 };                // --pv_accum_dtype
+enum class Fp8Scale { per_tensor, per_head };                     // --fp8_scale
+
+struct QuantOptions {
+  QuantGranularity quant_gran = QuantGranularity::per_warp;
+  bool k_smooth = true;  // --no_k_smooth clears it
+  PvAccum pv_accum = PvAccum::fp32_fp32;
+  Fp8Scale fp8_scale = Fp8Scale::per_head;
+  bool operator==(const QuantOptions&) const = default;
+};
+
+// The flag spellings: "per_warp", "fp32+fp32", "per_head".
+std::string_view to_string(QuantGranularity granularity);
+std::string_view to_string(PvAccum accumulation);
+std::string_view to_string(Fp8Scale scale);
+std::optional<QuantGranularity> parse_quant_granularity(std::string_view text);
+std::optional<PvAccum> parse_pv_accum(std::string_view text);
+std::optional<Fp8Scale> parse_fp8_scale(std::string_view text);
+// The flag values each option accepts, for command-line validation and help.
+const std::vector<std::string>& quant_granularity_names();
+const std::vector<std::string>& pv_accum_names();
+const std::vector<std::string>& fp8_scale_names();
+// The flags that select `options` where they differ from the defaults, each with a leading space
+// (" --quant_gran per_block --no_k_smooth"), for rerun commands.
+std::string quant_option_flags(const QuantOptions& options);
+// Every option by its flag name ("quant_gran", "k_smooth", "pv_accum_dtype", "fp8_scale").
+std::map<std::string, std::string> quant_options_record(const QuantOptions& options);
+
+// What the quantized kernels use when they prepare a call. Kernel::prepare() takes only the call,
+// so the replay publishes the options of the run here first.
+QuantOptions quant_options();
+void set_quant_options(const QuantOptions& options);
+
+// ---- The definition's constants ----
+
+inline constexpr std::int64_t kBlockQ = 64;         // query rows per block
+inline constexpr std::int64_t kWarpQ = 16;          // query rows per warp tile
+inline constexpr std::int64_t kBlockK = 128;        // keys per block
+inline constexpr std::int64_t kFp16ChunkKeys = 32;  // keys summed in fp32 before an fp16 rounding
+inline constexpr float kInt8Max = 127.0f;
+inline constexpr float kFp8Max = 448.0f;  // largest finite e4m3fn
+inline constexpr float kLog2e = 1.4426950408889634f;
+
+// ---- Element conversions (round to nearest even, as the hardware's) ----
+
+float round_to_bfloat16(float value);
+float round_to_float16(float value);  // beyond fp16's range: infinity
+// bf16 or fp16 as above; float32 (and wider) unchanged.
+float round_to_dtype(float value, DType dtype);
+// e4m3fn with saturation to +-448 (satfinite); NaN stays NaN.
+float round_to_e4m3(float value);
+// clamp(rint(value / scale), -127, 127), rint ties to even; 0 when scale is 0.
+std::int8_t int8_code(float value, float scale);
+
+// ---- Quantization steps, on one head at a time ----
+
+// One (batch, head) of Q, K or V in fp32, (rows, cols) row-major.
+struct HeadMatrix {
+  std::int64_t rows = 0;
+  std::int64_t cols = 0;
+  std::vector<float> values;
+
+  HeadMatrix() = default;
+  HeadMatrix(std::int64_t rows, std::int64_t cols)
+      : rows(rows), cols(cols), values(static_cast<std::size_t>(rows * cols), 0.0f) {}
+  float* row(std::int64_t i) { return values.data() + i * cols; }
+  const float* row(std::int64_t i) const { return values.data() + i * cols; }
+};
+
+// Head (b, h) of a (batch, heads, seq, dim) tensor of any floating dtype, exactly, in fp32.
+HeadMatrix head_as_floats(const HostTensor& bhsd, std::int64_t b, std::int64_t h);
+
+// K smoothing (step 1): each channel's mean over the keys, summed in fp32 in key order (0 when
+// there are no keys), and K minus it, kept in fp32.
+std::vector<float> channel_means(const HeadMatrix& keys);
+void subtract_channel_means(HeadMatrix& keys, std::span<const float> means);
+
+// Which rows share an INT8 scale (step 2). Q and K group differently under per_thread.
+enum class Int8Operand { query, key };
+std::int64_t int8_group_of_row(QuantGranularity granularity, Int8Operand operand, std::int64_t row);
+std::int64_t int8_group_count(QuantGranularity granularity, Int8Operand operand, std::int64_t rows);
+
+struct Int8Matrix {
+  std::int64_t rows = 0;
+  std::int64_t cols = 0;
+  std::vector<std::int8_t> codes;  // (rows, cols)
+  std::vector<float> group_amax;   // per group: max |x| over its rows and all channels
+  std::vector<float> group_scale;  // per group: amax / 127
+  std::vector<float> row_scale;    // per row: its group's scale
+};
+// INT8 codes of `x` (already multiplied by scale * log2e, for Q) with a scale per group.
+Int8Matrix quantize_int8(const HeadMatrix& x, QuantGranularity granularity, Int8Operand operand);
+
+float abs_max(std::span<const float> values);
+// The FP8 scale for a given amax: amax / 448 (0 for 0).
+float fp8_scale_for(float amax);
+// e4m3(x / scale) for every element; all 0 when scale is 0.
+HeadMatrix quantize_fp8(const HeadMatrix& x, float scale);
+
+// Sage2's V: a scale per channel, s_v[c] = max_j |V[j, c]| / 448, and v8 = e4m3(V / s_v).
+struct Fp8PerChannel {
+  HeadMatrix values;                // e4m3 values, as fp32
+  std::vector<float> channel_scale;  // s_v[c]
+};
+Fp8PerChannel quantize_fp8_per_channel(const HeadMatrix& v);
+
+// ---- The emulation ----
+
+enum class QuantizedKind { flash, sage1_int8, sage2_int8_fp8, fa3_fp8 };
+std::string_view to_string(QuantizedKind kind);  // "flash", "sage1-int8", ...
+
+// Which of a kind's reduced-precision steps are applied, to attribute its error. A step left out
+// runs in fp32 on the exact inputs. With all three off every kind is the plain flash emulation
+// with fp32 P (plus K smoothing for the Sage kinds, which changes nothing beyond fp32 rounding).
+struct EmulationStages {
+  bool quantize_qk = true;  // INT8 (Sage) or FP8 (fa3) Q and K
+  bool quantize_p = true;   // P rounded to the input dtype (flash, sage1) or to e4m3 (sage2, fa3)
+  bool quantize_pv = true;  // FP8 V and, for sage2, the --pv_accum_dtype accumulation
+};
+
+// One query head as the attention reads it: Q, its INT8 codes (as fp32, exact) or FP8 values.
+struct PreparedQueryHead {
+  HeadMatrix values;
+  std::vector<float> row_scale;  // per row: s_q(i) (Sage with quantize_qk), else empty
+  float scale = 1.0f;            // fa3 with quantize_qk: s_q of this head
+};
+
+// One kv head: K in 128-key blocks transposed to (block, channel, key) with zero padding, so that
+// a block's scores are a product the compiler vectorizes; V by rows.
+struct PreparedKeyValueHead {
+  std::int64_t keys = 0;
+  std::vector<float> keys_by_block;  // (blocks, head_dim_qk, kBlockK)
+  std::vector<float> key_scale;      // per key: s_k(j) (Sage with quantize_qk), else empty
+  float k_scale = 1.0f;              // fa3 with quantize_qk: s_k of this head
+  HeadMatrix values;                 // V, or its e4m3 values
+  // Applied to a row's acc / l at the end, per channel: V's dequantization (and 1/448 for sage2's
+  // scaled P); empty when there is none.
+  std::vector<float> output_factor;
+};
+
+// Everything run_emulated_attention() needs: the call after layout change, smoothing and
+// quantization (what a kernel's input preparation does).
+struct PreparedAttentionInputs {
+  QuantizedKind kind = QuantizedKind::flash;
+  QuantOptions options;
+  EmulationStages stages;
+  AttentionShape shape;
+  DType input_dtype = DType::bfloat16;
+  bool is_causal = false;
+  std::int64_t diagonal_offset = 0;  // key j is visible to row i when j <= i + offset
+  float softmax_scale_log2 = 0.0f;   // scale * log2e
+  std::vector<PreparedQueryHead> queries;      // batch * heads_q
+  std::vector<PreparedKeyValueHead> key_values;  // batch * heads_kv
+  std::vector<std::vector<float>> k_channel_means;  // batch * heads_kv, when K was smoothed
+};
+
+// threads = 0: one per core.
+PreparedAttentionInputs prepare_attention_inputs(const AttentionCall& call, QuantizedKind kind,
+                                                 const QuantOptions& options, const EmulationStages& stages = {},
+                                                 unsigned threads = 0);
+// The output (batch, heads_q, seq_q, head_dim_vo) in float32, before the final rounding to the
+// input dtype (output_in_dtype). Rows that see no key are 0.
+HostTensor run_emulated_attention(const PreparedAttentionInputs& inputs, unsigned threads = 0);
+// Both steps; the result is float32, as run_emulated_attention's.
+HostTensor emulate_attention(const AttentionCall& call, QuantizedKind kind, const QuantOptions& options,
+                             const EmulationStages& stages = {}, unsigned threads = 0);
+// A float32 tensor rounded to `dtype` (bf16 or fp16; others keep float32): a kernel's output.
+HostTensor output_in_dtype(const HostTensor& fp32, DType dtype);
+
+}  // namespace attnreplay

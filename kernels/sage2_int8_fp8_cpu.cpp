@@ -1,0 +1,19 @@
+// The CPU emulation of the `sage2-int8-fp8` kernel, step by step as docs/quantized.md defines it.
+#include "kernels/emulated_kernel.h"
+
+namespace attnreplay {
+namespace {
+
+class Sage2Int8Fp8Cpu final : public EmulatedAttentionKernel {
+ public:
+  Sage2Int8Fp8Cpu()
+      : EmulatedAttentionKernel(QuantizedKind::sage2_int8_fp8,
+                                {"sage2-int8-fp8-cpu",
+                                 "SageAttention-2 kind emulated on the CPU: INT8 Q·Kᵀ as sage1, FP8 P·V with per-channel V (--pv_accum_dtype) (docs/quantized.md)",
+                                 "cpu"}) {}
+};
+
+ATTNREPLAY_REGISTER_KERNEL(Sage2Int8Fp8Cpu);
+
+}  // namespace
+}  // namespace attnreplay
