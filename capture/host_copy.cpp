@@ -55,6 +55,16 @@ bool HostCopy::device_is_capturing_graph(const at::Tensor& tensor) {
 #endif
 }
 
+void HostCopy::allow_copies_during_graph_capture() {
+#ifdef ATTNCAP_WITH_CUDA
+  thread_local const bool relaxed = [] {
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    return cudaThreadExchangeStreamCaptureMode(&mode) == cudaSuccess;
+  }();
+  (void)relaxed;
+#endif
+}
+
 void HostCopy::prepare_device(const at::Tensor& tensor) {
 #ifdef ATTNCAP_WITH_CUDA
   if (!tensor.is_cuda()) return;
@@ -103,6 +113,7 @@ HostTensor HostCopy::finish() {
   if (ready_) return std::move(*ready_);
   HostTensor host = std::move(pending_->shape_only);
 #ifdef ATTNCAP_WITH_CUDA
+  allow_copies_during_graph_capture();
   const c10::DeviceIndex device = pending_->snapshot.device().index();
   c10::cuda::CUDAGuard device_guard(device);
   const c10::cuda::CUDAStream side = side_stream(device);

@@ -21,6 +21,10 @@ class HostCopy {
   // True while the current stream of the tensor's device records a CUDA graph: a copy made now
   // would become part of the graph, and the graph's replays bypass the dispatcher anyway.
   static bool device_is_capturing_graph(const at::Tensor& tensor);
+  // Called by finish() on capture's own threads: while the job's thread captures a CUDA graph
+  // (torch's default, global mode), a copy from any other thread would invalidate the job's graph;
+  // in relaxed mode this thread's copies are allowed and leave the graph alone.
+  static void allow_copies_during_graph_capture();
   // The host tensor, with the model's strides and device recorded. Waits for a pending copy.
   HostTensor finish();
   std::uint64_t nbytes() const { return nbytes_; }
