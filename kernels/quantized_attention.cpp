@@ -90,13 +90,6 @@ std::string quant_option_flags(const QuantOptions& options) {
   return flags;
 }
 
-std::map<std::string, std::string> quant_options_record(const QuantOptions& options) {
-  return {{"quant_gran", std::string(to_string(options.quant_gran))},
-          {"k_smooth", options.k_smooth ? "true" : "false"},
-          {"pv_accum_dtype", std::string(to_string(options.pv_accum))},
-          {"fp8_scale", std::string(to_string(options.fp8_scale))}};
-}
-
 QuantOptions quant_options() {
   std::lock_guard lock(options_mutex);
   return current_options;

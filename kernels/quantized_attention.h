@@ -5,7 +5,6 @@
 // means, block amax spread), and the emulation can leave steps out (EmulationStages) to tell which
 // one an error comes from.
 #include <cstdint>
-#include <map>
 #include <optional>
 #include <span>
 #include <string>
@@ -44,8 +43,6 @@ const std::vector<std::string>& fp8_scale_names();
 // The flags that select `options` where they differ from the defaults, each with a leading space
 // (" --quant_gran per_block --no_k_smooth"), for rerun commands.
 std::string quant_option_flags(const QuantOptions& options);
-// Every option by its flag name ("quant_gran", "k_smooth", "pv_accum_dtype", "fp8_scale").
-std::map<std::string, std::string> quant_options_record(const QuantOptions& options);
 
 // What the quantized kernels use when they prepare a call. Kernel::prepare() takes only the call,
 // so the replay publishes the options of the run here first.

@@ -11,6 +11,7 @@
 #include "formats/capture_source.h"
 #include "formats/errors.h"
 #include "kernels/kernel.h"
+#include "kernels/quantized_attention.h"
 #include "replay/environment.h"
 #ifdef ATTNREPLAY_HAVE_CUDA
 #include "replay/ceilings.h"
@@ -59,6 +60,11 @@ struct RunArgs {
   std::string save_inputs;
   std::string reference = "auto";
   bool hot_l2 = false;
+  // The quantized kernels' options (docs/quantized.md); values are checked by the parser.
+  std::string quant_gran = "per_warp";
+  bool no_k_smooth = false;
+  std::string pv_accum_dtype = "fp32+fp32";
+  std::string fp8_scale = "per_head";
 };
 
 void add_run_options(CLI::App& app, RunArgs& a) {
@@ -100,6 +106,32 @@ void add_run_options(CLI::App& app, RunArgs& a) {
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
       ->capture_default_str();
   app.add_flag("--hot-l2", a.hot_l2, "GPU samples without flushing the L2 cache first (default: cold L2)");
+  app.add_option("--quant_gran", a.quant_gran, "quantized kernels: rows sharing an INT8 scale (Sage)")
+      ->check(CLI::IsMember(quant_granularity_names()))
+      ->capture_default_str();
+  app.add_flag("--no_k_smooth", a.no_k_smooth, "quantized kernels: do not subtract K's channel means (Sage)");
+  app.add_option("--pv_accum_dtype", a.pv_accum_dtype, "quantized kernels: Sage2's P·V accumulation")
+      ->check(CLI::IsMember(pv_accum_names()))
+      ->capture_default_str();
+  app.add_option("--fp8_scale", a.fp8_scale, "quantized kernels: FA3-FP8's scale granularity")
+      ->check(CLI::IsMember(fp8_scale_names()))
+      ->capture_default_str();
+}
+
+// Throws InputError for a value the parser's check let through (a test-list line is parsed too).
+QuantOptions quant_options_from(const RunArgs& a) {
+  QuantOptions o;
+  const auto granularity = parse_quant_granularity(a.quant_gran);
+  if (!granularity) throw InputError(fmt::format("--quant_gran: expected per_block, per_warp or per_thread, got '{}'", a.quant_gran));
+  const auto accumulation = parse_pv_accum(a.pv_accum_dtype);
+  if (!accumulation) throw InputError(fmt::format("--pv_accum_dtype: expected fp32, fp32+fp32 or fp32+fp16, got '{}'", a.pv_accum_dtype));
+  const auto fp8_scale = parse_fp8_scale(a.fp8_scale);
+  if (!fp8_scale) throw InputError(fmt::format("--fp8_scale: expected per_tensor or per_head, got '{}'", a.fp8_scale));
+  o.quant_gran = *granularity;
+  o.k_smooth = !a.no_k_smooth;
+  o.pv_accum = *accumulation;
+  o.fp8_scale = *fp8_scale;
+  return o;
 }
 
 std::vector<std::int64_t> parse_ints(const std::string& text, const std::string& flag) {
@@ -161,6 +193,7 @@ ReplayOptions replay_options(const RunArgs& a) {
   o.case_tag = a.case_tag;
   o.reference_device = a.reference;
   o.hot_l2 = a.hot_l2;
+  o.quant = quant_options_from(a);
   // The flags that change results, so that each row's rerun command reproduces it.
   std::string& r = o.rerun_base;
   if (a.ref_sample_rows > 0) r += fmt::format(" --ref-sample-rows {} --seed {}", a.ref_sample_rows, a.seed);
@@ -175,6 +208,7 @@ ReplayOptions replay_options(const RunArgs& a) {
   if (a.max_noise_percent) r += " --max-noise " + format_number(*a.max_noise_percent);
   if (a.reference != "auto") r += " --reference " + a.reference;
   if (a.hot_l2) r += " --hot-l2";
+  r += quant_option_flags(o.quant);
   return o;
 }
 

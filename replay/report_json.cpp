@@ -62,6 +62,13 @@ nlohmann::json kernel_json(const KernelResult& k) {
   return j;
 }
 
+nlohmann::json quant_options_json(const QuantOptions& o) {
+  return {{"quant_gran", to_string(o.quant_gran)},
+          {"k_smooth", o.k_smooth},
+          {"pv_accum_dtype", to_string(o.pv_accum)},
+          {"fp8_scale", to_string(o.fp8_scale)}};
+}
+
 nlohmann::json call_json(const CallResult& c) {
   nlohmann::json kernels = nlohmann::json::array();
   for (const auto& k : c.kernels) kernels.push_back(kernel_json(k));
@@ -81,6 +88,7 @@ nlohmann::json call_json(const CallResult& c) {
           {"scale", number(c.scale)},
           {"metadata", c.metadata},
           {"notes", c.notes},
+          {"quant_options", quant_options_json(c.quant_options)},
           {"case_tag", c.case_tag},
           {"work", work_json(c.work)},
           {"reference", {{"device", c.reference_device}, {"rows", c.reference_rows}, {"sampled", c.reference_sampled}}},

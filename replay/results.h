@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "formats/attention_call.h"
+#include "kernels/quantized_attention.h"
 #include "replay/attention_work.h"
 #include "replay/error_stats.h"
 #include "replay/timing.h"
@@ -54,6 +55,7 @@ struct CallResult {
   double scale = 0;
   std::map<std::string, std::string> metadata;
   std::vector<std::string> notes;  // e.g. dropout replayed as 0
+  QuantOptions quant_options;      // what the quantized kernels used for this call
   std::string case_tag;
   AttentionWork work;
   std::string reference_device = "cpu";

@@ -181,6 +181,9 @@ CallResult replay_call(const AttentionCall& captured, const ReplayOptions& optio
   result.metadata = captured.metadata;
   result.case_tag = options.case_tag;
   result.work = attention_work(captured);
+  result.quant_options = options.quant;
+  // Kernels prepare a call from the call alone, so the quantized ones read the run's options here.
+  set_quant_options(options.quant);
 
   AttentionCall call = captured;
   if (call.dropout_p > 0) {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "formats/capture_source.h"
+#include "kernels/quantized_attention.h"
 #include "replay/results.h"
 
 namespace attnreplay {
@@ -29,6 +30,7 @@ struct ReplayOptions {
   std::string reference_device = "auto";  // "cpu", "cuda", or "auto" (the GPU when there is one)
   bool hot_l2 = false;                    // GPU samples without flushing the L2 first
   Ceilings ceilings;  // measured on this GPU at start-up; zeros when not measured
+  QuantOptions quant;  // what the quantized kernels use (docs/quantized.md)
   std::string case_tag;
   // The flags, other than inputs, that reproduce this run; each row's rerun command adds to it.
   std::string rerun_base;

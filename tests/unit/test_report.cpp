@@ -205,6 +205,18 @@ TEST_CASE("report json: schema, version, and null for non-finite numbers") {
   CHECK(out.str().find("Infinity") == std::string::npos);
 }
 
+TEST_CASE("report json: each call records the quantized kernels' options") {
+  Report report = sample_report();
+  report.calls[0].quant_options.quant_gran = QuantGranularity::per_thread;
+  report.calls[0].quant_options.k_smooth = false;
+  report.calls[0].quant_options.pv_accum = PvAccum::fp32_fp16;
+  const nlohmann::json options = report_to_json(report).at("calls")[0].at("quant_options");
+  CHECK(options.at("quant_gran") == "per_thread");
+  CHECK(options.at("k_smooth") == false);
+  CHECK(options.at("pv_accum_dtype") == "fp32+fp16");
+  CHECK(options.at("fp8_scale") == "per_head");
+}
+
 TEST_CASE("report table: each kernel, its status, the reason and notes are shown") {
   std::ostringstream out;
   print_table(sample_report(), out);
