@@ -10,7 +10,7 @@ class Fa3Fp8Cpu final : public EmulatedAttentionKernel {
       : EmulatedAttentionKernel(QuantizedKind::fa3_fp8,
                                 {"fa3-fp8-cpu",
                                  "FlashAttention-3 FP8 kind emulated on the CPU: e4m3 Q, K, V (--fp8_scale) and P (docs/quantized.md)",
-                                 "cpu"}) {}
+                                 "cpu", false, DType::float8_e4m3fn}) {}
 };
 
 ATTNREPLAY_REGISTER_KERNEL(Fa3Fp8Cpu);

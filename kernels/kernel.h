@@ -18,6 +18,9 @@ struct KernelDescription {
   std::string device;   // "cpu" or "cuda"
   // Set for the exact reference: it is what error statistics are measured against.
   bool is_reference = false;
+  // The lowest precision a quantized kernel computes in (int8, float8_e4m3fn): --refcheck's default
+  // thresholds are then that dtype's rather than the inputs' (docs/metrics.md).
+  std::optional<DType> reduced_precision;
 };
 
 // A kernel bound to one call with its inputs in place (layout changed, uploaded). run() does

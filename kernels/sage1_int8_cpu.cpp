@@ -10,7 +10,7 @@ class Sage1Int8Cpu final : public EmulatedAttentionKernel {
       : EmulatedAttentionKernel(QuantizedKind::sage1_int8,
                                 {"sage1-int8-cpu",
                                  "SageAttention-1 kind emulated on the CPU: K smoothed, INT8 Q·Kᵀ (--quant_gran), P·V as flash (docs/quantized.md)",
-                                 "cpu"}) {}
+                                 "cpu", false, DType::int8}) {}
 };
 
 ATTNREPLAY_REGISTER_KERNEL(Sage1Int8Cpu);

@@ -98,7 +98,7 @@ Thresholds resolve_thresholds(const RefcheckThresholds& asked, DType dtype) {
     case DType::float32: t.min_cosine = 1 - 1e-8, t.max_rel_l2 = 1e-5; break;
     case DType::float16: t.max_rel_l2 = 5e-3; break;
     case DType::bfloat16: t.max_rel_l2 = 3e-2; break;
-    default: t.min_cosine = 0.99, t.max_rel_l2 = 0.15; break;  // fp8 inputs
+    default: t.min_cosine = 0.99, t.max_rel_l2 = 0.15; break;  // fp8 inputs, or int8 and fp8 kernels
   }
   if (asked.min_cosine) t.min_cosine = *asked.min_cosine;
   if (asked.max_rel_l2) t.max_rel_l2 = *asked.max_rel_l2;
@@ -243,7 +243,7 @@ CallResult replay_call(const AttentionCall& captured, const ReplayOptions& optio
       }
       const HostTensor output = prepared->output();
       k.error = compare_to_reference(output, reference);
-      judge(k, options, call.q.dtype);
+      judge(k, options, kernel->description().reduced_precision.value_or(call.q.dtype));
       if (!k.refcheck_failures.empty()) k.reason = fmt::format("{}", fmt::join(k.refcheck_failures, "; "));
       if (!options.save_outputs_dir.empty()) {
         fs::create_directories(options.save_outputs_dir);

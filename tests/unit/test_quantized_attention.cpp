@@ -573,6 +573,11 @@ TEST_CASE("quantized kernels: registered, declining what they cannot run, output
     const Kernel* kernel = KernelRegistry::instance().find(name);
     REQUIRE(kernel);
     CHECK(kernel->description().device == "cpu");
+    // --refcheck judges the INT8 and FP8 kinds at their own precision.
+    const std::optional<DType> precision = kind == QuantizedKind::flash        ? std::nullopt
+                                           : kind == QuantizedKind::sage1_int8 ? std::optional(DType::int8)
+                                                                               : std::optional(DType::float8_e4m3fn);
+    CHECK(kernel->description().reduced_precision == precision);
     CHECK_FALSE(kernel->unsupported_reason(call));
 
     AttentionCall fp32 = generated({"", {1, 1, 1, 8, 8, 16, 16}, false, CausalAlignment::top_left, Layout::bhsd,
