@@ -9,7 +9,7 @@ class Fa3Fp8Cpu final : public EmulatedAttentionKernel {
   Fa3Fp8Cpu()
       : EmulatedAttentionKernel(QuantizedKind::fa3_fp8,
                                 {"fa3-fp8-cpu",
-                                 "FlashAttention-3 FP8 kind emulated on the CPU: e4m3 Q, K, V (--fp8_scale) and P (docs/quantized.md)",
+                                 "fa3-fp8 (e4m3 Q, K, V by --fp8_scale, and P) emulated on the CPU (docs/quantized.md)",
                                  "cpu", false, DType::float8_e4m3fn}) {}
 };
 

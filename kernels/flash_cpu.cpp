@@ -9,7 +9,7 @@ class FlashCpu final : public EmulatedAttentionKernel {
   FlashCpu()
       : EmulatedAttentionKernel(QuantizedKind::flash,
                                 {"flash-cpu",
-                                 "plain flash attention emulated on the CPU: bf16/fp16 Q·Kᵀ and P·V, fp32 accumulation, exp2 online softmax over 128-key blocks (docs/quantized.md)",
+                                 "flash (bf16/fp16 Q·Kᵀ and P·V, fp32 accumulation) emulated on the CPU (docs/quantized.md)",
                                  "cpu"}) {}
 };
 

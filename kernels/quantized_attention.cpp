@@ -63,7 +63,9 @@ QuantOptions current_options;
 std::string_view to_string(QuantGranularity granularity) { return name_of(kGranularities, granularity); }
 std::string_view to_string(PvAccum accumulation) { return name_of(kPvAccums, accumulation); }
 std::string_view to_string(Fp8Scale scale) { return name_of(kFp8Scales, scale); }
-std::optional<QuantGranularity> parse_quant_granularity(std::string_view text) { return parse_name(kGranularities, text); }
+std::optional<QuantGranularity> parse_quant_granularity(std::string_view text) {
+  return parse_name(kGranularities, text);
+}
 std::optional<PvAccum> parse_pv_accum(std::string_view text) { return parse_name(kPvAccums, text); }
 std::optional<Fp8Scale> parse_fp8_scale(std::string_view text) { return parse_name(kFp8Scales, text); }
 
@@ -83,7 +85,9 @@ const std::vector<std::string>& fp8_scale_names() {
 std::string quant_option_flags(const QuantOptions& options) {
   const QuantOptions defaults;
   std::string flags;
-  if (options.quant_gran != defaults.quant_gran) flags += fmt::format(" --quant_gran {}", to_string(options.quant_gran));
+  if (options.quant_gran != defaults.quant_gran) {
+    flags += fmt::format(" --quant_gran {}", to_string(options.quant_gran));
+  }
   if (!options.k_smooth) flags += " --no_k_smooth";
   if (options.pv_accum != defaults.pv_accum) flags += fmt::format(" --pv_accum_dtype {}", to_string(options.pv_accum));
   if (options.fp8_scale != defaults.fp8_scale) flags += fmt::format(" --fp8_scale {}", to_string(options.fp8_scale));
@@ -299,7 +303,9 @@ namespace {
 
 bool is_sage(QuantizedKind kind) { return kind == QuantizedKind::sage1_int8 || kind == QuantizedKind::sage2_int8_fp8; }
 
-unsigned thread_count(unsigned threads) { return threads != 0 ? threads : std::max(1u, std::thread::hardware_concurrency()); }
+unsigned thread_count(unsigned threads) {
+  return threads != 0 ? threads : std::max(1u, std::thread::hardware_concurrency());
+}
 
 // Runs body(item) for item in [0, count) on up to `threads` threads; rethrows the first exception.
 void parallel_for(std::int64_t count, unsigned threads, const std::function<void(std::int64_t)>& body) {

@@ -9,7 +9,7 @@ class Sage1Int8Cpu final : public EmulatedAttentionKernel {
   Sage1Int8Cpu()
       : EmulatedAttentionKernel(QuantizedKind::sage1_int8,
                                 {"sage1-int8-cpu",
-                                 "SageAttention-1 kind emulated on the CPU: K smoothed, INT8 Q·Kᵀ (--quant_gran), P·V as flash (docs/quantized.md)",
+                                 "sage1-int8 (K smoothed, INT8 Q·Kᵀ by --quant_gran) emulated on the CPU (docs/quantized.md)",
                                  "cpu", false, DType::int8}) {}
 };
 

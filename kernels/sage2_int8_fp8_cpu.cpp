@@ -9,7 +9,7 @@ class Sage2Int8Fp8Cpu final : public EmulatedAttentionKernel {
   Sage2Int8Fp8Cpu()
       : EmulatedAttentionKernel(QuantizedKind::sage2_int8_fp8,
                                 {"sage2-int8-fp8-cpu",
-                                 "SageAttention-2 kind emulated on the CPU: INT8 Q·Kᵀ as sage1, FP8 P·V with per-channel V (--pv_accum_dtype) (docs/quantized.md)",
+                                 "sage2-int8-fp8 (INT8 Q·Kᵀ, FP8 P·V by --pv_accum_dtype) emulated on the CPU (docs/quantized.md)",
                                  "cpu", false, DType::float8_e4m3fn}) {}
 };
 

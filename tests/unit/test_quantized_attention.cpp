@@ -11,6 +11,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "kernels/emulated_kernel.h"
@@ -33,7 +34,8 @@ HeadMatrix matrix(std::int64_t rows, std::int64_t cols, std::vector<float> value
 }
 
 // A zero (rows x cols) matrix with the given (row, col) entries set.
-HeadMatrix sparse(std::int64_t rows, std::int64_t cols, std::vector<std::tuple<std::int64_t, std::int64_t, float>> entries) {
+HeadMatrix sparse(std::int64_t rows, std::int64_t cols,
+                  std::vector<std::tuple<std::int64_t, std::int64_t, float>> entries) {
   HeadMatrix m(rows, cols);
   for (auto [i, c, value] : entries) m.row(i)[c] = value;
   return m;
@@ -224,7 +226,8 @@ TEST_CASE("quantized steps: Q's INT8 groups, scales and codes for each granulari
 
 TEST_CASE("quantized steps: K's INT8 groups are 128-key blocks, or keys equal mod 8 within one", "[quant]") {
   // 136 keys: a full block and a partial one of 8 keys.
-  const HeadMatrix k = sparse(136, 1, {{3, 0, 127.0f}, {11, 0, -254.0f}, {5, 0, 63.5f}, {130, 0, 2.5f}, {131, 0, 127.0f}});
+  const HeadMatrix k =
+      sparse(136, 1, {{3, 0, 127.0f}, {11, 0, -254.0f}, {5, 0, 63.5f}, {130, 0, 2.5f}, {131, 0, 127.0f}});
   for (auto granularity : {QuantGranularity::per_block, QuantGranularity::per_warp}) {
     const Int8Matrix m = quantize_int8(k, granularity, Int8Operand::key);
     CHECK(m.group_scale == std::vector<float>{2.0f, 1.0f});
