@@ -271,14 +271,14 @@ HeadMatrix quantize_fp8(const HeadMatrix& x, float scale) {
   return out;
 }
 
-Fp8PerChannel quantize_fp8_per_channel(const HeadMatrix& v) {
+Fp8PerChannel quantize_fp8_per_channel(const HeadMatrix& v, float target) {
   Fp8PerChannel out;
   out.values = HeadMatrix(v.rows, v.cols);
   std::vector<float> amax(static_cast<std::size_t>(v.cols), 0.0f);
   for (std::int64_t j = 0; j < v.rows; ++j)
     for (std::int64_t c = 0; c < v.cols; ++c) amax[c] = std::max(amax[c], std::fabs(v.row(j)[c]));
   out.channel_scale.resize(amax.size());
-  for (std::size_t c = 0; c < amax.size(); ++c) out.channel_scale[c] = fp8_scale_for(amax[c]);
+  for (std::size_t c = 0; c < amax.size(); ++c) out.channel_scale[c] = amax[c] / target;
   for (std::int64_t j = 0; j < v.rows; ++j)
     for (std::int64_t c = 0; c < v.cols; ++c) {
       const float scale = out.channel_scale[c];
@@ -441,7 +441,8 @@ PreparedAttentionInputs prepare_attention_inputs(const AttentionCall& call, Quan
     }
     const bool sage2 = kind == QuantizedKind::sage2_int8_fp8;
     if (sage2 && stages.quantize_pv) {
-      Fp8PerChannel v8 = quantize_fp8_per_channel(values);
+      Fp8PerChannel v8 = quantize_fp8_per_channel(
+          values, options.pv_accum == PvAccum::fp32_fp16 ? kFp16AccumVMax : kFp8Max);
       out.values = std::move(v8.values);
       out.output_factor = std::move(v8.channel_scale);
     } else if (fa3 && stages.quantize_pv) {
@@ -599,7 +600,8 @@ class HeadAttention {
         for (std::int64_t c = 0; c < dv; ++c) block_acc[c] += p * v_row[c];
       }
     } else {
-      // fp16 accumulator: each 32-key chunk summed in fp32, then added and rounded to fp16.
+      // A fresh fp16 accumulator per 32-key chunk (one k32 MMA): the chunk summed in fp32, rounded
+      // to fp16, then added in fp32.
       float* chunk = st.chunk_acc.data();
       for (std::int64_t chunk_start = 0; chunk_start < visible; chunk_start += kFp16ChunkKeys) {
         std::fill(st.chunk_acc.begin(), st.chunk_acc.end(), 0.0f);
@@ -609,7 +611,7 @@ class HeadAttention {
           const float* v_row = v + j * dv;
           for (std::int64_t c = 0; c < dv; ++c) chunk[c] += p * v_row[c];
         }
-        for (std::int64_t c = 0; c < dv; ++c) block_acc[c] = round_to_float16(block_acc[c] + chunk[c]);
+        for (std::int64_t c = 0; c < dv; ++c) block_acc[c] += round_to_float16(chunk[c]);
       }
     }
     for (std::int64_t c = 0; c < dv; ++c) acc[c] = acc[c] * alpha + block_acc[c];

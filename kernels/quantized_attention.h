@@ -57,6 +57,9 @@ inline constexpr std::int64_t kBlockK = 128;        // keys per block
 inline constexpr std::int64_t kFp16ChunkKeys = 32;  // keys summed in fp32 before an fp16 rounding
 inline constexpr float kInt8Max = 127.0f;
 inline constexpr float kFp8Max = 448.0f;  // largest finite e4m3fn
+// V's per-channel target under --pv_accum_dtype fp32+fp16: P (<= 448) times V (<= 2.25) summed
+// over a 32-key chunk stays within fp16's 65504.
+inline constexpr float kFp16AccumVMax = 2.25f;
 inline constexpr float kLog2e = 1.4426950408889634f;
 
 // ---- Element conversions (round to nearest even, as the hardware's) ----
@@ -120,7 +123,8 @@ struct Fp8PerChannel {
   HeadMatrix values;                // e4m3 values, as fp32
   std::vector<float> channel_scale;  // s_v[c]
 };
-Fp8PerChannel quantize_fp8_per_channel(const HeadMatrix& v);
+// `target` is what each channel's amax maps to: 448, or kFp16AccumVMax for fp32+fp16.
+Fp8PerChannel quantize_fp8_per_channel(const HeadMatrix& v, float target = kFp8Max);
 
 // ---- The emulation ----
 
