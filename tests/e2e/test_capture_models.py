@@ -23,6 +23,30 @@ def bits(array):
     return np.ascontiguousarray(array).tobytes()
 
 
+# The attnreplay kernel that runs each backend op the model can have used on the CPU.
+KERNEL_OF_BACKEND = {CPU_FLASH: "torch-flash-cpu", "aten::_scaled_dot_product_attention_math": "torch-math"}
+
+
+def assert_replay_reproduces_captured_out(path, tmp_path, indices=None):
+    """Replays the capture's calls (all, or `indices`) through the kernel of the backend each call
+    ran, from the captured tensors, and requires the model's own output bit for bit."""
+    import torch
+
+    calls = [c for c in read_calls(path, as_torch=True) if indices is None or c["call_index"] in indices]
+    assert calls
+    for kernel in sorted({KERNEL_OF_BACKEND[c["backend"]] for c in calls}):
+        wanted = [c for c in calls if KERNEL_OF_BACKEND[c["backend"]] == kernel]
+        ranges = ",".join(str(c["call_index"]) for c in wanted)
+        out_dir = tmp_path / kernel
+        attnreplay("run", path, "--kernels", kernel, "--calls", ranges, "--save-outputs", out_dir, "-q", *FAST)
+        for c in wanted:
+            saved = torch.load(out_dir / f"call{c['call_index']}_{kernel}.pt", weights_only=True)
+            replayed = saved["out"] if isinstance(saved, dict) else saved
+            assert replayed.shape == c["out"].shape, (c["call_index"], replayed.shape, c["out"].shape)
+            assert bits(replayed.contiguous().numpy()) == bits(c["out"].contiguous().numpy()), \
+                f"call {c['call_index']} through {kernel}: max diff {(replayed - c['out']).abs().max().item()}"
+
+
 # ---------------------------------------------------------------------------------------------
 # (a) MiniLM: 4 sentences, encoded twice, 6 layers -> 12 SDPA calls.
 
@@ -135,16 +159,8 @@ def test_diffusers_outputs_bit_identical_with_capture(diffusers_run, model):
 def test_diffusers_replay_through_the_models_backend_is_bit_identical(diffusers_run, tmp_path):
     # Every Flux and CogVideoX call, replayed through the backend the model ran (CPU flash, float32)
     # from the captured tensors, must give the model's own output exactly.
-    import torch
-
-    path = the_capture(diffusers_run["folder"] / "caps")
     assert {c["backend"] for c in diffusers_run["calls"]} == {CPU_FLASH}
-    attnreplay("run", path, "--kernels", "torch-flash-cpu", "--save-outputs", tmp_path, "-q", *FAST)
-    for c in read_calls(path, as_torch=True):
-        saved = torch.load(tmp_path / f"call{c['call_index']}_torch-flash-cpu.pt", weights_only=True)
-        replayed = saved["out"] if isinstance(saved, dict) else saved
-        assert bits(replayed.contiguous().numpy()) == bits(c["out"].contiguous().numpy()), \
-            f"call {c['call_index']}: max diff {(replayed - c['out']).abs().max().item()}"
+    assert_replay_reproduces_captured_out(the_capture(diffusers_run["folder"] / "caps"), tmp_path)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -187,6 +203,10 @@ def test_compiled_calls_hold_real_runtime_data(compiled):
         assert torch.equal(again, c["out"]), c["call_index"]
 
 
+def test_compiled_calls_replay_to_the_captured_out(compiled, tmp_path):
+    assert_replay_reproduces_captured_out(the_capture(compiled["folder"] / "caps"), tmp_path)
+
+
 def test_compiled_outputs_bit_identical_with_capture(compiled):
     plain, captured = np.load(compiled["folder"] / "plain.npy"), np.load(compiled["folder"] / "captured.npy")
     assert bits(plain) == bits(captured)
@@ -223,6 +243,12 @@ def test_variant_captured_out_is_the_models_output(variants):
     plain = np.load(variants["folder"] / "plain.npz")
     for name, c in variants["calls"].items():
         assert bits(c["out"]) == bits(plain[name]), name
+
+
+def test_variant_calls_replay_to_the_captured_out(variants, tmp_path):
+    # Dropout is left out: replay runs without it (and says so).
+    keep = {c["call_index"] for name, c in variants["calls"].items() if name != "dropout"}
+    assert_replay_reproduces_captured_out(the_capture(variants["folder"] / "caps"), tmp_path, keep)
 
 
 def test_inference_mode_call_is_captured(variants):
