@@ -1,0 +1,60 @@
+#pragma once
+// What the attention kernels read, as prepared by kernels/cuda/quantize.cu, and one launcher per
+// kind (kernels/cuda/{flash,sage1_int8,sage2_int8_fp8,fa3_fp8}.cu). Internal to kernels/cuda.
+#include <cstdint>
+
+#include "kernels/cuda/cuda_attention.h"
+
+namespace attnreplay::cuda_attention {
+
+// The definition's blocks (docs/quantized.md): 64 query rows per CTA in 4 warp tiles of 16, keys
+// in blocks of 128.
+inline constexpr int kBlockQ = 64;
+inline constexpr int kWarpQ = 16;
+inline constexpr int kBlockK = 128;
+inline constexpr int kAttentionThreads = 128;
+
+inline std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+// Per kind, the buffers (all (batch, heads, ...) with heads the kind's own: heads_q for Q and the
+// output, heads_kv for K and V):
+//   flash: q, k, v rows of head_dim input elements (bhsd).
+//   sage1: q, k INT8 codes, rows padded to 64 / 128 with zeros; q_scale, k_scale per group;
+//          v as flash.
+//   sage2: q, k as sage1; v e4m3, transposed to (head_dim, v_length keys) with the keys of each
+//          32 permuted as the m16n8k32 A fragment of P holds them; v_scale per channel
+//          (s_v / 448, applied to the output).
+//   fa3:   q, k e4m3 rows, padded as sage1; v as sage2; q_scale, k_scale, v_scale one per head.
+struct AttentionArgs {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  void* out = nullptr;  // (batch, heads_q, seq_q, head_dim), input element type
+  const float* q_scale = nullptr;
+  const float* k_scale = nullptr;
+  const float* v_scale = nullptr;
+  std::int64_t seq_q = 0;
+  std::int64_t seq_kv = 0;
+  std::int64_t q_rows = 0;    // rows stored per head of q (seq_q, or padded)
+  std::int64_t k_rows = 0;    // rows stored per head of k
+  std::int64_t v_length = 0;  // rows stored per head of v (16-bit), or keys per channel (e4m3)
+  std::int64_t q_groups = 0;  // Sage: scales per head of q
+  std::int64_t k_groups = 0;  // Sage: scales per head of k
+  int heads_q = 0;
+  int heads_kv = 0;
+  int batch = 0;
+  int head_dim = 0;
+  Element element = Element::bf16;
+  Granularity granularity = Granularity::per_warp;
+  PvAccumulation pv_accumulation = PvAccumulation::fp32_fp32;
+  float score_scale = 0;  // softmax scale * log2e, in fp32 as the emulation computes it
+  bool causal = false;
+  std::int64_t causal_offset = 0;  // key j visible to row i when j <= i + causal_offset
+};
+
+void launch_flash(const AttentionArgs& args);
+void launch_sage1_int8(const AttentionArgs& args);
+void launch_sage2_int8_fp8(const AttentionArgs& args);
+void launch_fa3_fp8(const AttentionArgs& args);
+
+}  // namespace attnreplay::cuda_attention

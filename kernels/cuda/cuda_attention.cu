@@ -1,0 +1,307 @@
+// One call on the GPU (kernels/cuda/cuda_attention.h): its buffers, the input preparation of each
+// kind, the launch, and the checks of whether this device and build can run a kind at all.
+#include <cuda_runtime.h>
+
+#include <limits>
+
+#include "kernels/cuda/attention_launch.h"
+#include "kernels/cuda/cuda_attention.h"
+#include "kernels/cuda/device_utils.cuh"
+#include "kernels/cuda/quantize.h"
+
+#ifndef ATTNREPLAY_CUDA_ARCHITECTURES
+#define ATTNREPLAY_CUDA_ARCHITECTURES "unknown"
+#endif
+
+namespace attnreplay::cuda_attention {
+namespace {
+
+// Compiled for the same architectures as every kernel here: whether the device can load it says
+// whether it can load them.
+__global__ void probe_kernel() {}
+
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  ~DeviceBuffer() {
+    if (pointer_) cudaFree(pointer_);
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  void allocate(std::size_t bytes, const std::string& what) {
+    if (pointer_) cudaFree(pointer_);
+    pointer_ = nullptr;
+    const cudaError_t status = cudaMalloc(&pointer_, bytes);
+    if (status != cudaSuccess) {
+      pointer_ = nullptr;
+      cudaGetLastError();  // out of memory is not sticky: clear it for the kernels that follow
+      throw std::runtime_error(std::string(__FILE__) + ":" + std::to_string(__LINE__) + ": cudaMalloc of " + what +
+                               " (" + std::to_string(bytes) + " bytes): " + cudaGetErrorName(status) + ": " +
+                               cudaGetErrorString(status));
+    }
+    bytes_ = bytes;
+  }
+  template <typename T = void>
+  T* as() const {
+    return static_cast<T*>(pointer_);
+  }
+  std::size_t bytes() const { return bytes_; }
+
+ private:
+  void* pointer_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+std::string capability_of(const cudaDeviceProp& properties) {
+  return std::to_string(properties.major) + "." + std::to_string(properties.minor);
+}
+
+}  // namespace
+
+std::string device_unsupported_reason(Kind kind) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    return "no CUDA device";
+  }
+  int device = 0;
+  cudaDeviceProp properties{};
+  if (cudaGetDevice(&device) != cudaSuccess || cudaGetDeviceProperties(&properties, device) != cudaSuccess) {
+    cudaGetLastError();
+    return "cannot query the CUDA device";
+  }
+  const int capability = properties.major * 10 + properties.minor;
+  const bool fp8 = kind == Kind::sage2_int8_fp8 || kind == Kind::fa3_fp8;
+  if (fp8 && capability < 89) {
+    return "FP8 (e4m3) mma needs compute capability 8.9 or newer; " + std::string(properties.name) + " has " +
+           capability_of(properties);
+  }
+  if (capability < 80) {
+    return "bf16/INT8 mma.sync needs compute capability 8.0 or newer; " + std::string(properties.name) + " has " +
+           capability_of(properties);
+  }
+  cudaFuncAttributes attributes{};
+  if (cudaFuncGetAttributes(&attributes, probe_kernel) != cudaSuccess) {
+    cudaGetLastError();
+    return "this build has no code for compute capability " + capability_of(properties) +
+           " (CUDA architectures: " ATTNREPLAY_CUDA_ARCHITECTURES ")";
+  }
+  return "";
+}
+
+std::string problem_unsupported_reason(const Problem& p) {
+  if (p.head_dim != 64 && p.head_dim != 128) {
+    return "head dim " + std::to_string(p.head_dim) + ": the CUDA kernels take 64 or 128";
+  }
+  constexpr std::int64_t kGridLimit = 65535;  // grid y (heads) and z (batch)
+  if (p.heads_q > kGridLimit || p.batch > kGridLimit) {
+    return "more than 65535 heads or batch entries (" + std::to_string(p.heads_q) + ", " + std::to_string(p.batch) + ")";
+  }
+  if (p.heads_kv <= 0 || p.heads_q % p.heads_kv != 0) return "heads_q must be a multiple of heads_kv";
+  if (ceil_div(p.seq_q, kBlockQ) > std::numeric_limits<int>::max()) return "seq_q too long for the grid";
+  return "";
+}
+
+struct Attention::State {
+  Kind kind = Kind::flash;
+  Problem p;
+  Options options;
+  DeviceBuffer q_in, k_in, v_in;        // as uploaded, in the call's layout
+  DeviceBuffer q_work, k_work, v_work;  // what the attention reads, when not the uploads
+  DeviceBuffer q_scale, k_scale, v_scale, v_factor, k_mean;
+  DeviceBuffer q_amax, k_amax, v_amax;
+  DeviceBuffer out;
+  AttentionArgs args;
+
+  InputView view(const DeviceBuffer& buffer, std::int64_t heads, std::int64_t seq) const {
+    InputView v;
+    v.data = buffer.as();
+    const std::int64_t d = p.head_dim;
+    if (p.bshd) v.stride_b = seq * heads * d, v.stride_h = d, v.stride_s = heads * d;
+    else v.stride_b = heads * seq * d, v.stride_h = seq * d, v.stride_s = d;
+    v.batch = static_cast<int>(p.batch);
+    v.heads = static_cast<int>(heads);
+    v.seq = seq;
+    v.head_dim = static_cast<int>(d);
+    v.element = p.element;
+    return v;
+  }
+  InputView q_view() const { return view(q_in, p.heads_q, p.seq_q); }
+  InputView k_view() const { return view(k_in, p.heads_kv, p.seq_kv); }
+  InputView v_view() const { return view(v_in, p.heads_kv, p.seq_kv); }
+};
+
+Attention::Attention(Kind kind, const Problem& p, const Options& options, const void* q, const void* k,
+                     const void* v)
+    : state_(std::make_unique<State>()) {
+  if (const std::string reason = problem_unsupported_reason(p); !reason.empty()) throw std::invalid_argument(reason);
+  State& s = *state_;
+  s.kind = kind;
+  s.p = p;
+  s.options = options;
+  const std::size_t d = static_cast<std::size_t>(p.head_dim);
+  const std::size_t q_rows_all = static_cast<std::size_t>(p.batch * p.heads_q * p.seq_q);
+  const std::size_t kv_rows_all = static_cast<std::size_t>(p.batch * p.heads_kv * p.seq_kv);
+  s.q_in.allocate(q_rows_all * d * 2, "Q");
+  s.k_in.allocate(kv_rows_all * d * 2, "K");
+  s.v_in.allocate(kv_rows_all * d * 2, "V");
+  ATTNREPLAY_CUDA_CHECK(cudaMemcpy(s.q_in.as(), q, s.q_in.bytes(), cudaMemcpyHostToDevice));
+  ATTNREPLAY_CUDA_CHECK(cudaMemcpy(s.k_in.as(), k, s.k_in.bytes(), cudaMemcpyHostToDevice));
+  ATTNREPLAY_CUDA_CHECK(cudaMemcpy(s.v_in.as(), v, s.v_in.bytes(), cudaMemcpyHostToDevice));
+  s.out.allocate(q_rows_all * d * 2, "the output");
+
+  AttentionArgs& a = s.args;
+  a.out = s.out.as();
+  a.seq_q = p.seq_q;
+  a.seq_kv = p.seq_kv;
+  a.heads_q = static_cast<int>(p.heads_q);
+  a.heads_kv = static_cast<int>(p.heads_kv);
+  a.batch = static_cast<int>(p.batch);
+  a.head_dim = static_cast<int>(p.head_dim);
+  a.element = p.element;
+  a.granularity = options.granularity;
+  a.pv_accumulation = options.pv_accumulation;
+  // In fp32 as the emulation has it: float(scale) * float(log2 e).
+  a.score_scale = static_cast<float>(p.scale) * 1.4426950408889634f;
+  a.causal = p.causal;
+  a.causal_offset = p.causal && p.bottom_right ? p.seq_kv - p.seq_q : 0;
+
+  const std::int64_t q_rows = ceil_div(p.seq_q, kBlockQ) * kBlockQ;  // padded, quantized kinds
+  const std::int64_t k_rows = ceil_div(p.seq_kv, kBlockK) * kBlockK;
+  const std::size_t bq = static_cast<std::size_t>(p.batch * p.heads_q);
+  const std::size_t bkv = static_cast<std::size_t>(p.batch * p.heads_kv);
+  switch (kind) {
+    case Kind::flash:
+      a.q_rows = p.seq_q, a.k_rows = p.seq_kv, a.v_length = p.seq_kv;
+      if (p.bshd) {
+        s.q_work.allocate(s.q_in.bytes(), "Q (bhsd)");
+        s.k_work.allocate(s.k_in.bytes(), "K (bhsd)");
+        s.v_work.allocate(s.v_in.bytes(), "V (bhsd)");
+        a.q = s.q_work.as(), a.k = s.k_work.as(), a.v = s.v_work.as();
+      } else {
+        a.q = s.q_in.as(), a.k = s.k_in.as(), a.v = s.v_in.as();
+      }
+      break;
+    case Kind::sage1_int8:
+    case Kind::sage2_int8_fp8: {
+      a.q_rows = q_rows, a.k_rows = k_rows;
+      a.q_groups = q_rows / kBlockQ * int8_groups_per_block(false, options.granularity);
+      a.k_groups = k_rows / kBlockK * int8_groups_per_block(true, options.granularity);
+      s.q_work.allocate(bq * static_cast<std::size_t>(q_rows) * d, "Q codes");
+      s.k_work.allocate(bkv * static_cast<std::size_t>(k_rows) * d, "K codes");
+      s.q_scale.allocate(bq * static_cast<std::size_t>(a.q_groups) * sizeof(float), "Q scales");
+      s.k_scale.allocate(bkv * static_cast<std::size_t>(a.k_groups) * sizeof(float), "K scales");
+      if (options.k_smooth) s.k_mean.allocate(bkv * d * sizeof(float), "K channel means");
+      a.q = s.q_work.as(), a.k = s.k_work.as();
+      a.q_scale = s.q_scale.as<float>(), a.k_scale = s.k_scale.as<float>();
+      if (kind == Kind::sage1_int8) {
+        a.v_length = p.seq_kv;
+        if (p.bshd) s.v_work.allocate(s.v_in.bytes(), "V (bhsd)");
+        a.v = p.bshd ? s.v_work.as() : s.v_in.as();
+      } else {
+        a.v_length = k_rows;
+        s.v_work.allocate(bkv * d * static_cast<std::size_t>(k_rows), "V (e4m3)");
+        s.v_amax.allocate(bkv * d * sizeof(unsigned), "V amax");
+        s.v_scale.allocate(bkv * d * sizeof(float), "V scales");
+        s.v_factor.allocate(bkv * d * sizeof(float), "V dequantization");
+        a.v = s.v_work.as();
+        a.v_scale = s.v_factor.as<float>();
+      }
+      break;
+    }
+    case Kind::fa3_fp8:
+      a.q_rows = q_rows, a.k_rows = k_rows, a.v_length = k_rows;
+      s.q_work.allocate(bq * static_cast<std::size_t>(q_rows) * d, "Q (e4m3)");
+      s.k_work.allocate(bkv * static_cast<std::size_t>(k_rows) * d, "K (e4m3)");
+      s.v_work.allocate(bkv * d * static_cast<std::size_t>(k_rows), "V (e4m3)");
+      s.q_amax.allocate(bq * sizeof(unsigned), "Q amax");
+      s.k_amax.allocate(bkv * sizeof(unsigned), "K amax");
+      s.v_amax.allocate(bkv * sizeof(unsigned), "V amax");
+      s.q_scale.allocate(bq * sizeof(float), "Q scales");
+      s.k_scale.allocate(bkv * sizeof(float), "K scales");
+      s.v_scale.allocate(bkv * sizeof(float), "V scales");
+      a.q = s.q_work.as(), a.k = s.k_work.as(), a.v = s.v_work.as();
+      a.q_scale = s.q_scale.as<float>(), a.k_scale = s.k_scale.as<float>(), a.v_scale = s.v_scale.as<float>();
+      break;
+  }
+  prepare_inputs();
+  synchronize();
+}
+
+Attention::~Attention() = default;
+
+bool Attention::has_preparation() const { return state_->kind != Kind::flash || state_->p.bshd; }
+
+void Attention::prepare_inputs() {
+  State& s = *state_;
+  const AttentionArgs& a = s.args;
+  switch (s.kind) {
+    case Kind::flash:
+      if (s.p.bshd) {
+        copy_to_bhsd(s.q_view(), s.q_work.as());
+        copy_to_bhsd(s.k_view(), s.k_work.as());
+        copy_to_bhsd(s.v_view(), s.v_work.as());
+      }
+      break;
+    case Kind::sage1_int8:
+    case Kind::sage2_int8_fp8: {
+      const float* mean = nullptr;
+      if (s.options.k_smooth) {
+        channel_means(s.k_view(), s.k_mean.as<float>());
+        mean = s.k_mean.as<float>();
+      }
+      quantize_int8(s.q_view(), false, s.options.granularity, a.score_scale, nullptr,
+                    {s.q_work.as<std::int8_t>(), a.q_rows, s.q_scale.as<float>(), a.q_groups});
+      quantize_int8(s.k_view(), true, s.options.granularity, 1.0f, mean,
+                    {s.k_work.as<std::int8_t>(), a.k_rows, s.k_scale.as<float>(), a.k_groups});
+      if (s.kind == Kind::sage1_int8) {
+        if (s.p.bshd) copy_to_bhsd(s.v_view(), s.v_work.as());
+      } else {
+        const int channels = static_cast<int>(s.p.batch * s.p.heads_kv * s.p.head_dim);
+        abs_max(s.v_view(), true, s.v_amax.as<unsigned>());
+        fp8_scales(s.v_amax.as<unsigned>(), channels, s.v_scale.as<float>(), s.v_factor.as<float>());
+        quantize_fp8_values(s.v_view(), s.v_scale.as<float>(), true, s.v_work.as<std::uint8_t>(), a.v_length);
+      }
+      break;
+    }
+    case Kind::fa3_fp8: {
+      const bool per_tensor = s.options.fp8_scale == Fp8ScaleGranularity::per_tensor;
+      auto scales = [&](const InputView& in, DeviceBuffer& amax, DeviceBuffer& scale) {
+        const int heads = in.batch * in.heads;
+        abs_max(in, false, amax.as<unsigned>());
+        if (per_tensor) broadcast_max(amax.as<unsigned>(), heads);
+        fp8_scales(amax.as<unsigned>(), heads, scale.as<float>(), nullptr);
+      };
+      scales(s.q_view(), s.q_amax, s.q_scale);
+      scales(s.k_view(), s.k_amax, s.k_scale);
+      scales(s.v_view(), s.v_amax, s.v_scale);
+      quantize_fp8_rows(s.q_view(), s.q_scale.as<float>(), s.q_work.as<std::uint8_t>(), a.q_rows);
+      quantize_fp8_rows(s.k_view(), s.k_scale.as<float>(), s.k_work.as<std::uint8_t>(), a.k_rows);
+      quantize_fp8_values(s.v_view(), s.v_scale.as<float>(), false, s.v_work.as<std::uint8_t>(), a.v_length);
+      break;
+    }
+  }
+}
+
+void Attention::run() {
+  const AttentionArgs& a = state_->args;
+  switch (state_->kind) {
+    case Kind::flash: return launch_flash(a);
+    case Kind::sage1_int8: return launch_sage1_int8(a);
+    case Kind::sage2_int8_fp8: return launch_sage2_int8_fp8(a);
+    case Kind::fa3_fp8: return launch_fa3_fp8(a);
+  }
+}
+
+void Attention::synchronize() { ATTNREPLAY_CUDA_CHECK(cudaDeviceSynchronize()); }
+
+void Attention::download_output(void* host, std::size_t bytes) {
+  if (bytes != state_->out.bytes()) {
+    throw std::invalid_argument("download_output: " + std::to_string(bytes) + " bytes asked for, the output has " +
+                                std::to_string(state_->out.bytes()));
+  }
+  ATTNREPLAY_CUDA_CHECK(cudaMemcpy(host, state_->out.as(), bytes, cudaMemcpyDeviceToHost));
+}
+
+}  // namespace attnreplay::cuda_attention

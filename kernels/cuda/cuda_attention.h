@@ -1,0 +1,72 @@
+#pragma once
+// The CUDA side of attnreplay's own attention kernels (flash, sage1-int8, sage2-int8-fp8, fa3-fp8;
+// docs/quantized.md) behind a C++17 interface, so that nvcc never sees the project's C++20
+// headers. kernels/cuda_attention_kernel.cpp builds the registered Kernels on it.
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace attnreplay::cuda_attention {
+
+enum class Kind { flash, sage1_int8, sage2_int8_fp8, fa3_fp8 };
+enum class Element { bf16, fp16 };
+enum class Granularity { per_block, per_warp, per_thread };
+enum class PvAccumulation { fp32, fp32_fp32, fp32_fp16 };
+enum class Fp8ScaleGranularity { per_tensor, per_head };
+
+struct Problem {
+  std::int64_t batch = 0;
+  std::int64_t heads_q = 0;
+  std::int64_t heads_kv = 0;
+  std::int64_t seq_q = 0;
+  std::int64_t seq_kv = 0;
+  std::int64_t head_dim = 0;  // of Q, K and V alike
+  Element element = Element::bf16;
+  bool bshd = false;  // Q, K, V are (batch, seq, heads, dim); otherwise (batch, heads, seq, dim)
+  bool causal = false;
+  bool bottom_right = false;  // causal alignment: key j visible to row i when j <= i + s_kv - s_q
+  double scale = 0;           // softmax scale
+};
+
+struct Options {
+  Granularity granularity = Granularity::per_warp;
+  bool k_smooth = true;
+  PvAccumulation pv_accumulation = PvAccumulation::fp32_fp32;
+  Fp8ScaleGranularity fp8_scale = Fp8ScaleGranularity::per_head;
+};
+
+// Empty when the current CUDA device can run `kind`; otherwise why not (no device, compute
+// capability too low for FP8, or no code in this build for the device's architecture).
+std::string device_unsupported_reason(Kind kind);
+// Empty when the kernels take `problem` (head dim, sizes); otherwise why not.
+std::string problem_unsupported_reason(const Problem& problem);
+
+// One call on the GPU: inputs uploaded once, prepared (layout change, K smoothing, quantization)
+// on the GPU, attention run as often as asked. All work is queued on the default stream.
+class Attention {
+ public:
+  // q, k, v: the call's host bytes in its layout (contiguous). Uploads and prepares once.
+  Attention(Kind kind, const Problem& problem, const Options& options, const void* q, const void* k,
+            const void* v);
+  ~Attention();
+  Attention(const Attention&) = delete;
+  Attention& operator=(const Attention&) = delete;
+
+  // Whether prepare_inputs() does any work (it does not for flash on bhsd inputs).
+  bool has_preparation() const;
+  // Redoes the input preparation from the uploaded inputs.
+  void prepare_inputs();
+  // Queues the attention alone.
+  void run();
+  // Waits for queued work; reports a kernel fault with the place it was noticed.
+  void synchronize();
+  // The output (batch, heads_q, seq_q, head_dim) in the input element type: `bytes` must be its size.
+  void download_output(void* host, std::size_t bytes);
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace attnreplay::cuda_attention

@@ -1,0 +1,9 @@
+// `fa3-fp8` (FlashAttention-3 FP8 kind): e4m3 Q, K and V with a scale per tensor or per head,
+// e4m3 P unscaled, fp32 accumulation (docs/quantized.md).
+#include "kernels/cuda/attention_kernel.cuh"
+
+namespace attnreplay::cuda_attention {
+
+void launch_fa3_fp8(const AttentionArgs& args) { dispatch_attention<Kind::fa3_fp8, PvAccumulation::fp32_fp32>(args); }
+
+}  // namespace attnreplay::cuda_attention

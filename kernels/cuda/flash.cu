@@ -1,0 +1,9 @@
+// `flash`: Q·Kᵀ and P·V in the input dtype (bf16/fp16) on tensor cores with fp32 accumulation, P
+// rounded to the input dtype; the un-quantized baseline of docs/quantized.md.
+#include "kernels/cuda/attention_kernel.cuh"
+
+namespace attnreplay::cuda_attention {
+
+void launch_flash(const AttentionArgs& args) { dispatch_attention<Kind::flash, PvAccumulation::fp32_fp32>(args); }
+
+}  // namespace attnreplay::cuda_attention

@@ -1,0 +1,414 @@
+// Input preparation kernels (kernels/cuda/quantize.h). Arithmetic is the definition's, operation
+// by operation (docs/quantized.md) and as kernels/quantized_attention.cpp emulates it: the _rn
+// intrinsics keep nvcc from fusing a multiply and an add into one rounding.
+#include <algorithm>
+#include <climits>
+
+#include "kernels/cuda/attention_launch.h"
+#include "kernels/cuda/device_utils.cuh"
+#include "kernels/cuda/quantize.h"
+
+namespace attnreplay::cuda_attention {
+namespace {
+
+constexpr int kQuantThreads = 256;
+
+template <typename Elem>
+__device__ __forceinline__ const Elem* row_pointer(const InputView& in, std::int64_t b, std::int64_t h,
+                                                   std::int64_t s) {
+  return static_cast<const Elem*>(in.data) + b * in.stride_b + h * in.stride_h + s * in.stride_s;
+}
+
+// Eight 16-bit elements (16 bytes, aligned) as floats.
+template <typename Elem>
+__device__ __forceinline__ void load8(const Elem* p, float (&x)[8]) {
+  const uint4 raw = *reinterpret_cast<const uint4*>(p);
+  const Elem* e = reinterpret_cast<const Elem*>(&raw);
+#pragma unroll
+  for (int k = 0; k < 8; ++k) x[k] = to_float(e[k]);
+}
+
+unsigned grid_for(std::int64_t items, int threads) {
+  // Enough CTAs to fill an H100 many times over; grid-stride loops take the rest.
+  return static_cast<unsigned>(std::max<std::int64_t>(1, std::min<std::int64_t>(ceil_div(items, threads), 65536)));
+}
+
+// ---- Layout change ----
+
+__global__ void copy_to_bhsd_kernel(const InputView in, uint4* out) {
+  const int vectors_per_row = in.head_dim * 2 / 16;
+  const std::int64_t total = static_cast<std::int64_t>(in.batch) * in.heads * in.seq * vectors_per_row;
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const int vector = static_cast<int>(i % vectors_per_row);
+    const std::int64_t row = i / vectors_per_row;
+    const std::int64_t s = row % in.seq, bh = row / in.seq;
+    const auto* src = reinterpret_cast<const uint4*>(row_pointer<std::uint16_t>(in, bh / in.heads, bh % in.heads, s));
+    out[i] = src[vector];
+  }
+}
+
+// ---- K smoothing: channel means, summed in key order ----
+
+constexpr int kMeanChannels = 32;  // one warp sums them; a CTA per (b, h, 32 channels)
+constexpr int kMeanKeys = 256;     // keys a shared-memory stage
+
+template <typename Elem>
+__global__ void __launch_bounds__(128) channel_mean_kernel(const InputView in, float* mean) {
+  // The order of the sum is the definition's, so one thread adds up one channel; the CTA streams
+  // the keys through shared memory (double-buffered) so that its adds never wait for DRAM.
+  __shared__ __align__(16) Elem stage[2][kMeanKeys][kMeanChannels];
+  const int c0 = static_cast<int>(blockIdx.x) * kMeanChannels;
+  const int h = static_cast<int>(blockIdx.y), b = static_cast<int>(blockIdx.z);
+  const Elem* base = row_pointer<Elem>(in, b, h, 0) + c0;
+  const std::int64_t stages = (in.seq + kMeanKeys - 1) / kMeanKeys;
+  auto load = [&](std::int64_t st) {
+    constexpr int kVectorsPerKey = kMeanChannels * 2 / 16;
+    for (int v = static_cast<int>(threadIdx.x); v < kMeanKeys * kVectorsPerKey; v += blockDim.x) {
+      const int row = v / kVectorsPerKey, column = (v % kVectorsPerKey) * 8;
+      const std::int64_t key = st * kMeanKeys + row;
+      const bool valid = key < in.seq;
+      cp_async_16(&stage[st % 2][row][column], valid ? base + key * in.stride_s + column : base, valid);
+    }
+  };
+  load(0);
+  cp_async_commit();
+  float sum = 0.0f;
+  for (std::int64_t st = 0; st < stages; ++st) {
+    if (st + 1 < stages) {
+      load(st + 1);  // into the buffer every thread finished reading at the end of st - 1
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    if (threadIdx.x < kMeanChannels) {
+      const int keys = static_cast<int>(min(static_cast<std::int64_t>(kMeanKeys), in.seq - st * kMeanKeys));
+      for (int j = 0; j < keys; ++j) sum = __fadd_rn(sum, to_float(stage[st % 2][j][threadIdx.x]));
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x < kMeanChannels) {
+    const std::int64_t head = static_cast<std::int64_t>(b) * in.heads + h;
+    mean[head * in.head_dim + c0 + threadIdx.x] = __fdiv_rn(sum, static_cast<float>(in.seq));
+  }
+}
+
+// ---- INT8 codes with a scale per group ----
+
+struct Int8Job {
+  bool is_key = false;
+  Granularity granularity = Granularity::per_warp;
+  float pre_scale = 1.0f;
+  const float* mean = nullptr;
+  Int8Output out;
+  int groups_per_block = 1;
+};
+
+// A CTA quantizes one block of rows (64 of Q, 128 of K) of one (b, h): every group lies inside it.
+template <typename Elem, int kDim, int kRows>
+__global__ void __launch_bounds__(kQuantThreads) quantize_int8_kernel(const InputView in, const Int8Job job) {
+  constexpr int kThreadsPerRow = kQuantThreads / kRows;
+  constexpr int kPerThread = kDim / kThreadsPerRow;
+  static_assert(kPerThread % 16 == 0, "whole 16-byte vectors of codes");
+  __shared__ float row_amax[kRows];
+  const int r = static_cast<int>(threadIdx.x) / kThreadsPerRow;
+  const int part = static_cast<int>(threadIdx.x) % kThreadsPerRow;
+  const std::int64_t block = blockIdx.x;
+  const int h = static_cast<int>(blockIdx.y), b = static_cast<int>(blockIdx.z);
+  const std::int64_t head = static_cast<std::int64_t>(b) * in.heads + h;
+  const std::int64_t i = block * kRows + r;
+  const int c0 = part * kPerThread;
+
+  float x[kPerThread];
+  float amax = 0.0f;
+  if (i < in.seq) {
+    const Elem* src = row_pointer<Elem>(in, b, h, i) + c0;
+#pragma unroll
+    for (int v = 0; v < kPerThread / 8; ++v) {
+      float e[8];
+      load8(src + v * 8, e);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        float value = __fmul_rn(e[k], job.pre_scale);  // pre_scale is 1 for K: exact
+        if (job.mean) value = __fsub_rn(value, job.mean[head * kDim + c0 + v * 8 + k]);
+        x[v * 8 + k] = value;
+      }
+    }
+  } else {
+    // Rows past the end belong to no group: zero, they leave every amax as it is.
+#pragma unroll
+    for (int k = 0; k < kPerThread; ++k) x[k] = 0.0f;
+  }
+#pragma unroll
+  for (int k = 0; k < kPerThread; ++k) amax = fmaxf(amax, fabsf(x[k]));
+#pragma unroll
+  for (int offset = 1; offset < kThreadsPerRow; offset *= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
+  if (part == 0) row_amax[r] = amax;
+  __syncthreads();
+
+  // This row's group: its first row, stride and size, and the group's index in the block.
+  int first = 0, stride = 1, count = kRows, index = 0;
+  bool leader = r == 0;
+  if (!job.is_key && job.granularity == Granularity::per_warp) {
+    first = r / kWarpQ * kWarpQ, count = kWarpQ, index = r / kWarpQ, leader = r % kWarpQ == 0;
+  } else if (!job.is_key && job.granularity == Granularity::per_thread) {
+    // Rows r and r + 8 of a warp tile: the rows one thread's MMA fragment holds.
+    first = r / kWarpQ * kWarpQ + r % 8, stride = 8, count = 2, index = r / kWarpQ * 8 + r % 8;
+    leader = r % kWarpQ < 8;
+  } else if (job.is_key && job.granularity == Granularity::per_thread) {
+    // Keys with equal index mod 8: the key columns one thread's fragment holds.
+    first = r % 8, stride = 8, count = kRows / 8, index = r % 8, leader = r < 8;
+  }
+  float group_amax = 0.0f;
+  for (int k = 0; k < count; ++k) group_amax = fmaxf(group_amax, row_amax[first + k * stride]);
+  const float scale = __fdiv_rn(group_amax, 127.0f);
+
+  std::int8_t* dst = job.out.codes + (head * job.out.rows + i) * kDim + c0;
+#pragma unroll
+  for (int v = 0; v < kPerThread / 16; ++v) {
+    alignas(16) std::int8_t codes[16];
+#pragma unroll
+    for (int k = 0; k < 16; ++k) {
+      const int code = scale == 0.0f ? 0 : __float2int_rn(__fdiv_rn(x[v * 16 + k], scale));
+      codes[k] = static_cast<std::int8_t>(max(-127, min(127, code)));
+    }
+    reinterpret_cast<uint4*>(dst)[v] = *reinterpret_cast<const uint4*>(codes);
+  }
+  if (part == 0 && leader) {
+    job.out.scales[head * job.out.groups + block * job.groups_per_block + index] = scale;
+  }
+}
+
+// ---- max |x| ----
+
+template <typename Elem, int kDim>
+__global__ void __launch_bounds__(kQuantThreads) abs_max_kernel(const InputView in, bool per_channel,
+                                                                unsigned* amax) {
+  constexpr int kVectors = kDim / 8;
+  constexpr int kRowsAPass = kQuantThreads / kVectors;
+  constexpr int kKeys = 256;  // keys a CTA
+  __shared__ float partial[kRowsAPass][kDim];
+  const int vector = static_cast<int>(threadIdx.x) % kVectors, row = static_cast<int>(threadIdx.x) / kVectors;
+  const int h = static_cast<int>(blockIdx.y), b = static_cast<int>(blockIdx.z);
+  const std::int64_t head = static_cast<std::int64_t>(b) * in.heads + h;
+  const std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * kKeys;
+  const std::int64_t end = min(in.seq, first + kKeys);
+  float m[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (std::int64_t s = first + row; s < end; s += kRowsAPass) {
+    float x[8];
+    load8(row_pointer<Elem>(in, b, h, s) + vector * 8, x);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) m[k] = fmaxf(m[k], fabsf(x[k]));
+  }
+#pragma unroll
+  for (int k = 0; k < 8; ++k) partial[row][vector * 8 + k] = m[k];
+  __syncthreads();
+  // max is exact in any order: atomics across CTAs change nothing.
+  if (per_channel) {
+    if (threadIdx.x < kDim) {
+      float channel = 0.0f;
+      for (int r = 0; r < kRowsAPass; ++r) channel = fmaxf(channel, partial[r][threadIdx.x]);
+      atomicMax(amax + head * kDim + threadIdx.x, __float_as_uint(channel));
+    }
+  } else if (threadIdx.x < 32) {
+    float all = 0.0f;
+    for (int k = static_cast<int>(threadIdx.x); k < kRowsAPass * kDim; k += 32) all = fmaxf(all, (&partial[0][0])[k]);
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) all = fmaxf(all, __shfl_xor_sync(0xffffffffu, all, offset));
+    if (threadIdx.x == 0) atomicMax(amax + head, __float_as_uint(all));
+  }
+}
+
+__global__ void broadcast_max_kernel(unsigned* amax, int count) {
+  __shared__ unsigned block_max;
+  if (threadIdx.x == 0) block_max = 0;
+  __syncthreads();
+  unsigned m = 0;
+  for (int i = static_cast<int>(threadIdx.x); i < count; i += blockDim.x) m = max(m, amax[i]);
+  atomicMax(&block_max, m);
+  __syncthreads();
+  for (int i = static_cast<int>(threadIdx.x); i < count; i += blockDim.x) amax[i] = block_max;
+}
+
+__global__ void fp8_scales_kernel(const unsigned* amax, int count, float* scales, float* output_factor) {
+  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i >= count) return;
+  const float scale = __fdiv_rn(__uint_as_float(amax[i]), 448.0f);
+  scales[i] = scale;
+  if (output_factor) output_factor[i] = __fdiv_rn(scale, 448.0f);
+}
+
+// ---- FP8 ----
+
+__device__ __forceinline__ std::uint8_t fp8_code(float x, float scale) {
+  return scale == 0.0f ? std::uint8_t{0} : to_e4m3(__fdiv_rn(x, scale));
+}
+
+template <typename Elem>
+__global__ void quantize_fp8_rows_kernel(const InputView in, const float* head_scales, std::uint8_t* out,
+                                         std::int64_t rows) {
+  const int vectors_per_row = in.head_dim / 16;  // 16 codes a vector
+  const std::int64_t total = static_cast<std::int64_t>(in.batch) * in.heads * rows * vectors_per_row;
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const int vector = static_cast<int>(i % vectors_per_row);
+    const std::int64_t row = i / vectors_per_row;
+    const std::int64_t s = row % rows, head = row / rows;
+    alignas(16) std::uint8_t codes[16] = {};
+    if (s < in.seq) {
+      const float scale = head_scales[head];
+      const Elem* src = row_pointer<Elem>(in, head / in.heads, head % in.heads, s) + vector * 16;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        float x[8];
+        load8(src + half * 8, x);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) codes[half * 8 + k] = fp8_code(x[k], scale);
+      }
+    }
+    reinterpret_cast<uint4*>(out)[i] = *reinterpret_cast<const uint4*>(codes);
+  }
+}
+
+// The key a position of V's permuted 32-key chunk holds: position p = 4 t + e of the lower or upper
+// 16 is what lane-column t's A-fragment byte e of P is, keys 2t, 2t + 1, 8 + 2t, 9 + 2t (+ 16).
+__device__ __forceinline__ int permuted_key(int p) {
+  return (p & 16) | (((p >> 1) & 1) << 3) | (((p >> 2) & 3) << 1) | (p & 1);
+}
+
+template <typename Elem, int kDim>
+__global__ void __launch_bounds__(kQuantThreads) quantize_fp8_values_kernel(const InputView in, const float* scales,
+                                                                            bool per_channel, std::uint8_t* out,
+                                                                            std::int64_t keys) {
+  constexpr int kPitch = kDim + 8;  // elements; spreads a column's reads over banks
+  __shared__ __align__(16) Elem tile[kBlockK][kPitch];
+  const std::int64_t key0 = static_cast<std::int64_t>(blockIdx.x) * kBlockK;
+  const int h = static_cast<int>(blockIdx.y), b = static_cast<int>(blockIdx.z);
+  const std::int64_t head = static_cast<std::int64_t>(b) * in.heads + h;
+  constexpr int kVectors = kDim / 8;
+  for (int v = static_cast<int>(threadIdx.x); v < kBlockK * kVectors; v += kQuantThreads) {
+    const int row = v / kVectors, column = (v % kVectors) * 8;
+    uint4 value = make_uint4(0, 0, 0, 0);
+    if (key0 + row < in.seq) value = *reinterpret_cast<const uint4*>(row_pointer<Elem>(in, b, h, key0 + row) + column);
+    *reinterpret_cast<uint4*>(&tile[row][column]) = value;
+  }
+  __syncthreads();
+  // Out: a channel's 128 keys are 8 vectors of 16 codes.
+  for (int item = static_cast<int>(threadIdx.x); item < kDim * 8; item += kQuantThreads) {
+    const int c = item / 8, group = item % 8;
+    const float scale = per_channel ? scales[head * kDim + c] : scales[head];
+    alignas(16) std::uint8_t codes[16];
+#pragma unroll
+    for (int k = 0; k < 16; ++k) {
+      const int p = group * 16 + k;
+      const int key = (p & ~31) + permuted_key(p & 31);
+      codes[k] = key0 + key < in.seq ? fp8_code(to_float(tile[key][c]), scale) : std::uint8_t{0};
+    }
+    *reinterpret_cast<uint4*>(out + (head * kDim + c) * keys + key0 + group * 16) = *reinterpret_cast<const uint4*>(codes);
+  }
+}
+
+// Runs LAUNCH with Elem and kDim naming the view's element type and head dim (C++17: no
+// templated lambdas).
+#define ATTNREPLAY_FOR_ELEMENT_AND_DIM(view, LAUNCH)                                                      \
+  do {                                                                                                 \
+    const bool bf16_ = (view).element == Element::bf16;                                                \
+    if ((view).head_dim == 64 && bf16_) {                                                              \
+      using Elem = __nv_bfloat16;                                                                      \
+      constexpr int kDim = 64;                                                                         \
+      LAUNCH;                                                                                          \
+    } else if ((view).head_dim == 64) {                                                                \
+      using Elem = __half;                                                                             \
+      constexpr int kDim = 64;                                                                         \
+      LAUNCH;                                                                                          \
+    } else if ((view).head_dim == 128 && bf16_) {                                                      \
+      using Elem = __nv_bfloat16;                                                                      \
+      constexpr int kDim = 128;                                                                        \
+      LAUNCH;                                                                                          \
+    } else if ((view).head_dim == 128) {                                                               \
+      using Elem = __half;                                                                             \
+      constexpr int kDim = 128;                                                                        \
+      LAUNCH;                                                                                          \
+    } else {                                                                                           \
+      throw std::invalid_argument("quantization: head dim " + std::to_string((view).head_dim) +        \
+                                  " (64 or 128 only)");                                                \
+    }                                                                                                  \
+  } while (false)
+
+dim3 head_grid(std::int64_t blocks, const InputView& in) {
+  return dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(in.heads), static_cast<unsigned>(in.batch));
+}
+
+}  // namespace
+
+int int8_groups_per_block(bool is_key, Granularity granularity) {
+  if (granularity == Granularity::per_thread) return is_key ? 8 : 32;
+  if (granularity == Granularity::per_warp && !is_key) return kBlockQ / kWarpQ;
+  return 1;
+}
+
+void copy_to_bhsd(const InputView& in, void* out) {
+  const std::int64_t vectors = static_cast<std::int64_t>(in.batch) * in.heads * in.seq * (in.head_dim * 2 / 16);
+  copy_to_bhsd_kernel<<<grid_for(vectors, kQuantThreads), kQuantThreads>>>(in, static_cast<uint4*>(out));
+  ATTNREPLAY_CUDA_CHECK_LAUNCH("copy_to_bhsd_kernel");
+}
+
+void channel_means(const InputView& keys, float* mean) {
+  const dim3 grid = head_grid(keys.head_dim / kMeanChannels, keys);
+  if (keys.element == Element::bf16) channel_mean_kernel<__nv_bfloat16><<<grid, 128>>>(keys, mean);
+  else channel_mean_kernel<__half><<<grid, 128>>>(keys, mean);
+  ATTNREPLAY_CUDA_CHECK_LAUNCH("channel_mean_kernel");
+}
+
+void quantize_int8(const InputView& in, bool is_key, Granularity granularity, float pre_scale, const float* mean,
+                   const Int8Output& out) {
+  const Int8Job job{is_key, granularity, pre_scale, mean, out, int8_groups_per_block(is_key, granularity)};
+  if (is_key) {
+    ATTNREPLAY_FOR_ELEMENT_AND_DIM(in, (quantize_int8_kernel<Elem, kDim, kBlockK>
+                                        <<<head_grid(out.rows / kBlockK, in), kQuantThreads>>>(in, job)));
+  } else {
+    ATTNREPLAY_FOR_ELEMENT_AND_DIM(in, (quantize_int8_kernel<Elem, kDim, kBlockQ>
+                                        <<<head_grid(out.rows / kBlockQ, in), kQuantThreads>>>(in, job)));
+  }
+  ATTNREPLAY_CUDA_CHECK_LAUNCH("quantize_int8_kernel");
+}
+
+void abs_max(const InputView& in, bool per_channel, unsigned* amax) {
+  const std::int64_t count = static_cast<std::int64_t>(in.batch) * in.heads * (per_channel ? in.head_dim : 1);
+  ATTNREPLAY_CUDA_CHECK(cudaMemsetAsync(amax, 0, static_cast<std::size_t>(count) * sizeof(unsigned), 0));
+  ATTNREPLAY_FOR_ELEMENT_AND_DIM(in, (abs_max_kernel<Elem, kDim><<<head_grid(ceil_div(in.seq, 256), in),
+                                                                    kQuantThreads>>>(in, per_channel, amax)));
+  ATTNREPLAY_CUDA_CHECK_LAUNCH("abs_max_kernel");
+}
+
+void broadcast_max(unsigned* amax, int count) {
+  broadcast_max_kernel<<<1, 1024>>>(amax, count);
+  ATTNREPLAY_CUDA_CHECK_LAUNCH("broadcast_max_kernel");
+}
+
+void fp8_scales(const unsigned* amax, int count, float* scales, float* output_factor) {
+  fp8_scales_kernel<<<static_cast<unsigned>(ceil_div(count, 256)), 256>>>(amax, count, scales, output_factor);
+  ATTNREPLAY_CUDA_CHECK_LAUNCH("fp8_scales_kernel");
+}
+
+void quantize_fp8_rows(const InputView& in, const float* head_scales, std::uint8_t* out, std::int64_t rows) {
+  const std::int64_t vectors = static_cast<std::int64_t>(in.batch) * in.heads * rows * (in.head_dim / 16);
+  if (in.element == Element::bf16) {
+    quantize_fp8_rows_kernel<__nv_bfloat16><<<grid_for(vectors, kQuantThreads), kQuantThreads>>>(in, head_scales, out, rows);
+  } else {
+    quantize_fp8_rows_kernel<__half><<<grid_for(vectors, kQuantThreads), kQuantThreads>>>(in, head_scales, out, rows);
+  }
+  ATTNREPLAY_CUDA_CHECK_LAUNCH("quantize_fp8_rows_kernel");
+}
+
+void quantize_fp8_values(const InputView& in, const float* scales, bool per_channel, std::uint8_t* out,
+                         std::int64_t keys) {
+  ATTNREPLAY_FOR_ELEMENT_AND_DIM(in, (quantize_fp8_values_kernel<Elem, kDim><<<head_grid(keys / kBlockK, in),
+                                                                                kQuantThreads>>>(
+                                          in, scales, per_channel, out, keys)));
+  ATTNREPLAY_CUDA_CHECK_LAUNCH("quantize_fp8_values_kernel");
+}
+
+}  // namespace attnreplay::cuda_attention

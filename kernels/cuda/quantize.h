@@ -1,0 +1,58 @@
+#pragma once
+// Input preparation on the GPU (docs/quantized.md, steps 1 and 2 and the FP8 conversions): layout
+// change, K's channel means, INT8 codes of Q and K with a scale per group, FP8 Q/K/V. Each function
+// queues its kernels on the default stream. Internal to kernels/cuda.
+#include <cstdint>
+
+#include "kernels/cuda/cuda_attention.h"
+
+namespace attnreplay::cuda_attention {
+
+// One of Q, K, V as uploaded: 16-bit elements, channels contiguous, the rest by strides.
+struct InputView {
+  const void* data = nullptr;
+  std::int64_t stride_b = 0;  // in elements
+  std::int64_t stride_h = 0;
+  std::int64_t stride_s = 0;
+  int batch = 0;
+  int heads = 0;
+  std::int64_t seq = 0;
+  int head_dim = 0;
+  Element element = Element::bf16;
+};
+
+// A contiguous (batch, heads, seq, head_dim) copy.
+void copy_to_bhsd(const InputView& in, void* out);
+
+// mean[(b, h), c] = (sum over keys in key order, fp32) / seq: (batch * heads, head_dim) floats.
+void channel_means(const InputView& keys, float* mean);
+
+struct Int8Output {
+  std::int8_t* codes = nullptr;  // (batch, heads, rows, head_dim), rows >= seq padded with 0
+  std::int64_t rows = 0;         // a multiple of the block (64 for Q, 128 for K)
+  float* scales = nullptr;       // (batch, heads, groups)
+  std::int64_t groups = 0;       // per head: blocks * groups a block (see int8_groups_per_block)
+};
+// Q: x = Q * pre_scale; K: x = K - mean (mean null: not smoothed). Codes and per-group scales.
+void quantize_int8(const InputView& in, bool is_key, Granularity granularity, float pre_scale, const float* mean,
+                   const Int8Output& out);
+// Scale groups in one 64-row (Q) or 128-key (K) block.
+int int8_groups_per_block(bool is_key, Granularity granularity);
+
+// max |x| as float bits (non-negative floats order as unsigned ints), per (b, h, channel) or per
+// (b, h); `amax` is zeroed first.
+void abs_max(const InputView& in, bool per_channel, unsigned* amax);
+// Replaces each of `count` amax values by their maximum (a per-tensor scale).
+void broadcast_max(unsigned* amax, int count);
+// scale = amax / 448; output_factor (if not null) = scale / 448.
+void fp8_scales(const unsigned* amax, int count, float* scales, float* output_factor);
+
+// e4m3(x / s), s one per (b, h); (batch, heads, rows, head_dim) with rows >= seq zero.
+void quantize_fp8_rows(const InputView& in, const float* head_scales, std::uint8_t* out, std::int64_t rows);
+// V for the e4m3 P·V: e4m3(V / s), s per (b, h, channel) or per (b, h), transposed to
+// (batch, heads, head_dim, keys) with keys >= seq zero and each 32 keys permuted to the order
+// in which the attention kernel's P fragment holds them.
+void quantize_fp8_values(const InputView& in, const float* scales, bool per_channel, std::uint8_t* out,
+                         std::int64_t keys);
+
+}  // namespace attnreplay::cuda_attention

@@ -1,0 +1,107 @@
+#include "kernels/cuda_attention_kernel.h"
+
+#include <fmt/format.h>
+
+#include "kernels/cuda/cuda_attention.h"
+
+namespace attnreplay {
+namespace {
+
+namespace cu = cuda_attention;
+
+cu::Kind cuda_kind(QuantizedKind kind) {
+  switch (kind) {
+    case QuantizedKind::flash: return cu::Kind::flash;
+    case QuantizedKind::sage1_int8: return cu::Kind::sage1_int8;
+    case QuantizedKind::sage2_int8_fp8: return cu::Kind::sage2_int8_fp8;
+    case QuantizedKind::fa3_fp8: return cu::Kind::fa3_fp8;
+  }
+  return cu::Kind::flash;
+}
+
+cu::Options cuda_options(const QuantOptions& options) {
+  cu::Options out;
+  switch (options.quant_gran) {
+    case QuantGranularity::per_block: out.granularity = cu::Granularity::per_block; break;
+    case QuantGranularity::per_warp: out.granularity = cu::Granularity::per_warp; break;
+    case QuantGranularity::per_thread: out.granularity = cu::Granularity::per_thread; break;
+  }
+  out.k_smooth = options.k_smooth;
+  switch (options.pv_accum) {
+    case PvAccum::fp32: out.pv_accumulation = cu::PvAccumulation::fp32; break;
+    case PvAccum::fp32_fp32: out.pv_accumulation = cu::PvAccumulation::fp32_fp32; break;
+    case PvAccum::fp32_fp16: out.pv_accumulation = cu::PvAccumulation::fp32_fp16; break;
+  }
+  out.fp8_scale = options.fp8_scale == Fp8Scale::per_tensor ? cu::Fp8ScaleGranularity::per_tensor
+                                                            : cu::Fp8ScaleGranularity::per_head;
+  return out;
+}
+
+cu::Problem cuda_problem(const AttentionCall& call) {
+  const AttentionShape s = call.shape();
+  cu::Problem p;
+  p.batch = s.batch;
+  p.heads_q = s.heads_q;
+  p.heads_kv = s.heads_kv;
+  p.seq_q = s.seq_q;
+  p.seq_kv = s.seq_kv;
+  p.head_dim = s.head_dim_qk;
+  p.element = call.q.dtype == DType::float16 ? cu::Element::fp16 : cu::Element::bf16;
+  // A 3-dim (N, L, E) tensor is one head, the same bytes in either layout.
+  p.bshd = call.layout == Layout::bshd && call.q.rank() == 4;
+  p.causal = call.is_causal;
+  p.bottom_right = call.causal_alignment == CausalAlignment::bottom_right;
+  p.scale = call.softmax_scale();
+  return p;
+}
+
+class PreparedCudaAttention final : public PreparedKernel {
+ public:
+  PreparedCudaAttention(const AttentionCall& call, QuantizedKind kind, const QuantOptions& options)
+      : dtype_(call.q.dtype),
+        shape_(call.shape()),
+        attention_(cuda_kind(kind), cuda_problem(call), cuda_options(options), call.q.data(), call.k.data(),
+                   call.v.data()) {}
+  bool has_preparation() const override { return attention_.has_preparation(); }
+  void prepare_inputs() override { attention_.prepare_inputs(); }
+  void run() override { attention_.run(); }
+  void synchronize() override { attention_.synchronize(); }
+  HostTensor output() override {
+    attention_.synchronize();
+    HostTensor out = HostTensor::allocate(dtype_, {shape_.batch, shape_.heads_q, shape_.seq_q, shape_.head_dim_vo});
+    attention_.download_output(out.mutable_data(), out.nbytes());
+    return out;
+  }
+
+ private:
+  DType dtype_;
+  AttentionShape shape_;
+  cu::Attention attention_;
+};
+
+}  // namespace
+
+std::optional<std::string> CudaAttentionKernel::unsupported_reason(const AttentionCall& call) const {
+  const DType dtype = call.q.dtype;
+  if (dtype != DType::bfloat16 && dtype != DType::float16) {
+    return fmt::format("needs bfloat16 or float16 inputs, got {}", dtype_name(dtype));
+  }
+  if (call.k.dtype != dtype || call.v.dtype != dtype) {
+    return fmt::format("needs Q, K and V of one dtype, got {}, {}, {}", dtype_name(dtype), dtype_name(call.k.dtype),
+                       dtype_name(call.v.dtype));
+  }
+  if (call.mask) return "masks other than causal are not supported";
+  const AttentionShape s = call.shape();
+  if (s.head_dim_qk != s.head_dim_vo) {
+    return fmt::format("needs head_dim_qk = head_dim_vo, got {} and {}", s.head_dim_qk, s.head_dim_vo);
+  }
+  if (std::string reason = cu::problem_unsupported_reason(cuda_problem(call)); !reason.empty()) return reason;
+  if (std::string reason = cu::device_unsupported_reason(cuda_kind(kind_)); !reason.empty()) return reason;
+  return std::nullopt;
+}
+
+std::unique_ptr<PreparedKernel> CudaAttentionKernel::prepare(const AttentionCall& call) const {
+  return std::make_unique<PreparedCudaAttention>(call, kind_, quant_options());
+}
+
+}  // namespace attnreplay
