@@ -26,14 +26,18 @@ struct Running {
   }
 };
 
-}  // namespace
-
-ErrorStats compare_to_reference(const HostTensor& output, const ReferenceOutput& reference) {
-  const AttentionShape& s = reference.shape;
+void check_output_shape(const HostTensor& output, const AttentionShape& s) {
   const std::vector<std::int64_t> want{s.batch, s.heads_q, s.seq_q, s.head_dim_vo};
   if (output.shape != want) {
     throw InputError(fmt::format("kernel output is {}, expected {}", shape_string(output.shape), shape_string(want)));
   }
+}
+
+}  // namespace
+
+ErrorStats compare_to_reference(const HostTensor& output, const ReferenceOutput& reference) {
+  const AttentionShape& s = reference.shape;
+  check_output_shape(output, s);
   ErrorStats stats;
   stats.sampled = reference.sampled;
   stats.rows_compared = static_cast<std::int64_t>(reference.rows.size());
@@ -87,6 +91,50 @@ ErrorStats compare_to_reference(const HostTensor& output, const ReferenceOutput&
   stats.output = out_moments.moments();
   stats.reference = ref_moments.moments();
   return stats;
+}
+
+std::vector<HeadError> compare_per_head(const HostTensor& output, const ReferenceOutput& reference) {
+  const AttentionShape& s = reference.shape;
+  check_output_shape(output, s);
+  std::vector<HeadError> heads;
+  heads.reserve(static_cast<std::size_t>(s.batch * s.heads_q));
+  const std::size_t esize = dtype_size(output.dtype);
+  const std::byte* data = output.data();
+  for (std::int64_t b = 0; b < s.batch; ++b)
+    for (std::int64_t h = 0; h < s.heads_q; ++h) {
+      HeadError head;
+      head.batch = b, head.head = h;
+      double sum_sq_error = 0, sum_sq_ref = 0, sum_sq_out = 0, dot = 0;
+      std::int64_t compared = 0;
+      for (std::size_t slot = 0; slot < reference.rows.size(); ++slot) {
+        const std::int64_t base = ((b * s.heads_q + h) * s.seq_q + reference.rows[slot]) * s.head_dim_vo;
+        for (std::int64_t d = 0; d < s.head_dim_vo; ++d) {
+          const double o = element_to_double(output.dtype, data + static_cast<std::size_t>(base + d) * esize);
+          if (!std::isfinite(o)) {
+            ++head.nonfinite_count;
+            continue;
+          }
+          const double r = reference.at(b, h, slot, d);
+          const double error = std::abs(o - r);
+          ++compared;
+          head.max_abs = std::max(head.max_abs, error);
+          sum_sq_error += error * error;
+          sum_sq_ref += r * r;
+          sum_sq_out += o * o;
+          dot += o * r;
+        }
+      }
+      // As compare_to_reference: with nothing finite to compare, the figures stay 0.
+      if (compared == 0) {
+        heads.push_back(head);
+        continue;
+      }
+      head.rel_l2 = sum_sq_ref > 0 ? std::sqrt(sum_sq_error / sum_sq_ref) : (sum_sq_error > 0 ? INFINITY : 0.0);
+      if (sum_sq_out > 0 && sum_sq_ref > 0) head.cosine = dot / (std::sqrt(sum_sq_out) * std::sqrt(sum_sq_ref));
+      else head.cosine = (sum_sq_out == 0 && sum_sq_ref == 0) ? 1.0 : 0.0;
+      heads.push_back(head);
+    }
+  return heads;
 }
 
 }  // namespace attnreplay

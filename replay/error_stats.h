@@ -3,6 +3,7 @@
 // aiter's compare-to-reference figures, and the Flux notebook's absmax / MAE / MSE.
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 #include "formats/host_tensor.h"
 #include "kernels/reference.h"
@@ -35,5 +36,18 @@ struct ErrorStats {
 
 // `output` is (batch, heads_q, seq_q, head_dim_vo) in any dtype; compared on the reference's rows.
 ErrorStats compare_to_reference(const HostTensor& output, const ReferenceOutput& reference);
+
+// One (batch, query head) of a comparison: a call's error often sits in a few heads, which the
+// whole-tensor figures average away. Same definitions as ErrorStats, over that head's elements.
+struct HeadError {
+  std::int64_t batch = 0, head = 0;
+  double rel_l2 = 0;
+  double cosine = 0;
+  double max_abs = 0;
+  std::int64_t nonfinite_count = 0;  // NaN and Inf outputs, left out of the rest
+};
+
+// One entry per (batch, head), batch-major; the same shape check as compare_to_reference.
+std::vector<HeadError> compare_per_head(const HostTensor& output, const ReferenceOutput& reference);
 
 }  // namespace attnreplay

@@ -152,3 +152,69 @@ TEST_CASE("error stats: an output of the wrong shape is an InputError") {
   CHECK_THROWS_WITH(compare_to_reference(f64({1, 1, 2, 1}, {0, 0}), make_reference(1, 1, 1, 2, {0, 0})),
                     ContainsSubstring("1x1x2x1") && ContainsSubstring("1x1x1x2"));
 }
+
+namespace {
+
+// Head (b, h) of a (batch, heads, seq, dim) float64 tensor, as a (1, 1, seq, dim) tensor.
+HostTensor head_slice(const std::vector<double>& values, std::int64_t heads, std::int64_t seq, std::int64_t dim,
+                      std::int64_t b, std::int64_t h) {
+  const auto begin = values.begin() + ((b * heads + h) * seq * dim);
+  return f64({1, 1, seq, dim}, std::vector<double>(begin, begin + seq * dim));
+}
+
+}  // namespace
+
+TEST_CASE("per-head errors: each (batch, head) equals compare_to_reference on that head alone") {
+  // b=2, h=3, sq=4, d=2, each head off by a different amount, one head with a NaN and one sampled
+  // reference: the per-head figures must follow the whole-tensor definitions on one-head slices.
+  const std::int64_t b = 2, h = 3, sq = 4, d = 2;
+  std::vector<double> r(static_cast<std::size_t>(b * h * sq * d)), o(r.size());
+  for (std::size_t i = 0; i < r.size(); ++i) {
+    r[i] = std::sin(0.7 * static_cast<double>(i)) + 0.1;
+    const auto head = static_cast<double>(i / static_cast<std::size_t>(sq * d));
+    o[i] = r[i] * (1 + 0.01 * head) + 0.003 * std::cos(static_cast<double>(i));
+  }
+  o[((1 * h + 2) * sq + 1) * d] = std::numeric_limits<double>::quiet_NaN();
+  for (const std::vector<std::int64_t>& rows : {std::vector<std::int64_t>{}, std::vector<std::int64_t>{1, 3}}) {
+    INFO("sampled rows: " << rows.size());
+    ReferenceOutput whole = make_reference(b, h, sq, d, {}, rows);
+    for (std::int64_t bb = 0; bb < b; ++bb)
+      for (std::int64_t hh = 0; hh < h; ++hh)
+        for (const std::int64_t row : whole.rows)
+          for (std::int64_t c = 0; c < d; ++c) whole.values.push_back(r[static_cast<std::size_t>(((bb * h + hh) * sq + row) * d + c)]);
+    const std::vector<HeadError> heads = compare_per_head(f64({b, h, sq, d}, o), whole);
+    REQUIRE(heads.size() == static_cast<std::size_t>(b * h));
+    for (std::int64_t bb = 0; bb < b; ++bb)
+      for (std::int64_t hh = 0; hh < h; ++hh) {
+        const HeadError& got = heads[static_cast<std::size_t>(bb * h + hh)];
+        ReferenceOutput one = make_reference(1, 1, sq, d, {}, rows);
+        for (const std::int64_t row : one.rows)
+          for (std::int64_t c = 0; c < d; ++c) one.values.push_back(r[static_cast<std::size_t>(((bb * h + hh) * sq + row) * d + c)]);
+        const ErrorStats want = compare_to_reference(head_slice(o, h, sq, d, bb, hh), one);
+        CHECK(got.batch == bb);
+        CHECK(got.head == hh);
+        CHECK_THAT(got.rel_l2, WithinRel(want.rel_l2, 1e-12));
+        CHECK_THAT(got.cosine, WithinAbs(want.cosine, 1e-15));
+        CHECK(got.max_abs == want.max_abs);
+        CHECK(got.nonfinite_count == want.nan_count + want.inf_count);
+      }
+    // The NaN sits in row 1 of (1, 2): counted there when row 1 is compared, nowhere else.
+    CHECK(heads[5].nonfinite_count == 1);
+    CHECK(heads[0].nonfinite_count == 0);
+  }
+}
+
+TEST_CASE("per-head errors: a head that is far off stands out where the whole tensor averages it away") {
+  // 1 batch, 4 heads of 8 values; head 2 is scaled by 1.2, the others are exact.
+  std::vector<double> r(32), o(32);
+  for (std::size_t i = 0; i < r.size(); ++i) r[i] = o[i] = 1.0 + 0.25 * static_cast<double>(i % 5);
+  for (std::size_t i = 16; i < 24; ++i) o[i] *= 1.2;
+  const ReferenceOutput ref = make_reference(1, 4, 4, 2, r);
+  const std::vector<HeadError> heads = compare_per_head(f64({1, 4, 4, 2}, o), ref);
+  REQUIRE(heads.size() == 4);
+  CHECK(heads[0].rel_l2 == 0.0);
+  CHECK_THAT(heads[2].rel_l2, WithinAbs(0.2, 1e-12));  // ||0.2 r|| / ||r||
+  CHECK_THAT(heads[2].cosine, WithinAbs(1.0, 1e-12));   // a scaled head still points the same way
+  CHECK(compare_to_reference(f64({1, 4, 4, 2}, o), ref).rel_l2 < 0.2);
+  CHECK_THROWS_AS(compare_per_head(f64({1, 4, 2, 4}, o), ref), InputError);
+}
