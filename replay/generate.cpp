@@ -78,4 +78,14 @@ AttentionCall generate_call(const GeneratedCallSpec& spec) {
   return call;
 }
 
+std::string generated_call_flags(const GeneratedCallSpec& spec) {
+  const AttentionShape& s = spec.shape;
+  std::string flags = fmt::format("--shape {},{},{},{} --num_kv_heads {} --s_kv {} --head_dim_vo {} --dtype {} --layout {} --seed {}",
+                                  s.batch, s.heads_q, s.seq_q, s.head_dim_qk, s.heads_kv, s.seq_kv, s.head_dim_vo,
+                                  dtype_name(spec.dtype), layout_name(spec.layout), spec.seed);
+  if (spec.is_causal) flags += fmt::format(" --causal --causal_alignment {}", causal_alignment_name(spec.causal_alignment));
+  if (spec.scale) flags += fmt::format(" --scale {:g}", *spec.scale);
+  return flags;
+}
+
 }  // namespace attnreplay

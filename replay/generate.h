@@ -19,4 +19,7 @@ struct GeneratedCallSpec {
 
 AttentionCall generate_call(const GeneratedCallSpec& spec);
 
+// The `attnreplay run` flags that generate the same call ("--shape 1,2,64,32 --num_kv_heads 2 ...").
+std::string generated_call_flags(const GeneratedCallSpec& spec);
+
 }  // namespace attnreplay

@@ -8,10 +8,13 @@
 #include <iostream>
 #include <sstream>
 
+#include <unistd.h>
+
 #include "formats/capture_source.h"
 #include "formats/errors.h"
 #include "kernels/kernel.h"
 #include "kernels/quantized_attention.h"
+#include "replay/audit.h"
 #include "replay/environment.h"
 #ifdef ATTNREPLAY_HAVE_CUDA
 #include "replay/ceilings.h"
@@ -67,8 +70,8 @@ struct RunArgs {
   std::string fp8_scale = "per_head";
 };
 
-void add_run_options(CLI::App& app, RunArgs& a) {
-  app.add_option("inputs", a.inputs, "capture files (.h5, .pt) or folders of .pt calls");
+// The flags come in groups, so that `audit` defines the ones it shares with `run` by the same code.
+void add_generated_options(CLI::App& app, RunArgs& a) {
   app.add_option("--shape", a.shape, "generated inputs: batch,heads,seq,head_dim (e.g. 2,24,4250,64)");
   app.add_option("--batch_size", a.batch_size, "generated: batch (overrides --shape)");
   app.add_option("--num_qo_heads", a.num_qo_heads, "generated: query heads");
@@ -83,6 +86,9 @@ void add_run_options(CLI::App& app, RunArgs& a) {
   app.add_option("--causal_alignment", a.causal_alignment, "generated: top_left (SDPA) or bottom_right (flash-attn)")
       ->capture_default_str();
   app.add_option("--scale", a.scale, "generated: softmax scale (default 1/sqrt(head_dim_qk))");
+}
+
+void add_selection_options(CLI::App& app, RunArgs& a) {
   app.add_option("--seed,--random_seed", a.seed, "seed for generated inputs and sampled rows")->capture_default_str();
   app.add_option("--kernels,--backends", a.kernels, "kernels to run, comma-separated, or all")
       ->delimiter(',')
@@ -90,22 +96,31 @@ void add_run_options(CLI::App& app, RunArgs& a) {
   app.add_option("--calls", a.calls, "call indices to replay, e.g. 0-40,55");
   app.add_option("--ref-sample-rows", a.ref_sample_rows,
                  "compare only this many random query rows per head (0: all); the full reference is then skipped");
+}
+
+void add_refcheck_options(CLI::App& app, RunArgs& a) {
   app.add_flag("--refcheck", a.refcheck, "judge errors against thresholds; exit 3 when one is exceeded");
   app.add_option("--refcheck-min-cosine", a.refcheck_min_cosine, "threshold (implies --refcheck)");
   app.add_option("--refcheck-max-rel-l2", a.refcheck_max_rel_l2, "threshold (implies --refcheck)");
   app.add_option("--refcheck-max-abs", a.refcheck_max_abs, "threshold (implies --refcheck)");
+}
+
+void add_stopping_options(CLI::App& app, RunArgs& a) {
   app.add_option("--warmup", a.warmup, "warm-up runs (CPU 1, GPU 3)");
   app.add_option("--min-samples", a.min_samples, "fewest timed samples (CPU 5, GPU 10)");
   app.add_option("--min-time", a.min_time, "least seconds of timed samples (CPU 0.1, GPU 0.5)");
   app.add_option("--max-noise", a.max_noise_percent, "stop once the relative stdev is under this percentage (CPU 2, GPU 0.5)");
   app.add_option("--timeout", a.timeout, "most seconds of sampling per call and kernel (CPU 5, GPU 15)");
-  app.add_option("--case_tag", a.case_tag, "a label carried into every row");
-  app.add_option("--save-outputs", a.save_outputs, "folder for each kernel's output (.pt per call and kernel)");
-  app.add_option("--save-inputs", a.save_inputs, "write the replayed calls to this capture (.h5, .pt or folder/)");
+}
+
+void add_device_options(CLI::App& app, RunArgs& a) {
   app.add_option("--reference", a.reference, "where the fp64 reference runs: cpu, cuda, or auto (the GPU if present)")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
       ->capture_default_str();
   app.add_flag("--hot-l2", a.hot_l2, "GPU samples without flushing the L2 cache first (default: cold L2)");
+}
+
+void add_quant_options(CLI::App& app, RunArgs& a) {
   app.add_option("--quant_gran", a.quant_gran, "quantized kernels: rows sharing an INT8 scale (Sage)")
       ->check(CLI::IsMember(quant_granularity_names()))
       ->capture_default_str();
@@ -116,6 +131,19 @@ void add_run_options(CLI::App& app, RunArgs& a) {
   app.add_option("--fp8_scale", a.fp8_scale, "quantized kernels: FA3-FP8's scale granularity")
       ->check(CLI::IsMember(fp8_scale_names()))
       ->capture_default_str();
+}
+
+void add_run_options(CLI::App& app, RunArgs& a) {
+  app.add_option("inputs", a.inputs, "capture files (.h5, .pt) or folders of .pt calls");
+  add_generated_options(app, a);
+  add_selection_options(app, a);
+  add_refcheck_options(app, a);
+  add_stopping_options(app, a);
+  app.add_option("--case_tag", a.case_tag, "a label carried into every row");
+  app.add_option("--save-outputs", a.save_outputs, "folder for each kernel's output (.pt per call and kernel)");
+  app.add_option("--save-inputs", a.save_inputs, "write the replayed calls to this capture (.h5, .pt or folder/)");
+  add_device_options(app, a);
+  add_quant_options(app, a);
 }
 
 // Throws InputError for a value the parser's check let through (a test-list line is parsed too).
@@ -172,18 +200,22 @@ std::function<bool(std::int64_t)> parse_call_ranges(const std::string& text) {
 
 std::string format_number(double value) { return fmt::format("{:g}", value); }
 
+// The stopping-rule flags given on top of `rule`'s own values.
+void apply_stopping_flags(const RunArgs& a, StoppingRule& rule) {
+  if (a.warmup) rule.warmup_runs = *a.warmup;
+  if (a.min_samples) rule.min_samples = *a.min_samples;
+  if (a.min_time) rule.min_time_s = *a.min_time;
+  if (a.max_noise_percent) rule.max_noise = *a.max_noise_percent / 100.0;
+  if (a.timeout) rule.timeout_s = *a.timeout;
+}
+
 ReplayOptions replay_options(const RunArgs& a) {
   ReplayOptions o;
   o.kernels = a.kernels;
   select_kernels(o.kernels);  // unknown names fail before any work
   o.stopping_gpu = StoppingRule::gpu_default();
-  for (StoppingRule* rule : {&o.stopping, &o.stopping_gpu}) {
-    if (a.warmup) rule->warmup_runs = *a.warmup;
-    if (a.min_samples) rule->min_samples = *a.min_samples;
-    if (a.min_time) rule->min_time_s = *a.min_time;
-    if (a.max_noise_percent) rule->max_noise = *a.max_noise_percent / 100.0;
-    if (a.timeout) rule->timeout_s = *a.timeout;
-  }
+  apply_stopping_flags(a, o.stopping);
+  apply_stopping_flags(a, o.stopping_gpu);
   o.ref_sample_rows = a.ref_sample_rows;
   o.seed = a.seed;
   if (a.refcheck || a.refcheck_min_cosine || a.refcheck_max_rel_l2 || a.refcheck_max_abs) {
@@ -248,12 +280,7 @@ std::pair<GeneratedCallSpec, std::string> generated_spec(const RunArgs& a) {
   spec.causal_alignment = *alignment;
   spec.scale = a.scale;
   spec.seed = a.seed;
-  std::string flags = fmt::format("--shape {},{},{},{} --num_kv_heads {} --s_kv {} --head_dim_vo {} --dtype {} --layout {} --seed {}",
-                                  s.batch, s.heads_q, s.seq_q, s.head_dim_qk, s.heads_kv, s.seq_kv, s.head_dim_vo,
-                                  dtype_name(*dtype), layout_name(*layout), a.seed);
-  if (a.causal) flags += fmt::format(" --causal --causal_alignment {}", causal_alignment_name(*alignment));
-  if (a.scale) flags += " --scale " + format_number(*a.scale);
-  return {spec, flags};
+  return {spec, generated_call_flags(spec)};
 }
 
 struct Output {
@@ -488,6 +515,100 @@ int command_kernels() {
   return kExitOk;
 }
 
+// The flags of `audit`: the ones it shares with `run`, defined by the same code, and its own.
+struct AuditArgs {
+  RunArgs run;
+  int worst = 5;
+  bool random_compare = false;
+  bool attribute = false;
+  bool full_timing = false;
+  std::string cast_inputs;
+  std::string json_path, csv_path;
+  bool quiet = false;
+};
+
+void add_audit_options(CLI::App& app, AuditArgs& a) {
+  app.add_option("inputs", a.run.inputs, "capture files (.h5, .pt) or folders")->required();
+  add_selection_options(app, a.run);
+  add_refcheck_options(app, a.run);
+  add_stopping_options(app, a.run);
+  add_device_options(app, a.run);
+  add_quant_options(app, a.run);
+  app.add_option("--worst", a.worst, "worst calls (by rel_l2) listed per kernel, with per-head errors")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_flag("--random-compare", a.random_compare,
+               "also run the kernels on random inputs of each captured shape, beside the captured calls' errors");
+  app.add_flag("--attribute", a.attribute,
+               "for the worst calls of the emulated quantized kernels: the error with each quantization step, "
+               "and input diagnostics (K channel means, INT8 amax spread) for every call");
+  app.add_flag("--full-timing", a.full_timing, "time with run's stopping rule (default: a quick one, a few samples)");
+  app.add_option("--cast-inputs", a.cast_inputs,
+                 "round captured Q, K, V to this dtype first (bf16, fp16), as a model run in it would give them");
+  app.add_option("--json", a.json_path, "write the complete audit record");
+  app.add_option("--csv", a.csv_path, "write one row per call and kernel");
+  app.add_flag("-q,--quiet", a.quiet, "print only the summary line");
+}
+
+int command_audit(const AuditArgs& a, const std::vector<std::string>& argv) {
+  AuditReport report;
+  report.replay.tool_version = tool_version();
+  report.replay.argv = argv;
+  report.replay.started_utc = now_utc();
+  report.replay.environment = describe_environment();
+#ifdef ATTNREPLAY_HAVE_CUDA
+  if (cuda_device_present()) describe_torch_cuda(report.replay.environment);
+#endif
+  AuditOptions options;
+  // Bad flags are usage errors (exit 2), found before any work.
+  try {
+    options.replay = replay_options(a.run);
+    if (!a.full_timing) {
+      options.replay.stopping = audit_stopping_rule(/*gpu=*/false);
+      options.replay.stopping_gpu = audit_stopping_rule(/*gpu=*/true);
+      apply_stopping_flags(a.run, options.replay.stopping);
+      apply_stopping_flags(a.run, options.replay.stopping_gpu);
+    }
+    options.wanted_calls = parse_call_ranges(a.run.calls);
+    if (!a.cast_inputs.empty()) {
+      const auto dtype = parse_dtype(a.cast_inputs);
+      if (!dtype || !dtype_is_floating(*dtype)) {
+        throw InputError(fmt::format("--cast-inputs: expected a floating dtype (bf16, fp16, ...), got '{}'", a.cast_inputs));
+      }
+      options.cast_inputs = *dtype;
+    }
+  } catch (const InputError& error) {
+    throw UsageError(error.what());
+  }
+  options.worst_count = a.worst;
+  options.random_compare = a.random_compare;
+  options.attribute = a.attribute;
+  if (a.full_timing) options.audit_only_flags = " --full-timing";
+  // Progress only where a person watches: scripts and tests read the table and the records.
+  if (!a.quiet && isatty(STDERR_FILENO)) {
+    options.progress = [](const std::string& line) { std::cerr << "audit: " << line << '\n'; };
+  }
+  report.replay.stopping_rule =
+      "CPU " + options.replay.stopping.describe() + "; GPU " + options.replay.stopping_gpu.describe();
+
+  run_audit(a.run.inputs, options, report);
+
+  for (const std::string& error : report.replay.input_errors) std::cerr << "error: " << error << '\n';
+  if (!a.json_path.empty()) write_file_atomically(a.json_path, [&](std::ostream& out) { write_audit_json(report, out); });
+  if (!a.csv_path.empty()) write_file_atomically(a.csv_path, [&](std::ostream& out) { write_audit_csv(report, out); });
+  if (!a.quiet) print_audit_table(report, std::cout);
+  std::map<std::string_view, int> verdicts;
+  for (const KernelAudit& kernel : report.kernels) ++verdicts[verdict_name(kernel.verdict.verdict)];
+  std::vector<std::string> parts;
+  for (const auto& [name, count] : verdicts) parts.push_back(fmt::format("{} {}", count, name));
+  std::cout << fmt::format("{} calls, {} kernels: {}; {} input errors\n", report.replay.calls.size(), report.kernels.size(),
+                           parts.empty() ? "none" : fmt::format("{}", fmt::join(parts, ", ")),
+                           report.replay.input_errors.size());
+  if (report.replay.any_failed()) return kExitFailures;
+  if (report.any_verdict_failed()) return kExitIncorrect;
+  return kExitOk;
+}
+
 }  // namespace
 }  // namespace attnreplay
 
@@ -520,6 +641,11 @@ int main(int argc, char** argv) {
 
   CLI::App* kernels = app.add_subcommand("kernels", "list the registered kernels");
 
+  AuditArgs audit_args;
+  CLI::App* audit = app.add_subcommand(
+      "audit", "accuracy of kernels over a whole capture: error distributions, worst calls, verdicts");
+  add_audit_options(*audit, audit_args);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
@@ -534,6 +660,7 @@ int main(int argc, char** argv) {
     if (*info) return command_info(info_inputs);
     if (*convert) return command_convert(convert_from, convert_to);
     if (*kernels) return command_kernels();
+    if (*audit) return command_audit(audit_args, std::vector<std::string>(argv, argv + argc));
   } catch (const UsageError& error) {
     std::cerr << "error: " << error.what() << '\n';
     return kExitUsage;

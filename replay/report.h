@@ -16,10 +16,16 @@ void print_table(const Report& report, std::ostream& out);
 void print_call_table(const CallResult& call, std::ostream& out);
 
 nlohmann::json report_to_json(const Report& report);
+// One call's record as report_to_json writes it (with its kernels), for other records (audit's).
+nlohmann::json call_to_json(const CallResult& call);
+// A finite number, or null: JSON has no NaN or Infinity.
+nlohmann::json json_number(double value);
 void write_json(const Report& report, std::ostream& out);
 
 // The CSV's columns, in order; fixed for a given JSON schema version.
 const std::vector<std::string>& csv_columns();
 void write_csv(const Report& report, std::ostream& out);
+// One CSV field of a JSON value: null is empty; text with a comma, quote or newline is quoted.
+std::string csv_field(const nlohmann::json& value);
 
 }  // namespace attnreplay

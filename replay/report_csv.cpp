@@ -66,6 +66,8 @@ const std::vector<Column>& columns() {
   return list;
 }
 
+}  // namespace
+
 std::string csv_field(const nlohmann::json& value) {
   if (value.is_null()) return "";
   std::string text = value.is_string() ? value.get<std::string>() : value.dump();
@@ -77,8 +79,6 @@ std::string csv_field(const nlohmann::json& value) {
   }
   return quoted + '"';
 }
-
-}  // namespace
 
 const std::vector<std::string>& csv_columns() {
   static const std::vector<std::string> names = [] {

@@ -69,7 +69,11 @@ nlohmann::json quant_options_json(const QuantOptions& o) {
           {"fp8_scale", to_string(o.fp8_scale)}};
 }
 
-nlohmann::json call_json(const CallResult& c) {
+}  // namespace
+
+nlohmann::json json_number(double value) { return number(value); }
+
+nlohmann::json call_to_json(const CallResult& c) {
   nlohmann::json kernels = nlohmann::json::array();
   for (const auto& k : c.kernels) kernels.push_back(kernel_json(k));
   const AttentionShape& s = c.shape;
@@ -95,11 +99,9 @@ nlohmann::json call_json(const CallResult& c) {
           {"kernels", kernels}};
 }
 
-}  // namespace
-
 nlohmann::json report_to_json(const Report& report) {
   nlohmann::json calls = nlohmann::json::array();
-  for (const auto& call : report.calls) calls.push_back(call_json(call));
+  for (const auto& call : report.calls) calls.push_back(call_to_json(call));
   return {{"schema", "attnreplay.results"},
           {"schema_version", Report::kJsonSchemaVersion},
           {"tool_version", report.tool_version},

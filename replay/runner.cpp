@@ -81,18 +81,10 @@ std::vector<const Kernel*> select_kernels(const std::vector<std::string>& names)
   return selected;
 }
 
-namespace {
-
-struct Thresholds {
-  double min_cosine;
-  double max_rel_l2;
-  std::optional<double> max_abs;
-};
-
 // Defaults sit well outside what a correct kernel's rounding gives at each input precision
 // (unit roundoff: bf16 3.9e-3, fp16 4.9e-4, fp32 6e-8) and well inside what a bug gives.
-Thresholds resolve_thresholds(const RefcheckThresholds& asked, DType dtype) {
-  Thresholds t{0.999, 3e-2, asked.max_abs};
+RefcheckLimits refcheck_limits(const RefcheckThresholds& asked, DType dtype) {
+  RefcheckLimits t{0.999, 3e-2, asked.max_abs};
   switch (dtype) {
     case DType::float64: t.min_cosine = 1 - 1e-12, t.max_rel_l2 = 1e-10; break;
     case DType::float32: t.min_cosine = 1 - 1e-8, t.max_rel_l2 = 1e-5; break;
@@ -105,12 +97,18 @@ Thresholds resolve_thresholds(const RefcheckThresholds& asked, DType dtype) {
   return t;
 }
 
+namespace {
+
+bool uses_gpu_reference(const ReplayOptions& options) {
+  return options.reference_device == "cuda" || (options.reference_device == "auto" && gpu_reference_available());
+}
+
 void judge(KernelResult& result, const ReplayOptions& options, DType dtype) {
   if (!options.refcheck) {
     result.disposition = Disposition::not_verified;
     return;
   }
-  const Thresholds t = resolve_thresholds(*options.refcheck, dtype);
+  const RefcheckLimits t = refcheck_limits(*options.refcheck, dtype);
   const ErrorStats& e = *result.error;
   if (e.nan_count > 0) result.refcheck_failures.push_back(fmt::format("{} NaN", e.nan_count));
   if (e.inf_count > 0) result.refcheck_failures.push_back(fmt::format("{} Inf", e.inf_count));
@@ -165,6 +163,17 @@ SampleTimer& timer_for(const KernelDescription& kernel, const ReplayOptions& opt
 
 }  // namespace
 
+ReferenceOutput reference_for(const AttentionCall& call, const ReplayOptions& options) {
+  std::vector<std::int64_t> rows;
+  const std::int64_t seq_q = call.shape().seq_q;
+  if (options.ref_sample_rows > 0 && options.ref_sample_rows < seq_q) {
+    rows = sample_query_rows(seq_q, options.ref_sample_rows, options.seed ^ static_cast<std::uint64_t>(call.call_index));
+  }
+  if (!uses_gpu_reference(options)) return reference_attention(call, rows);
+  if (!gpu_reference_available()) throw InputError("--reference cuda: no CUDA device");
+  return reference_attention_gpu(call, rows);
+}
+
 CallResult replay_call(const AttentionCall& captured, const ReplayOptions& options, const std::string& rerun_input) {
   CallResult result;
   result.source = captured.source;
@@ -190,17 +199,8 @@ CallResult replay_call(const AttentionCall& captured, const ReplayOptions& optio
     result.notes.push_back(fmt::format("captured with dropout_p={}; replayed without dropout", call.dropout_p));
     call.dropout_p = 0;
   }
-  std::vector<std::int64_t> rows;
-  if (options.ref_sample_rows > 0 && options.ref_sample_rows < result.shape.seq_q) {
-    rows = sample_query_rows(result.shape.seq_q, options.ref_sample_rows,
-                             options.seed ^ static_cast<std::uint64_t>(call.call_index));
-  }
-  const bool gpu_reference = options.reference_device == "cuda" ||
-                             (options.reference_device == "auto" && gpu_reference_available());
-  if (gpu_reference && !gpu_reference_available()) throw InputError("--reference cuda: no CUDA device");
-  const ReferenceOutput reference =
-      gpu_reference ? reference_attention_gpu(call, rows) : reference_attention(call, rows);
-  result.reference_device = gpu_reference ? "cuda" : "cpu";
+  const ReferenceOutput reference = reference_for(call, options);
+  result.reference_device = uses_gpu_reference(options) ? "cuda" : "cpu";
   result.reference_rows = static_cast<std::int64_t>(reference.rows.size());
   result.reference_sampled = reference.sampled;
   if (reference.fully_masked_rows > 0) {
@@ -208,7 +208,7 @@ CallResult replay_call(const AttentionCall& captured, const ReplayOptions& optio
                                        reference.fully_masked_rows));
   }
   auto rerun_for = [&](const std::string& kernel) {
-    return fmt::format("attnreplay run {} --kernels {}{}", rerun_input, kernel, options.rerun_base);
+    return fmt::format("{} {} --kernels {}{}", options.rerun_command, rerun_input, kernel, options.rerun_base);
   };
 
   for (const Kernel* kernel : select_kernels(options.kernels)) {
@@ -245,6 +245,7 @@ CallResult replay_call(const AttentionCall& captured, const ReplayOptions& optio
       k.error = compare_to_reference(output, reference);
       judge(k, options, kernel->description().reduced_precision.value_or(call.q.dtype));
       if (!k.refcheck_failures.empty()) k.reason = fmt::format("{}", fmt::join(k.refcheck_failures, "; "));
+      if (options.on_kernel_output) options.on_kernel_output(call, reference, k, output);
       if (!options.save_outputs_dir.empty()) {
         fs::create_directories(options.save_outputs_dir);
         const auto file = fs::path(options.save_outputs_dir) /
@@ -270,8 +271,10 @@ CallResult replay_call(const AttentionCall& captured, const ReplayOptions& optio
     KernelResult model;
     model.kernel = "model-output";
     model.work = result.work;
-    model.error = compare_to_reference(to_bhsd(*call.out, call.layout), reference);
+    const HostTensor model_output = to_bhsd(*call.out, call.layout);
+    model.error = compare_to_reference(model_output, reference);
     judge(model, options, call.q.dtype);
+    if (options.on_kernel_output) options.on_kernel_output(call, reference, model, model_output);
     model.reason = call.backend.empty() ? "the output the model got" : "the output the model got from " + call.backend;
     if (!model.refcheck_failures.empty()) model.reason += fmt::format(": {}", fmt::join(model.refcheck_failures, "; "));
     result.kernels.push_back(std::move(model));

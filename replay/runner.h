@@ -8,6 +8,7 @@
 
 #include "formats/capture_source.h"
 #include "kernels/quantized_attention.h"
+#include "kernels/reference.h"
 #include "replay/results.h"
 
 namespace attnreplay {
@@ -18,6 +19,20 @@ struct RefcheckThresholds {
   std::optional<double> max_rel_l2;
   std::optional<double> max_abs;
 };
+
+// The thresholds --refcheck applies to one kernel on one call: the asked ones, and for the rest
+// the defaults of the dtype the kernel computes in (docs/metrics.md).
+struct RefcheckLimits {
+  double min_cosine = 0;
+  double max_rel_l2 = 0;
+  std::optional<double> max_abs;
+};
+RefcheckLimits refcheck_limits(const RefcheckThresholds& asked, DType dtype);
+
+// What a kernel gave for a call, beside the reference it was compared with: for callers that want
+// more than the error statistics (audit's per-head errors). Called once per kernel that ran.
+using KernelOutputObserver = std::function<void(const AttentionCall& call, const ReferenceOutput& reference,
+                                                const KernelResult& result, const HostTensor& output)>;
 
 struct ReplayOptions {
   std::vector<std::string> kernels{"all"};  // names, or "all"
@@ -34,6 +49,8 @@ struct ReplayOptions {
   std::string case_tag;
   // The flags, other than inputs, that reproduce this run; each row's rerun command adds to it.
   std::string rerun_base;
+  std::string rerun_command = "attnreplay run";  // what each rerun command starts with
+  KernelOutputObserver on_kernel_output;          // optional
 };
 
 // `text` as one word for a POSIX shell (rerun commands hold paths).
@@ -41,6 +58,10 @@ std::string shell_quote(const std::string& text);
 
 // Resolves kernel names ("all" expands), throwing InputError for unknown names.
 std::vector<const class Kernel*> select_kernels(const std::vector<std::string>& names);
+
+// The reference a replay compares with: on the device `options` names, on the rows it samples.
+// Throws InputError when --reference cuda finds no GPU.
+ReferenceOutput reference_for(const AttentionCall& call, const ReplayOptions& options);
 
 // Replays one call; `rerun_input` is what goes before the flags of the rerun command.
 CallResult replay_call(const AttentionCall& call, const ReplayOptions& options, const std::string& rerun_input);
