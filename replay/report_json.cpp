@@ -14,7 +14,8 @@ nlohmann::json timing_json(const TimingSummary& t) {
           {"discarded_samples", t.discarded}, {"median_s", number(t.median_s)},
           {"min_s", number(t.min_s)},   {"max_s", number(t.max_s)},
           {"mean_s", number(t.mean_s)}, {"stdev_rel", number(t.stdev_rel)},
-          {"measured_s", number(t.measured_s)}, {"stop_reason", t.stop_reason}};
+          {"measured_s", number(t.measured_s)}, {"stop_reason", t.stop_reason},
+          {"runs_per_sample", t.runs_per_sample}};
 }
 
 nlohmann::json moments_json(const TensorMoments& m) {

@@ -63,6 +63,12 @@ TimingSummary measure(PreparedKernel& kernel, SampleTimer& timer, const Stopping
     kernel.run();
     kernel.synchronize();
   }
+  struct EndKernel {
+    SampleTimer& timer;
+    ~EndKernel() { timer.end_kernel(); }
+  } end_kernel{timer};
+  timer.begin_kernel(kernel);
+  const int runs_per_sample = std::max(timer.runs_per_sample(), 1);
   std::vector<double> samples;
   std::vector<double> noise_history;
   int discarded = 0;
@@ -72,7 +78,7 @@ TimingSummary measure(PreparedKernel& kernel, SampleTimer& timer, const Stopping
   while (true) {
     if (auto seconds = timer.time_one(kernel)) {
       samples.push_back(*seconds);
-      elapsed += *seconds;
+      elapsed += *seconds * runs_per_sample;
     } else {
       ++discarded;
     }
@@ -105,6 +111,8 @@ TimingSummary measure(PreparedKernel& kernel, SampleTimer& timer, const Stopping
   summary.warmup_runs = rule.warmup_runs;
   summary.discarded = discarded;
   summary.stop_reason = reason;
+  summary.runs_per_sample = runs_per_sample;
+  summary.measured_s *= runs_per_sample;
   return summary;
 }
 

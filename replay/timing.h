@@ -1,6 +1,6 @@
 #pragma once
 // Measurement: run a prepared kernel until a named stopping rule is met. The sample timer is an
-// interface so that CUDA-event (or CUDA-graph, CUPTI) timing replaces the CPU clock without
+// interface so that CUDA-event, CUDA-graph or CUPTI timing replaces the CPU clock without
 // touching the stopping logic.
 #include <optional>
 #include <string>
@@ -26,7 +26,7 @@ struct StoppingRule {
 };
 
 struct TimingSummary {
-  std::string method;  // "cpu-steady-clock"; later "cuda-event", "cuda-graph", "cupti"
+  std::string method;  // "cpu-steady-clock", "cuda-event", "cuda-graph" or "cupti" (replay/gpu_timing.h)
   std::string cache;   // "n/a" for CPU kernels; "cold-l2" or "hot-l2" on the GPU
   int warmup_runs = 0;
   int samples = 0;
@@ -35,6 +35,8 @@ struct TimingSummary {
   double stdev_rel = 0;  // standard deviation / mean
   double measured_s = 0;  // time spent sampling, warm-up excluded
   std::string stop_reason;  // "converged", "noise-settled", "timeout", "max-samples"
+  // Runs each sample averages over: 1, or K for CUDA-graph samples (one replay of K runs).
+  int runs_per_sample = 1;
 };
 
 class SampleTimer {
@@ -44,6 +46,14 @@ class SampleTimer {
   virtual std::string cache() const = 0;
   // Seconds one run of `kernel` took, or nullopt when the sample must be discarded.
   virtual std::optional<double> time_one(PreparedKernel& kernel) = 0;
+  // measure() calls these around the samples of one kernel, after its warm-up: a timer with state
+  // per kernel (a CUDA graph of its runs, CUPTI activity) makes it here and drops it at the end,
+  // even when a sample throws. begin_kernel() may throw when the kernel cannot be timed this way.
+  virtual void begin_kernel(PreparedKernel& /*kernel*/) {}
+  virtual void end_kernel() noexcept {}
+  // Runs one sample averages over (see TimingSummary): the stopping rule's min_time counts the
+  // GPU time spent, which is this many times the sample.
+  virtual int runs_per_sample() const { return 1; }
 };
 
 class CpuClockTimer final : public SampleTimer {

@@ -236,3 +236,83 @@ TEST_CASE("timing: describe() names the rule's numbers") {
   CHECK(text.find("0.5%") != std::string::npos);
   CHECK(text.find("timeout 7 s") != std::string::npos);
 }
+
+namespace {
+
+// A timer with state per kernel, as the CUDA-graph and CUPTI timers have: it records when
+// measure() calls its hooks, and each sample stands for `runs` runs.
+class KernelScopedTimer final : public SampleTimer {
+ public:
+  explicit KernelScopedTimer(int runs) : runs_(runs) {}
+  std::string method() const override { return "scoped"; }
+  std::string cache() const override { return "hot-l2"; }
+  void begin_kernel(PreparedKernel& kernel) override {
+    ++begins;
+    runs_at_begin = static_cast<CountingKernel&>(kernel).runs;
+    if (fail_begin) throw std::runtime_error("not capturable in a CUDA graph: test");
+    open = true;
+  }
+  void end_kernel() noexcept override {
+    ++ends;
+    open = false;
+  }
+  int runs_per_sample() const override { return runs_; }
+  std::optional<double> time_one(PreparedKernel& kernel) override {
+    REQUIRE(open);
+    if (throw_at == calls++) throw std::runtime_error("sample failed");
+    for (int i = 0; i < runs_; ++i) kernel.run();
+    return 0.0625 / runs_;  // per run; each sample is 62.5 ms of GPU time
+  }
+  int begins = 0, ends = 0, calls = 0, runs_at_begin = -1, throw_at = -1;
+  bool open = false, fail_begin = false;
+
+ private:
+  int runs_;
+};
+
+}  // namespace
+
+TEST_CASE("timing: measure() opens the timer's per-kernel state after warm-up and always closes it") {
+  CountingKernel kernel;
+  KernelScopedTimer timer(1);
+  StoppingRule rule;
+  rule.warmup_runs = 2;
+  rule.min_samples = 3;
+  rule.min_time_s = 0;
+  const TimingSummary t = measure(kernel, timer, rule);
+  CHECK(t.samples == 3);
+  CHECK(timer.begins == 1);
+  CHECK(timer.ends == 1);
+  CHECK(timer.runs_at_begin == 2);  // after the warm-up runs
+  CHECK(t.runs_per_sample == 1);
+
+  KernelScopedTimer failing(1);
+  failing.throw_at = 1;
+  CHECK_THROWS_WITH(measure(kernel, failing, rule), "sample failed");
+  CHECK(failing.ends == 1);  // closed although a sample threw
+
+  KernelScopedTimer refusing(1);
+  refusing.fail_begin = true;
+  CHECK_THROWS_WITH(measure(kernel, refusing, rule), "not capturable in a CUDA graph: test");
+  CHECK(refusing.calls == 0);
+  CHECK(refusing.ends == 1);
+}
+
+TEST_CASE("timing: samples of K runs count K times toward min_time, and say so") {
+  // Each sample is 62.5 ms / 4 per run but 62.5 ms of GPU time: 0.5 s of it takes 8 samples, as
+  // with one run of 62.5 ms per sample, not 32.
+  CountingKernel kernel;
+  KernelScopedTimer timer(4);
+  StoppingRule rule;
+  rule.warmup_runs = 0;
+  rule.min_samples = 5;
+  rule.min_time_s = 0.5;
+  rule.timeout_s = 30;
+  const TimingSummary t = measure(kernel, timer, rule);
+  CHECK(t.stop_reason == "converged");
+  CHECK(t.samples == 8);
+  CHECK(t.median_s == 0.015625);  // per run
+  CHECK(t.runs_per_sample == 4);
+  CHECK(t.measured_s == 0.5);  // GPU time sampled, all runs counted
+  CHECK(kernel.runs == 32);
+}

@@ -1,0 +1,77 @@
+#include "replay/gpu_timing.h"
+
+#include <algorithm>
+#include <cmath>
+#include <unordered_set>
+
+namespace attnreplay {
+
+std::optional<TimingMethod> parse_timing_method(std::string_view text) {
+  if (text == "event") return TimingMethod::event;
+  if (text == "graph") return TimingMethod::graph;
+  if (text == "cupti") return TimingMethod::cupti;
+  return std::nullopt;
+}
+
+std::string_view timing_method_flag(TimingMethod method) {
+  switch (method) {
+    case TimingMethod::event: return "event";
+    case TimingMethod::graph: return "graph";
+    case TimingMethod::cupti: return "cupti";
+  }
+  return "?";
+}
+
+std::string_view timing_method_label(TimingMethod method) {
+  switch (method) {
+    case TimingMethod::event: return "cuda-event";
+    case TimingMethod::graph: return "cuda-graph";
+    case TimingMethod::cupti: return "cupti";
+  }
+  return "?";
+}
+
+std::vector<std::string> timing_method_names() { return {"event", "graph", "cupti"}; }
+
+bool ThrottleGuard::accept(double sm_mhz) {
+  max_seen_mhz_ = std::max(max_seen_mhz_, sm_mhz);
+  const double rated = rated_mhz_ > 0 ? rated_mhz_ : max_seen_mhz_;
+  return !(sm_mhz > 0 && sm_mhz < threshold_ * rated);
+}
+
+int graph_runs_per_replay(double single_run_s, double target_replay_s, int max_runs) {
+  max_runs = std::max(max_runs, 1);
+  // A run too short to measure (or a failed estimate) gets the most runs, which is always safe.
+  if (!(single_run_s > 0) || !std::isfinite(single_run_s)) return max_runs;
+  const double runs = std::ceil(target_replay_s / single_run_s);
+  if (!(runs < max_runs)) return max_runs;
+  return std::max(1, static_cast<int>(runs));
+}
+
+RunGpuTime gpu_time_of_run(const std::vector<ActivityRecord>& records, std::uint64_t begin_ns, std::uint64_t end_ns) {
+  std::unordered_set<std::uint32_t> calls;
+  for (const ActivityRecord& r : records) {
+    // Id 0 is no call: CUPTI gives it to records it could not attribute.
+    if (r.kind == ActivityRecord::Kind::api && r.correlation_id != 0 && r.start_ns >= begin_ns && r.start_ns <= end_ns) {
+      calls.insert(r.correlation_id);
+    }
+  }
+  RunGpuTime time;
+  std::uint64_t first = 0, last = 0;
+  for (const ActivityRecord& r : records) {
+    if (r.kind == ActivityRecord::Kind::api || !calls.count(r.correlation_id)) continue;
+    // Start and end both 0: CUPTI could not time it.
+    if (r.end_ns < r.start_ns || (r.start_ns == 0 && r.end_ns == 0)) {
+      ++time.untimed_records;
+      continue;
+    }
+    time.sum_s += static_cast<double>(r.end_ns - r.start_ns) * 1e-9;
+    first = time.device_records == 0 ? r.start_ns : std::min(first, r.start_ns);
+    last = std::max(last, r.end_ns);
+    ++time.device_records;
+  }
+  if (time.device_records > 0) time.span_s = static_cast<double>(last - first) * 1e-9;
+  return time;
+}
+
+}  // namespace attnreplay

@@ -1,0 +1,68 @@
+#pragma once
+// What the GPU timers decide, as plain functions over plain values, so that it is built and unit
+// tested where there is no GPU: which timing method a flag names, the throttle guard, how many runs
+// one CUDA-graph replay holds, and which CUPTI activity records belong to one run.
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace attnreplay {
+
+// --timing: how GPU kernels are timed (docs/metrics.md). CPU kernels always use the steady clock.
+enum class TimingMethod {
+  event,  // CUDA events around each run (default)
+  graph,  // CUDA events around a CUDA graph of K runs, divided by K
+  cupti,  // the GPU durations CUPTI records for the kernels one run launches, summed
+};
+
+// The flag's value ("event", "graph", "cupti"), or nullopt for anything else.
+std::optional<TimingMethod> parse_timing_method(std::string_view text);
+std::string_view timing_method_flag(TimingMethod method);
+// What results record as TimingSummary::method: "cuda-event", "cuda-graph", "cupti".
+std::string_view timing_method_label(TimingMethod method);
+std::vector<std::string> timing_method_names();
+
+// nvbench's throttle guard: a sample taken while the SM clock ran under `threshold` of the rated
+// clock is discarded. Without a rated clock, the highest clock seen so far stands in for it; a
+// sample whose clock could not be measured (0) is kept.
+class ThrottleGuard {
+ public:
+  ThrottleGuard(double rated_mhz, double threshold) : rated_mhz_(rated_mhz), threshold_(threshold) {}
+  bool accept(double sm_mhz);
+
+ private:
+  double rated_mhz_;
+  double threshold_;
+  double max_seen_mhz_ = 0;
+};
+
+// Runs captured into one CUDA graph: enough that a replay lasts about `target_replay_s`, so that the
+// replay's launch and the events around it are small beside it, and at most `max_runs`.
+int graph_runs_per_replay(double single_run_s, double target_replay_s = 1e-3, int max_runs = 100);
+
+// One CUPTI activity record, reduced to what attribution needs. API records (runtime or driver
+// calls) carry host timestamps; device records (kernels, copies, sets) carry GPU ones. Both carry
+// the correlation id of the API call that queued the work.
+struct ActivityRecord {
+  enum class Kind { api, kernel, memcpy, memset };
+  Kind kind = Kind::kernel;
+  std::uint32_t correlation_id = 0;
+  std::uint64_t start_ns = 0;
+  std::uint64_t end_ns = 0;
+};
+
+struct RunGpuTime {
+  double sum_s = 0;   // the device records' durations added up: the GPU busy time of the run
+  double span_s = 0;  // first start to last end (FlashInfer's figure; it counts the gaps too)
+  int device_records = 0;  // timed ones, in the figures
+  int untimed_records = 0;  // of the run, but without timestamps: the figures miss them
+};
+
+// The GPU time of the work queued by API calls that started within [begin_ns, end_ns] (host
+// timestamps taken around one run). Work queued before (the L2 flush) or after (the clock probe)
+// is left out by its correlation id, whatever its GPU timestamps, as FlashInfer attributes it.
+RunGpuTime gpu_time_of_run(const std::vector<ActivityRecord>& records, std::uint64_t begin_ns, std::uint64_t end_ns);
+
+}  // namespace attnreplay
