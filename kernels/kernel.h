@@ -39,6 +39,11 @@ class PreparedKernel {
   // the kernel alone and users pay both.
   virtual bool has_preparation() const { return false; }
   virtual void prepare_inputs() {}
+  // GPU kernels whose run() (and prepare_inputs()) queue all their work on the current CUDA stream
+  // (c10::cuda::getCurrentCUDAStream(), as torch's ops do), not on the legacy default stream, say
+  // so: only they can be captured into a CUDA graph (--timing graph sets a side stream current while
+  // it captures). The current stream is the default stream at all other times.
+  virtual bool runs_on_current_stream() const { return false; }
 };
 
 // Thrown by prepare() when a check that needs the real inputs (torch's own backend checks, say)

@@ -123,6 +123,8 @@ class TorchSdpaKernel final : public Kernel {
     void synchronize() override {
       if (backend_.device == "cuda") at::detail::getCUDAHooks().deviceSynchronize(0);
     }
+    // torch's CUDA ops queue on the current stream and allocate through the caching allocator.
+    bool runs_on_current_stream() const override { return backend_.device == "cuda"; }
     HostTensor output() override { return host_tensor_from_torch(output_.contiguous()); }
 
    private:

@@ -1,17 +1,10 @@
 #include <cuda_runtime.h>
 
-#include <stdexcept>
-
+#include "replay/cuda_check.h"
 #include "replay/cuda_clock.h"
 
 namespace attnreplay::cuda_clock {
 namespace {
-
-void check(cudaError_t status, const char* what) {
-  if (status != cudaSuccess) {
-    throw std::runtime_error(std::string("CUDA error in ") + what + ": " + cudaGetErrorString(status));
-  }
-}
 
 // Spins for ~20 us of wall time (the global timer) and counts SM cycles meanwhile: their ratio is
 // the clock the SM ran at right after the sample.
@@ -60,34 +53,60 @@ EventClock::EventClock(bool cold_l2) : resources_(std::make_unique<Resources>())
   rated_mhz_ = attribute(cudaDevAttrClockRate) / 1000.0;
   // Twice the L2, as nvbench flushes: every line of the cache is evicted by the zeroing.
   resources_->flush_bytes = 2 * static_cast<size_t>(attribute(cudaDevAttrL2CacheSize));
-  if (cold_l2_) check(cudaMalloc(&resources_->flush, resources_->flush_bytes), "cudaMalloc (L2 flush buffer)");
-  check(cudaMalloc(&resources_->probe, 2 * sizeof(unsigned long long)), "cudaMalloc (clock probe)");
-  check(cudaEventCreate(&resources_->start), "cudaEventCreate");
-  check(cudaEventCreate(&resources_->stop), "cudaEventCreate");
+  if (cold_l2_) ATTNREPLAY_CUDA_CHECK(cudaMalloc(&resources_->flush, resources_->flush_bytes));
+  ATTNREPLAY_CUDA_CHECK(cudaMalloc(&resources_->probe, 2 * sizeof(unsigned long long)));
+  ATTNREPLAY_CUDA_CHECK(cudaEventCreate(&resources_->start));
+  ATTNREPLAY_CUDA_CHECK(cudaEventCreate(&resources_->stop));
 }
 
 EventClock::~EventClock() = default;
 
 void EventClock::begin() {
-  if (cold_l2_) check(cudaMemsetAsync(resources_->flush, 0, resources_->flush_bytes, 0), "L2 flush");
-  check(cudaEventRecord(resources_->start, 0), "cudaEventRecord");
+  if (cold_l2_) ATTNREPLAY_CUDA_CHECK(cudaMemsetAsync(resources_->flush, 0, resources_->flush_bytes, 0));
+  ATTNREPLAY_CUDA_CHECK(cudaEventRecord(resources_->start, 0));
 }
+
+namespace {
+
+// Launches the probe on the default stream, after whatever is queued there.
+void launch_probe(unsigned long long* probe) {
+  clock_probe<<<1, 1>>>(probe, probe + 1);
+  ATTNREPLAY_CUDA_CHECK(cudaGetLastError());
+}
+
+// Reads what the probe wrote (the copy waits for it): cycles over nanoseconds, in MHz.
+double read_probe(const unsigned long long* device_probe) {
+  unsigned long long probe[2] = {0, 0};
+  ATTNREPLAY_CUDA_CHECK(cudaMemcpy(probe, device_probe, sizeof(probe), cudaMemcpyDeviceToHost));
+  return probe[1] ? static_cast<double>(probe[0]) / static_cast<double>(probe[1]) * 1e3 : 0.0;
+}
+
+}  // namespace
 
 Sample EventClock::end() {
   Resources& r = *resources_;
-  check(cudaEventRecord(r.stop, 0), "cudaEventRecord");
-  clock_probe<<<1, 1>>>(r.probe, r.probe + 1);
-  check(cudaGetLastError(), "clock probe launch");
-  check(cudaEventSynchronize(r.stop), "cudaEventSynchronize");
+  ATTNREPLAY_CUDA_CHECK(cudaEventRecord(r.stop, 0));
+  launch_probe(r.probe);
+  ATTNREPLAY_CUDA_CHECK(cudaEventSynchronize(r.stop));
   float milliseconds = 0;
-  check(cudaEventElapsedTime(&milliseconds, r.start, r.stop), "cudaEventElapsedTime");
-  unsigned long long probe[2] = {0, 0};
-  check(cudaMemcpy(probe, r.probe, sizeof(probe), cudaMemcpyDeviceToHost), "clock probe read");
+  ATTNREPLAY_CUDA_CHECK(cudaEventElapsedTime(&milliseconds, r.start, r.stop));
   Sample sample;
   sample.seconds = milliseconds * 1e-3;
-  sample.sm_mhz = probe[1] ? static_cast<double>(probe[0]) / static_cast<double>(probe[1]) * 1e3 : 0.0;
+  sample.sm_mhz = read_probe(r.probe);
   return sample;
 }
+
+void EventClock::flush_and_wait() {
+  if (cold_l2_) ATTNREPLAY_CUDA_CHECK(cudaMemsetAsync(resources_->flush, 0, resources_->flush_bytes, 0));
+  device_synchronize();
+}
+
+double EventClock::probe_sm_mhz() {
+  launch_probe(resources_->probe);
+  return read_probe(resources_->probe);
+}
+
+void device_synchronize() { ATTNREPLAY_CUDA_CHECK(cudaDeviceSynchronize()); }
 
 std::map<std::string, std::string> describe_device() {
   std::map<std::string, std::string> v;

@@ -8,6 +8,8 @@
 namespace attnreplay::cuda_clock {
 
 bool device_present();
+// Waits for all work on the current device; throws, naming the place, on a fault.
+void device_synchronize();
 
 struct Sample {
   double seconds = 0;  // between the events around the run
@@ -24,6 +26,11 @@ class EventClock {
   void begin();
   // Records the stop event, probes the SM clock, waits, and reads both.
   Sample end();
+  // For timers that bracket a run by other means (CUPTI): flushes the L2 (when cold) and waits
+  // until the device is idle, so that nothing queued before the run overlaps it.
+  void flush_and_wait();
+  // Probes the SM clock now, as end() does after its stop event, and waits for the reading.
+  double probe_sm_mhz();
   double rated_sm_mhz() const { return rated_mhz_; }
 
  private:

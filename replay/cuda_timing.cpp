@@ -1,31 +1,34 @@
 #include "replay/cuda_timing.h"
 
+#include <fmt/format.h>
+
+#include <stdexcept>
+
 #include "replay/cuda_clock.h"
+#include "replay/cuda_timers.h"
 
 namespace attnreplay {
 namespace {
 
 class CudaEventTimer final : public SampleTimer {
  public:
-  explicit CudaEventTimer(const CudaTimerOptions& options) : options_(options), clock_(options.cold_l2) {}
-  std::string method() const override { return "cuda-event"; }
+  explicit CudaEventTimer(const CudaTimerOptions& options)
+      : options_(options), clock_(options.cold_l2), guard_(clock_.rated_sm_mhz(), options.throttle_threshold) {}
+  std::string method() const override { return std::string(timing_method_label(TimingMethod::event)); }
   std::string cache() const override { return options_.cold_l2 ? "cold-l2" : "hot-l2"; }
 
   std::optional<double> time_one(PreparedKernel& kernel) override {
     clock_.begin();
     kernel.run();
     const cuda_clock::Sample sample = clock_.end();
-    max_seen_mhz_ = std::max(max_seen_mhz_, sample.sm_mhz);
-    // Without a rated clock, the highest clock seen so far stands in for it.
-    const double rated = clock_.rated_sm_mhz() > 0 ? clock_.rated_sm_mhz() : max_seen_mhz_;
-    if (sample.sm_mhz > 0 && sample.sm_mhz < options_.throttle_threshold * rated) return std::nullopt;
+    if (!guard_.accept(sample.sm_mhz)) return std::nullopt;
     return sample.seconds;
   }
 
  private:
   CudaTimerOptions options_;
   cuda_clock::EventClock clock_;
-  double max_seen_mhz_ = 0;
+  ThrottleGuard guard_;
 };
 
 }  // namespace
@@ -34,7 +37,22 @@ bool cuda_device_present() { return cuda_clock::device_present(); }
 
 std::unique_ptr<SampleTimer> make_cuda_timer(const CudaTimerOptions& options) {
   if (!cuda_device_present()) return nullptr;
-  return std::make_unique<CudaEventTimer>(options);
+  switch (options.method) {
+    case TimingMethod::event: return std::make_unique<CudaEventTimer>(options);
+    case TimingMethod::graph:
+#ifdef ATTNREPLAY_TORCH_CUDA
+      return make_cuda_graph_timer(options);
+#else
+      throw std::runtime_error("--timing graph is not available: this build's libtorch has no CUDA part");
+#endif
+    case TimingMethod::cupti:
+#ifdef ATTNREPLAY_HAVE_CUPTI
+      return make_cupti_timer(options);
+#else
+      throw std::runtime_error("--timing cupti is not available: CUPTI's header (cupti.h) was not found when this was built");
+#endif
+  }
+  throw std::logic_error(fmt::format("make_cuda_timer: unknown timing method {}", static_cast<int>(options.method)));
 }
 
 void describe_cuda_device(Environment& environment) {

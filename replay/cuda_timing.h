@@ -1,11 +1,14 @@
 #pragma once
 // GPU timing: CUDA events around each run on the default stream, a cold L2 by default (a buffer
 // twice the L2's size is zeroed before each sample, as nvbench does), and samples taken while the
-// SM clock ran under 75 % of its rated clock discarded, as nvbench's throttle guard does.
+// SM clock ran under 75 % of its rated clock discarded, as nvbench's throttle guard does. Two other
+// methods share the flush and the guard: CUDA graphs of K runs (replay/cuda_graph_timing.cpp) and
+// CUPTI's kernel durations (replay/cupti_timing.cpp); docs/metrics.md compares them.
 #include <memory>
 #include <optional>
 #include <string>
 
+#include "replay/gpu_timing.h"
 #include "replay/results.h"
 #include "replay/timing.h"
 
@@ -14,11 +17,13 @@ namespace attnreplay {
 bool cuda_device_present();
 
 struct CudaTimerOptions {
-  bool cold_l2 = true;
+  bool cold_l2 = true;  // graph samples are hot whatever this says: the runs replay back to back
   double throttle_threshold = 0.75;  // of the rated SM clock
+  TimingMethod method = TimingMethod::event;
 };
 
-// nullptr when no CUDA device is present (or CUDA was not built).
+// nullptr when no CUDA device is present. Throws std::runtime_error, saying why, when the method
+// cannot work here (CUPTI not loadable, or graphs without libtorch's CUDA part).
 std::unique_ptr<SampleTimer> make_cuda_timer(const CudaTimerOptions& options);
 
 // GPU name, SM count, clocks, memory, L2, driver and runtime versions; empty without a GPU.

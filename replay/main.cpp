@@ -63,6 +63,7 @@ struct RunArgs {
   std::string save_inputs;
   std::string reference = "auto";
   bool hot_l2 = false;
+  std::string timing = "event";  // --timing: checked by the parser and again by replay_options()
   // The quantized kernels' options (docs/quantized.md); values are checked by the parser.
   std::string quant_gran = "per_warp";
   bool no_k_smooth = false;
@@ -118,6 +119,11 @@ void add_device_options(CLI::App& app, RunArgs& a) {
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
       ->capture_default_str();
   app.add_flag("--hot-l2", a.hot_l2, "GPU samples without flushing the L2 cache first (default: cold L2)");
+  app.add_option("--timing", a.timing,
+                 "how GPU kernels are timed: event (CUDA events around each run), graph (CUDA graph of K runs, "
+                 "hot L2), cupti (kernel durations CUPTI records)")
+      ->check(CLI::IsMember(timing_method_names()))
+      ->capture_default_str();
 }
 
 void add_quant_options(CLI::App& app, RunArgs& a) {
@@ -225,6 +231,9 @@ ReplayOptions replay_options(const RunArgs& a) {
   o.case_tag = a.case_tag;
   o.reference_device = a.reference;
   o.hot_l2 = a.hot_l2;
+  const auto timing = parse_timing_method(a.timing);
+  if (!timing) throw InputError(fmt::format("--timing: expected event, graph or cupti, got '{}'", a.timing));
+  o.timing = *timing;
   o.quant = quant_options_from(a);
   // The flags that change results, so that each row's rerun command reproduces it.
   std::string& r = o.rerun_base;
@@ -240,6 +249,7 @@ ReplayOptions replay_options(const RunArgs& a) {
   if (a.max_noise_percent) r += " --max-noise " + format_number(*a.max_noise_percent);
   if (a.reference != "auto") r += " --reference " + a.reference;
   if (a.hot_l2) r += " --hot-l2";
+  if (o.timing != TimingMethod::event) r += fmt::format(" --timing {}", timing_method_flag(o.timing));
   r += quant_option_flags(o.quant);
   return o;
 }

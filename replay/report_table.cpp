@@ -56,6 +56,14 @@ void print_call_table(const CallResult& call, std::ostream& out) {
     }
     out << fmt::format("  {:<18} {:<13} {:>10} {:>6} {:>9} {:>9} {:>6} {:>10} {:>10} {:>12}\n", k.kernel,
                        disposition_name(k.disposition), time, spread, tflops, gbps, peak, max_abs, rel_l2, cosine);
+    // The default methods go without saying; the others are named beside their figures.
+    if (k.timing && k.timing->method != "cpu-steady-clock" &&
+        (k.timing->method != "cuda-event" || k.timing->cache != "cold-l2")) {
+      footnotes.push_back(fmt::format("{}: timed by {}, {}{}", k.kernel, k.timing->method, k.timing->cache,
+                                      k.timing->runs_per_sample > 1
+                                          ? fmt::format(", {} runs per sample", k.timing->runs_per_sample)
+                                          : std::string()));
+    }
     if (k.timing_with_preparation) {
       footnotes.push_back(fmt::format("{}: {:.4g} ms with its input preparation",
                                       k.kernel, k.timing_with_preparation->median_s * 1e3));

@@ -143,19 +143,21 @@ class WithPreparation final : public PreparedKernel {
   }
   void synchronize() override { kernel_.synchronize(); }
   HostTensor output() override { return kernel_.output(); }
+  bool runs_on_current_stream() const override { return kernel_.runs_on_current_stream(); }
 
  private:
   PreparedKernel& kernel_;
 };
 
-// One timer per device kind, made on first use (the CUDA one allocates its L2 flush buffer).
+// One timer per device kind and GPU method, made on first use (the CUDA ones allocate an L2 flush
+// buffer). A method that cannot work here throws, and each GPU row says why.
 SampleTimer& timer_for(const KernelDescription& kernel, const ReplayOptions& options) {
   static CpuClockTimer cpu_timer;
   if (kernel.device != "cuda") return cpu_timer;
 #ifdef ATTNREPLAY_HAVE_CUDA
-  static std::map<bool, std::unique_ptr<SampleTimer>> cuda_timers;
-  auto& timer = cuda_timers[options.hot_l2];
-  if (!timer) timer = make_cuda_timer(CudaTimerOptions{!options.hot_l2});
+  static std::map<std::pair<TimingMethod, bool>, std::unique_ptr<SampleTimer>> cuda_timers;
+  auto& timer = cuda_timers[{options.timing, options.hot_l2}];
+  if (!timer) timer = make_cuda_timer(CudaTimerOptions{!options.hot_l2, 0.75, options.timing});
   if (timer) return *timer;
 #endif
   throw std::runtime_error("CUDA timing is not available in this build");
@@ -234,7 +236,11 @@ CallResult replay_call(const AttentionCall& captured, const ReplayOptions& optio
       k.timing = measure(*prepared, timer, rule);
       if (prepared->has_preparation()) {
         WithPreparation with_preparation(*prepared);
-        k.timing_with_preparation = measure(with_preparation, timer, rule);
+        try {
+          k.timing_with_preparation = measure(with_preparation, timer, rule);
+        } catch (const std::exception& error) {
+          throw std::runtime_error(fmt::format("timing with its input preparation: {}", error.what()));
+        }
       }
       if (on_gpu) {
         const double matrix = options.ceilings.matrix_tflops_for(call.q.dtype);

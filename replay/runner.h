@@ -9,6 +9,7 @@
 #include "formats/capture_source.h"
 #include "kernels/quantized_attention.h"
 #include "kernels/reference.h"
+#include "replay/gpu_timing.h"
 #include "replay/results.h"
 
 namespace attnreplay {
@@ -44,6 +45,7 @@ struct ReplayOptions {
   std::string save_outputs_dir;  // one .pt per (call, kernel) when set
   std::string reference_device = "auto";  // "cpu", "cuda", or "auto" (the GPU when there is one)
   bool hot_l2 = false;                    // GPU samples without flushing the L2 first
+  TimingMethod timing = TimingMethod::event;  // how GPU kernels are timed (--timing)
   Ceilings ceilings;  // measured on this GPU at start-up; zeros when not measured
   QuantOptions quant;  // what the quantized kernels use (docs/quantized.md)
   std::string case_tag;
