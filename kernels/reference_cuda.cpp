@@ -1,6 +1,8 @@
-// The exact reference on a GPU, for calls too large for the CPU one: the same mathematics in fp64
-// (inputs upcast, cuBLAS DGEMM for both products, softmax in fp64), in chunks of query rows so that
-// no s_q x s_kv matrix is ever whole. Checked against the CPU reference in the GPU tests.
+// The exact reference on a GPU, for calls too large for the CPU one: the same mathematics in fp64,
+// inputs upcast. Calls without a mask and with head dims up to 128 take the fused path (one
+// streaming pass over the keys, cuda/reference_fused.cu); others take cuBLAS DGEMMs and an fp64
+// softmax in chunks of query rows, so that no s_q x s_kv matrix is ever whole. Both are checked
+// against the CPU reference in the GPU tests.
 #include <ATen/ATen.h>
 #include <ATen/detail/CUDAHooksInterface.h>
 
@@ -11,6 +13,10 @@
 #include "formats/torch_tensor.h"
 #include "kernels/kernel.h"
 #include "kernels/reference.h"
+
+#ifdef ATTNREPLAY_FUSED_REFERENCE
+#include "kernels/cuda/reference_fused.h"
+#endif
 
 namespace attnreplay {
 namespace {
@@ -55,6 +61,38 @@ ReferenceOutput reference_attention_gpu(const AttentionCall& call, std::vector<s
   const std::int64_t offset = call.causal_alignment == CausalAlignment::bottom_right ? s.seq_kv - s.seq_q : 0;
   // Rows can be fully masked only with a mask, or bottom-right causal with more queries than keys.
   const bool may_mask_rows = call.mask || (call.is_causal && offset < 0);
+#ifdef ATTNREPLAY_FUSED_REFERENCE
+  if (!call.mask && fused_reference_supports(s.head_dim_qk, s.head_dim_vo)) {
+    const at::Tensor out = at::empty({s.batch, s.heads_q, n_rows, s.head_dim_vo}, q.options());
+    const at::Tensor empty_rows = at::zeros({1}, row_index.options());
+    const at::Tensor q_rows = q.contiguous();
+    FusedReferenceProblem problem;
+    problem.q = q_rows.data_ptr<double>();
+    problem.k = k.data_ptr<double>();
+    problem.v = v.data_ptr<double>();
+    problem.out = out.data_ptr<double>();
+    problem.positions = row_index.data_ptr<std::int64_t>();
+    problem.batch = s.batch;
+    problem.heads_q = s.heads_q;
+    problem.heads_kv = s.heads_kv;
+    problem.rows = n_rows;
+    problem.seq_kv = s.seq_kv;
+    problem.head_dim = s.head_dim_qk;
+    problem.head_dim_vo = s.head_dim_vo;
+    problem.causal = call.is_causal;
+    problem.causal_offset = offset;
+    problem.scale = scale;
+    problem.fully_masked_rows = reinterpret_cast<unsigned long long*>(empty_rows.data_ptr<std::int64_t>());
+    // torch's tensors above were made on the default stream, which this launch follows.
+    if (const char* error = launch_fused_reference(problem, nullptr)) {
+      throw std::runtime_error(std::string("GPU reference: ") + error);
+    }
+    result.fully_masked_rows = empty_rows.item<std::int64_t>();
+    const at::Tensor host = out.cpu();
+    result.values.assign(host.data_ptr<double>(), host.data_ptr<double>() + host.numel());
+    return result;
+  }
+#endif
   const std::int64_t chunk = std::max<std::int64_t>(1, kScoreChunkBytes / (8 * s.seq_kv));
   at::Tensor out = at::zeros({s.batch, s.heads_q, n_rows, s.head_dim_vo}, q.options());
   const at::Tensor keys = at::arange(s.seq_kv, row_index.options());

@@ -38,6 +38,7 @@ def replay(tmp_path, *args):
     ["--shape", "1,2,17,32", "--s_kv", "45", "--causal", "--causal_alignment", "bottom_right", "--head_dim_vo", "16"],
     ["--shape", "1,2,45,32", "--s_kv", "17", "--causal", "--causal_alignment", "bottom_right"],
     ["--shape", "1,4,300,64", "--dtype", "fp32"],
+    ["--shape", "1,3,333,128", "--causal"],
 ])
 def test_gpu_reference_matches_cpu_reference(tmp_path, flags):
     report, _ = replay(tmp_path, *flags, "--reference", "cpu", "--kernels", "reference-cuda")
