@@ -95,8 +95,9 @@ DType judged_dtype(const std::string& kernel, const CallResult& call) {
 }
 
 std::string describe_limits(const RefcheckLimits& t) {
-  std::string text = fmt::format("cosine >= {:g}, rel_l2 <= {:g}", t.min_cosine, t.max_rel_l2);
-  if (t.max_abs) text += fmt::format(", max_abs <= {:g}", *t.max_abs);
+  // Enough digits that fp32's 1 - 1e-8 does not print as 1.
+  std::string text = fmt::format("cosine >= {:.12g}, rel_l2 <= {:.12g}", t.min_cosine, t.max_rel_l2);
+  if (t.max_abs) text += fmt::format(", max_abs <= {:.12g}", *t.max_abs);
   return text;
 }
 
@@ -137,6 +138,11 @@ void summarize_audit(AuditReport& report, const RefcheckThresholds& thresholds,
       const KernelResult* k = find_kernel(calls[i], name);
       if (!k) continue;
       dispositions.push_back(k->disposition);
+      auto& reasons = audit.not_supported_reasons;
+      if (k->disposition == Disposition::not_supported &&
+          std::find(reasons.begin(), reasons.end(), k->reason) == reasons.end()) {
+        reasons.push_back(k->reason);
+      }
       if (k->error) {
         errors.push_back(&*k->error);
         call_of_error.push_back(i);
@@ -275,11 +281,11 @@ void attribute_worst_calls(AuditReport& report, const AuditOptions& options,
   };
   for (KernelAudit& kernel : report.kernels) {
     const auto kind = emulated_kind(kernel.kernel);
+    if (!kind) {
+      if (!kernel.worst.empty()) kernel.attribution_note = "no staged emulation, which only the flash, sage and fa3 kinds have";
+      continue;
+    }
     for (WorstCall& worst : kernel.worst) {
-      if (!kind) {
-        worst.attribution_note = "no staged emulation of this kernel (only the flash, sage and fa3 kinds have one)";
-        continue;
-      }
       try {
         const AttentionCall& call = call_at(worst.call);
         auto reference = references.find(worst.call);

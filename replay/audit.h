@@ -79,7 +79,7 @@ struct WorstCall {
   // With --attribute, for the emulated kernels (and the CUDA kernels of the same kind): the error
   // with the kind's quantization steps turned on one after another. Empty otherwise.
   std::vector<StageError> attribution;
-  std::string attribution_note;  // why there is none, when asked for
+  std::string attribution_note;  // why it failed, when it was attempted and failed
 };
 
 struct KernelAudit {
@@ -89,7 +89,10 @@ struct KernelAudit {
   Distribution tflops;
   KernelVerdict verdict;
   std::vector<std::string> thresholds;  // the distinct limits applied, e.g. "cosine >= 0.99, rel_l2 <= 0.15"
+  std::vector<std::string> not_supported_reasons;  // the distinct reasons it declined calls
   std::vector<WorstCall> worst;
+  // With --attribute, why this kernel's worst calls have no staged emulation (not a quantized kind).
+  std::string attribution_note;
 };
 
 // Calls of one (shape, dtype, causal) and how each kernel did on them, beside (--random-compare)

@@ -2,6 +2,7 @@
 // row per call and kernel). They read an AuditReport and never measure.
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <ostream>
 
@@ -16,7 +17,14 @@ std::string g(double value, int digits = 3) {
   return fmt::format("{:.{}g}", value, digits);
 }
 
-std::string cosine_text(double value) { return std::isnan(value) ? "-" : fmt::format("{:.8f}", value); }
+// Near 1 the distance from 1 is what tells kernels apart: "1-2.1e-14" rather than 1.00000000.
+std::string cosine_text(double value) {
+  if (std::isnan(value)) return "-";
+  const double off = value - 1.0;
+  if (std::abs(off) <= 4 * std::numeric_limits<double>::epsilon()) return "1";  // fp64 rounding of an exact 1
+  if (std::abs(off) <= 1e-4) return fmt::format("1{}{:.2g}", off < 0 ? "-" : "+", std::abs(off));
+  return fmt::format("{:.6f}", value);
+}
 
 std::string statistic_text(const std::string& statistic, double value) {
   return statistic == "cosine" ? cosine_text(value) : g(value);
@@ -88,8 +96,9 @@ std::string describe_diagnostics(const InputDiagnostics& d) {
 
 void print_audit_table(const AuditReport& report, std::ostream& out) {
   const std::vector<CallResult>& calls = report.replay.calls;
-  out << fmt::format("audit: {} calls in {} shapes, {} kernels; errors against the fp64 reference{}\n\n", calls.size(),
-                     report.shapes.size(), report.kernels.size(),
+  auto count = [](std::size_t n, std::string_view noun) { return fmt::format("{} {}{}", n, noun, n == 1 ? "" : "s"); };
+  out << fmt::format("audit: {} in {}, {}; errors against the fp64 reference{}\n\n", count(calls.size(), "call"),
+                     count(report.shapes.size(), "shape"), count(report.kernels.size(), "kernel"),
                      report.cast_inputs ? fmt::format(", inputs cast to {}", dtype_name(*report.cast_inputs)) : "");
 
   out << fmt::format("{:<20} {:<8} {:>6} {:>6} {:>6} {:>6} {:>11} {:>9}  {}\n", "kernel", "verdict", "calls", "fail",
@@ -101,7 +110,11 @@ void print_audit_table(const AuditReport& report, std::ostream& out) {
                        g(k.median_time_s.median * 1e3, 4), g(k.tflops.median, 4), fmt::join(k.thresholds, "; "));
   }
   out << "  (calls: ran and judged; fail: over a threshold; error: the kernel threw; n/s: not supported;\n"
-         "   median ms and TFLOP/s: the median over calls of each call's median)\n\n";
+         "   median ms and TFLOP/s: the median over calls of each call's median)\n";
+  for (const KernelAudit& k : report.kernels) {
+    for (const std::string& reason : k.not_supported_reasons) out << fmt::format("  {} declined: {}\n", k.kernel, reason);
+  }
+  out << '\n';
 
   out << fmt::format("{:<20} {:<10} {:>12} {:>12} {:>12} {:>12}\n", "kernel", "statistic", "min", "median", "p99", "max");
   for (const KernelAudit& k : report.kernels) {
@@ -123,7 +136,8 @@ void print_audit_table(const AuditReport& report, std::ostream& out) {
     out << fmt::format("worst calls by rel_l2 (up to {} per kernel), with their three worst (batch, head)\n", report.worst_count);
     for (const KernelAudit& k : report.kernels) {
       if (k.worst.empty()) continue;
-      out << k.kernel << '\n';
+      out << k.kernel << (report.attribute && !k.attribution_note.empty() ? fmt::format(": {}", k.attribution_note) : "")
+          << '\n';
       out << fmt::format("  {:>6}  {:<34} {:>5} {:>5} {:>10} {:>12} {:>10}  {}\n", "call", "op", "layer", "step", "rel_l2",
                          "cosine", "max_abs", "worst heads: b,h rel_l2");
       for (const WorstCall& worst : k.worst) {
@@ -142,7 +156,7 @@ void print_audit_table(const AuditReport& report, std::ostream& out) {
           std::vector<std::string> stages;
           for (const StageError& stage : worst.attribution) stages.push_back(fmt::format("{} {}", stage.stages, g(stage.error.rel_l2)));
           out << fmt::format("          rel_l2 with quantization steps on: {}\n", fmt::join(stages, ", "));
-        } else if (!worst.attribution_note.empty() && report.attribute) {
+        } else if (!worst.attribution_note.empty()) {
           out << fmt::format("          {}\n", worst.attribution_note);
         }
         if (worst.call < report.diagnostics.size() && report.diagnostics[worst.call]) {
@@ -228,10 +242,12 @@ nlohmann::json audit_to_json(const AuditReport& report) {
                        {"calls_errored", v.calls_errored},
                        {"calls_not_supported", v.calls_not_supported},
                        {"thresholds", k.thresholds},
+                       {"not_supported_reasons", k.not_supported_reasons},
                        {"errors", errors},
                        {"median_time_s", distribution_json(k.median_time_s)},
                        {"tflops", distribution_json(k.tflops)},
                        {"worst_calls", worst_calls}});
+    if (report.attribute && !k.attribution_note.empty()) kernels.back()["attribution_note"] = k.attribution_note;
   }
 
   nlohmann::json shapes = nlohmann::json::array();

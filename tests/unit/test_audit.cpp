@@ -56,8 +56,8 @@ CallResult call_with(std::int64_t index, AttentionShape shape, std::vector<Kerne
   return call;
 }
 
-// Five calls of two shapes through kernels "fast" (errors 0.01 .. 0.05, call 3 over the default
-// bf16 threshold of 0.03... and 4 too) and "picky" (declines call 0, throws on call 2).
+// Five calls of two shapes through kernels "fast" (errors 0.01 .. 0.05; calls 3 and 4 over bf16's
+// default threshold of 0.03) and "picky" (declines call 0, throws on call 2).
 AuditReport sample_audit() {
   const AttentionShape small{1, 2, 2, 16, 16, 8, 8}, large{1, 2, 2, 64, 64, 8, 8};
   const double fast_errors[5] = {0.02, 0.01, 0.025, 0.05, 0.04};
@@ -66,10 +66,16 @@ AuditReport sample_audit() {
   for (int i = 0; i < 5; ++i) {
     std::vector<KernelResult> kernels;
     const double e = fast_errors[i];
-    kernels.push_back(kernel_result("fast", e > 0.03 ? Disposition::incorrect : Disposition::passed, error_with(e)));
-    if (i == 0) kernels.push_back(kernel_result("picky", Disposition::not_supported, std::nullopt));
-    else if (i == 2) kernels.push_back(kernel_result("picky", Disposition::failed, std::nullopt));
-    else kernels.push_back(kernel_result("picky", Disposition::passed, error_with(0.001 * i)));
+    kernels.push_back(kernel_result("fast", e > 0.03 ? Disposition::incorrect : Disposition::passed,
+                                    error_with(e, i == 3 ? 0.99995 : 0.999)));
+    if (i == 0) {
+      kernels.push_back(kernel_result("picky", Disposition::not_supported, std::nullopt));
+      kernels.back().reason = "needs bfloat16";
+    } else if (i == 2) {
+      kernels.push_back(kernel_result("picky", Disposition::failed, std::nullopt));
+    } else {
+      kernels.push_back(kernel_result("picky", Disposition::passed, error_with(0.001 * i)));
+    }
     report.replay.calls.push_back(call_with(i, i < 3 ? small : large, std::move(kernels)));
   }
   std::map<std::pair<std::size_t, std::string>, std::vector<HeadError>> per_head;
@@ -150,6 +156,7 @@ TEST_CASE("audit summary: distributions, verdicts, worst calls and shape groups 
   CHECK(picky.verdict.verdict == Verdict::failed);  // it threw on call 2
   CHECK(picky.verdict.calls_errored == 1);
   CHECK(picky.verdict.calls_not_supported == 1);
+  CHECK(picky.not_supported_reasons == std::vector<std::string>{"needs bfloat16"});
   CHECK(report.any_verdict_failed());
 
   REQUIRE(report.shapes.size() == 2);
@@ -180,7 +187,10 @@ TEST_CASE("audit JSON: schema, per-kernel distributions and verdicts, worst call
   CHECK_FALSE(j["shapes"][0]["kernels"][0].contains("random"));
   // A kernel without values gives nulls, not NaN.
   AuditReport empty;
-  empty.kernels.push_back(KernelAudit{"none", {{"rel_l2", distribution_of({})}}, {}, {}, {}, {}, {}});
+  KernelAudit none;
+  none.kernel = "none";
+  none.errors["rel_l2"] = distribution_of({});
+  empty.kernels.push_back(none);
   CHECK(audit_to_json(empty)["kernels"][0]["errors"]["rel_l2"]["median"].is_null());
 }
 
@@ -203,8 +213,12 @@ TEST_CASE("audit table: verdicts, distributions and the worst calls with their w
   print_audit_table(sample_audit(), out);
   const std::string text = out.str();
   CHECK_THAT(text, ContainsSubstring("audit: 5 calls in 2 shapes, 2 kernels"));
+  CHECK_THAT(text, ContainsSubstring("picky declined: needs bfloat16"));
   CHECK_THAT(text, ContainsSubstring("worst calls by rel_l2 (up to 2 per kernel)"));
   CHECK_THAT(text, ContainsSubstring("0,1 0.07; 0,0 0.01"));  // heads, worst first
   CHECK_THAT(text, ContainsSubstring("cosine >= 0.999, rel_l2 <= 0.03"));
+  // Cosines near 1 print their distance from 1.
+  CHECK_THAT(text, ContainsSubstring("1-5e-05"));  // call 3's 0.99995
+  CHECK_THAT(text, ContainsSubstring("0.999000"));
   CHECK_THAT(text, !ContainsSubstring("captured against random inputs"));
 }
