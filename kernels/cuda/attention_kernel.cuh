@@ -9,7 +9,7 @@
 // registers, and P reused as the A operand of P·V straight from the score fragments:
 //   flash  Q·Kᵀ m16n8k16 bf16/fp16 -> f32; P·V m16n8k16 bf16/fp16 -> f32
 //   sage1  Q·Kᵀ m16n8k32 s8 -> s32;        P·V as flash
-//   sage2  Q·Kᵀ as sage1;                  P·V m16n8k32 e4m3 -> f32 (fp16 rounding per 32 keys for fp32+fp16)
+//   sage2  Q·Kᵀ as sage1;                  P·V m16n8k32 e4m3 -> f32 (-> f16 per 32 keys for fp32+fp16)
 //   fa3    Q·Kᵀ m16n8k32 e4m3 -> f32;      P·V m16n8k32 e4m3 -> f32
 // A thread's score fragment holds rows g and g + 8 of its warp tile and, in each 8-key tile, keys
 // 2t and 2t + 1 (g = lane / 4, t = lane % 4): the INT8 per_thread groups of the definition.
@@ -346,21 +346,23 @@ __global__ void __launch_bounds__(kAttentionThreads) attention_kernel(const Atte
           // A fresh accumulator for this block (fp32, or fp16 for fp32+fp16), then added to acc.
           float o0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, o1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
           if constexpr (Tile::kPv == PvAccumulation::fp32_fp16) {
-            // The definition's fp16 accumulator: each 32-key chunk summed in fp32, then added to
-            // the block's sum and rounded to fp16. (The f16-accumulating mma would round every
-            // partial sum to fp16: with V scaled to 448 and P to 448 its partial products pass
-            // fp16's 65504 and most outputs came out inf/NaN on an H100.)
+            // Each 32-key chunk into a fresh fp16 accumulator (V was scaled to 2.25 for this, so
+            // that a chunk stays inside fp16's range), then added to the block's fp32 sum.
 #pragma unroll
             for (int c = 0; c < kBlockK / 32; ++c) {
               std::uint32_t vf[4];
               v_fragment(vf, dt2, c);
-              float c0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, c1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-              mma_16832_e4m3(c0, pa[c], vf[0], vf[1]);
-              mma_16832_e4m3(c1, pa[c], vf[2], vf[3]);
+              std::uint32_t h0[2] = {0u, 0u}, h1[2] = {0u, 0u};
+              mma_16832_e4m3_f16(h0, pa[c], vf[0], vf[1]);
+              mma_16832_e4m3_f16(h1, pa[c], vf[2], vf[3]);
 #pragma unroll
-              for (int e = 0; e < 4; ++e) {
-                o0[e] = __half2float(__float2half_rn(o0[e] + c0[e]));
-                o1[e] = __half2float(__float2half_rn(o1[e] + c1[e]));
+              for (int rh = 0; rh < 2; ++rh) {
+                const float2 x0 = __half22float2(*reinterpret_cast<const __half2*>(&h0[rh]));
+                const float2 x1 = __half22float2(*reinterpret_cast<const __half2*>(&h1[rh]));
+                o0[2 * rh] += x0.x;
+                o0[2 * rh + 1] += x0.y;
+                o1[2 * rh] += x1.x;
+                o1[2 * rh + 1] += x1.y;
               }
             }
           } else {
@@ -413,25 +415,25 @@ __global__ void __launch_bounds__(kAttentionThreads) attention_kernel(const Atte
 }
 
 template <class Tile>
-void launch_attention(const AttentionArgs& a) {
+void launch_attention(const AttentionArgs& a, cudaStream_t stream) {
   // Once per instantiation: more than 48 KB of dynamic shared memory must be asked for.
   static const cudaError_t configured = cudaFuncSetAttribute(
       attention_kernel<Tile>, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSmemBytes);
   ATTNREPLAY_CUDA_CHECK(configured);
   const dim3 grid(static_cast<unsigned>(ceil_div(a.seq_q, kBlockQ)), static_cast<unsigned>(a.heads_q),
                   static_cast<unsigned>(a.batch));
-  attention_kernel<Tile><<<grid, kAttentionThreads, Tile::kSmemBytes>>>(a);
+  attention_kernel<Tile><<<grid, kAttentionThreads, Tile::kSmemBytes, stream>>>(a);
   ATTNREPLAY_CUDA_CHECK_LAUNCH("attention_kernel");
 }
 
 // Picks the instantiation for the call's head dim and element type.
 template <Kind kKind, PvAccumulation kPv>
-void dispatch_attention(const AttentionArgs& a) {
+void dispatch_attention(const AttentionArgs& a, cudaStream_t stream) {
   const bool bf16 = a.element == Element::bf16;
-  if (a.head_dim == 64 && bf16) return launch_attention<AttentionTile<kKind, 64, __nv_bfloat16, kPv>>(a);
-  if (a.head_dim == 64) return launch_attention<AttentionTile<kKind, 64, __half, kPv>>(a);
-  if (a.head_dim == 128 && bf16) return launch_attention<AttentionTile<kKind, 128, __nv_bfloat16, kPv>>(a);
-  if (a.head_dim == 128) return launch_attention<AttentionTile<kKind, 128, __half, kPv>>(a);
+  if (a.head_dim == 64 && bf16) return launch_attention<AttentionTile<kKind, 64, __nv_bfloat16, kPv>>(a, stream);
+  if (a.head_dim == 64) return launch_attention<AttentionTile<kKind, 64, __half, kPv>>(a, stream);
+  if (a.head_dim == 128 && bf16) return launch_attention<AttentionTile<kKind, 128, __nv_bfloat16, kPv>>(a, stream);
+  if (a.head_dim == 128) return launch_attention<AttentionTile<kKind, 128, __half, kPv>>(a, stream);
   throw std::invalid_argument("attention kernel: head dim " + std::to_string(a.head_dim) + " (64 or 128 only)");
 }
 

@@ -233,35 +233,38 @@ Attention::~Attention() = default;
 
 bool Attention::has_preparation() const { return state_->kind != Kind::flash || state_->p.bshd; }
 
-void Attention::prepare_inputs() {
+void Attention::prepare_inputs(cudaStream_t stream) {
   State& s = *state_;
   const AttentionArgs& a = s.args;
   switch (s.kind) {
     case Kind::flash:
       if (s.p.bshd) {
-        copy_to_bhsd(s.q_view(), s.q_work.as());
-        copy_to_bhsd(s.k_view(), s.k_work.as());
-        copy_to_bhsd(s.v_view(), s.v_work.as());
+        copy_to_bhsd(s.q_view(), s.q_work.as(), stream);
+        copy_to_bhsd(s.k_view(), s.k_work.as(), stream);
+        copy_to_bhsd(s.v_view(), s.v_work.as(), stream);
       }
       break;
     case Kind::sage1_int8:
     case Kind::sage2_int8_fp8: {
       const float* mean = nullptr;
       if (s.options.k_smooth) {
-        channel_means(s.k_view(), s.k_mean.as<float>());
+        channel_means(s.k_view(), s.k_mean.as<float>(), stream);
         mean = s.k_mean.as<float>();
       }
       quantize_int8(s.q_view(), false, s.options.granularity, a.score_scale, nullptr,
-                    {s.q_work.as<std::int8_t>(), a.q_rows, s.q_scale.as<float>(), a.q_groups});
+                    {s.q_work.as<std::int8_t>(), a.q_rows, s.q_scale.as<float>(), a.q_groups}, stream);
       quantize_int8(s.k_view(), true, s.options.granularity, 1.0f, mean,
-                    {s.k_work.as<std::int8_t>(), a.k_rows, s.k_scale.as<float>(), a.k_groups});
+                    {s.k_work.as<std::int8_t>(), a.k_rows, s.k_scale.as<float>(), a.k_groups}, stream);
       if (s.kind == Kind::sage1_int8) {
-        if (s.p.bshd) copy_to_bhsd(s.v_view(), s.v_work.as());
+        if (s.p.bshd) copy_to_bhsd(s.v_view(), s.v_work.as(), stream);
       } else {
         const int channels = static_cast<int>(s.p.batch * s.p.heads_kv * s.p.head_dim);
-        abs_max(s.v_view(), true, s.v_amax.as<unsigned>());
-        fp8_scales(s.v_amax.as<unsigned>(), channels, s.v_scale.as<float>(), s.v_factor.as<float>());
-        quantize_fp8_values(s.v_view(), s.v_scale.as<float>(), true, s.v_work.as<std::uint8_t>(), a.v_length);
+        abs_max(s.v_view(), true, s.v_amax.as<unsigned>(), stream);
+        // Under fp32+fp16, V's amax maps to 2.25 rather than 448: a 32-key chunk of P·V then stays
+        // inside fp16's range (docs/quantized.md).
+        const float target = s.options.pv_accumulation == PvAccumulation::fp32_fp16 ? 2.25f : 448.0f;
+        fp8_scales(s.v_amax.as<unsigned>(), channels, target, s.v_scale.as<float>(), s.v_factor.as<float>(), stream);
+        quantize_fp8_values(s.v_view(), s.v_scale.as<float>(), true, s.v_work.as<std::uint8_t>(), a.v_length, stream);
       }
       break;
     }
@@ -269,28 +272,28 @@ void Attention::prepare_inputs() {
       const bool per_tensor = s.options.fp8_scale == Fp8ScaleGranularity::per_tensor;
       auto scales = [&](const InputView& in, DeviceBuffer& amax, DeviceBuffer& scale) {
         const int heads = in.batch * in.heads;
-        abs_max(in, false, amax.as<unsigned>());
-        if (per_tensor) broadcast_max(amax.as<unsigned>(), heads);
-        fp8_scales(amax.as<unsigned>(), heads, scale.as<float>(), nullptr);
+        abs_max(in, false, amax.as<unsigned>(), stream);
+        if (per_tensor) broadcast_max(amax.as<unsigned>(), heads, stream);
+        fp8_scales(amax.as<unsigned>(), heads, 448.0f, scale.as<float>(), nullptr, stream);
       };
       scales(s.q_view(), s.q_amax, s.q_scale);
       scales(s.k_view(), s.k_amax, s.k_scale);
       scales(s.v_view(), s.v_amax, s.v_scale);
-      quantize_fp8_rows(s.q_view(), s.q_scale.as<float>(), s.q_work.as<std::uint8_t>(), a.q_rows);
-      quantize_fp8_rows(s.k_view(), s.k_scale.as<float>(), s.k_work.as<std::uint8_t>(), a.k_rows);
-      quantize_fp8_values(s.v_view(), s.v_scale.as<float>(), false, s.v_work.as<std::uint8_t>(), a.v_length);
+      quantize_fp8_rows(s.q_view(), s.q_scale.as<float>(), s.q_work.as<std::uint8_t>(), a.q_rows, stream);
+      quantize_fp8_rows(s.k_view(), s.k_scale.as<float>(), s.k_work.as<std::uint8_t>(), a.k_rows, stream);
+      quantize_fp8_values(s.v_view(), s.v_scale.as<float>(), false, s.v_work.as<std::uint8_t>(), a.v_length, stream);
       break;
     }
   }
 }
 
-void Attention::run() {
+void Attention::run(cudaStream_t stream) {
   const AttentionArgs& a = state_->args;
   switch (state_->kind) {
-    case Kind::flash: return launch_flash(a);
-    case Kind::sage1_int8: return launch_sage1_int8(a);
-    case Kind::sage2_int8_fp8: return launch_sage2_int8_fp8(a);
-    case Kind::fa3_fp8: return launch_fa3_fp8(a);
+    case Kind::flash: return launch_flash(a, stream);
+    case Kind::sage1_int8: return launch_sage1_int8(a, stream);
+    case Kind::sage2_int8_fp8: return launch_sage2_int8_fp8(a, stream);
+    case Kind::fa3_fp8: return launch_fa3_fp8(a, stream);
   }
 }
 

@@ -2,6 +2,8 @@
 // The CUDA side of attnreplay's own attention kernels (flash, sage1-int8, sage2-int8-fp8, fa3-fp8;
 // docs/quantized.md) behind a C++17 interface, so that nvcc never sees the project's C++20
 // headers. kernels/cuda_attention_kernel.cpp builds the registered Kernels on it.
+#include <cuda_runtime.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -43,7 +45,8 @@ std::string device_unsupported_reason(Kind kind);
 std::string problem_unsupported_reason(const Problem& problem);
 
 // One call on the GPU: inputs uploaded once, prepared (layout change, K smoothing, quantization)
-// on the GPU, attention run as often as asked. All work is queued on the default stream.
+// on the GPU, attention run as often as asked. Work is queued on the stream given (by default the
+// legacy default stream).
 class Attention {
  public:
   // q, k, v: the call's host bytes in its layout (contiguous). Uploads and prepares once.
@@ -56,9 +59,9 @@ class Attention {
   // Whether prepare_inputs() does any work (it does not for flash on bhsd inputs).
   bool has_preparation() const;
   // Redoes the input preparation from the uploaded inputs.
-  void prepare_inputs();
+  void prepare_inputs(cudaStream_t stream = nullptr);
   // Queues the attention alone.
-  void run();
+  void run(cudaStream_t stream = nullptr);
   // Waits for queued work; reports a kernel fault with the place it was noticed.
   void synchronize();
   // The output (batch, heads_q, seq_q, head_dim) in the input element type: `bytes` must be its size.

@@ -111,6 +111,15 @@ __device__ __forceinline__ void mma_16832_e4m3(float (&d)[4], const std::uint32_
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// e4m3 x e4m3 -> fp16 accumulator: d0 = row g (columns 2t, 2t + 1), d1 = row g + 8, as half2.
+__device__ __forceinline__ void mma_16832_e4m3_f16(std::uint32_t (&d)[2], const std::uint32_t (&a)[4],
+                                                   std::uint32_t b0, std::uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f16.e4m3.e4m3.f16 {%0, %1}, {%2, %3, %4, %5}, {%6, %7}, {%0, %1};\n"
+      : "+r"(d[0]), "+r"(d[1])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 // ---- Conversions ----
 
 // 2^x by the SFU, as the GPU kinds of docs/quantized.md use (ex2.approx: 2^-inf = +0).

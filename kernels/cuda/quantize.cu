@@ -232,10 +232,11 @@ __global__ void broadcast_max_kernel(unsigned* amax, int count) {
   for (int i = static_cast<int>(threadIdx.x); i < count; i += blockDim.x) amax[i] = block_max;
 }
 
-__global__ void fp8_scales_kernel(const unsigned* amax, int count, float* scales, float* output_factor) {
+__global__ void fp8_scales_kernel(const unsigned* amax, int count, float target, float* scales,
+                                  float* output_factor) {
   const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
   if (i >= count) return;
-  const float scale = __fdiv_rn(__uint_as_float(amax[i]), 448.0f);
+  const float scale = __fdiv_rn(__uint_as_float(amax[i]), target);
   scales[i] = scale;
   if (output_factor) output_factor[i] = __fdiv_rn(scale, 448.0f);
 }
@@ -349,64 +350,69 @@ int int8_groups_per_block(bool is_key, Granularity granularity) {
   return 1;
 }
 
-void copy_to_bhsd(const InputView& in, void* out) {
+void copy_to_bhsd(const InputView& in, void* out, cudaStream_t stream) {
   const std::int64_t vectors = static_cast<std::int64_t>(in.batch) * in.heads * in.seq * (in.head_dim * 2 / 16);
-  copy_to_bhsd_kernel<<<grid_for(vectors, kQuantThreads), kQuantThreads>>>(in, static_cast<uint4*>(out));
+  copy_to_bhsd_kernel<<<grid_for(vectors, kQuantThreads), kQuantThreads, 0, stream>>>(in, static_cast<uint4*>(out));
   ATTNREPLAY_CUDA_CHECK_LAUNCH("copy_to_bhsd_kernel");
 }
 
-void channel_means(const InputView& keys, float* mean) {
+void channel_means(const InputView& keys, float* mean, cudaStream_t stream) {
   const dim3 grid = head_grid(keys.head_dim / kMeanChannels, keys);
-  if (keys.element == Element::bf16) channel_mean_kernel<__nv_bfloat16><<<grid, 128>>>(keys, mean);
-  else channel_mean_kernel<__half><<<grid, 128>>>(keys, mean);
+  if (keys.element == Element::bf16) channel_mean_kernel<__nv_bfloat16><<<grid, 128, 0, stream>>>(keys, mean);
+  else channel_mean_kernel<__half><<<grid, 128, 0, stream>>>(keys, mean);
   ATTNREPLAY_CUDA_CHECK_LAUNCH("channel_mean_kernel");
 }
 
 void quantize_int8(const InputView& in, bool is_key, Granularity granularity, float pre_scale, const float* mean,
-                   const Int8Output& out) {
+                   const Int8Output& out, cudaStream_t stream) {
   const Int8Job job{is_key, granularity, pre_scale, mean, out, int8_groups_per_block(is_key, granularity)};
   if (is_key) {
     ATTNREPLAY_FOR_ELEMENT_AND_DIM(in, (quantize_int8_kernel<Elem, kDim, kBlockK>
-                                        <<<head_grid(out.rows / kBlockK, in), kQuantThreads>>>(in, job)));
+                                        <<<head_grid(out.rows / kBlockK, in), kQuantThreads, 0, stream>>>(in, job)));
   } else {
     ATTNREPLAY_FOR_ELEMENT_AND_DIM(in, (quantize_int8_kernel<Elem, kDim, kBlockQ>
-                                        <<<head_grid(out.rows / kBlockQ, in), kQuantThreads>>>(in, job)));
+                                        <<<head_grid(out.rows / kBlockQ, in), kQuantThreads, 0, stream>>>(in, job)));
   }
   ATTNREPLAY_CUDA_CHECK_LAUNCH("quantize_int8_kernel");
 }
 
-void abs_max(const InputView& in, bool per_channel, unsigned* amax) {
+void abs_max(const InputView& in, bool per_channel, unsigned* amax, cudaStream_t stream) {
   const std::int64_t count = static_cast<std::int64_t>(in.batch) * in.heads * (per_channel ? in.head_dim : 1);
-  ATTNREPLAY_CUDA_CHECK(cudaMemsetAsync(amax, 0, static_cast<std::size_t>(count) * sizeof(unsigned), 0));
+  ATTNREPLAY_CUDA_CHECK(cudaMemsetAsync(amax, 0, static_cast<std::size_t>(count) * sizeof(unsigned), stream));
   ATTNREPLAY_FOR_ELEMENT_AND_DIM(in, (abs_max_kernel<Elem, kDim><<<head_grid(ceil_div(in.seq, 256), in),
-                                                                    kQuantThreads>>>(in, per_channel, amax)));
+                                                                    kQuantThreads, 0, stream>>>(in, per_channel, amax)));
   ATTNREPLAY_CUDA_CHECK_LAUNCH("abs_max_kernel");
 }
 
-void broadcast_max(unsigned* amax, int count) {
-  broadcast_max_kernel<<<1, 1024>>>(amax, count);
+void broadcast_max(unsigned* amax, int count, cudaStream_t stream) {
+  broadcast_max_kernel<<<1, 1024, 0, stream>>>(amax, count);
   ATTNREPLAY_CUDA_CHECK_LAUNCH("broadcast_max_kernel");
 }
 
-void fp8_scales(const unsigned* amax, int count, float* scales, float* output_factor) {
-  fp8_scales_kernel<<<static_cast<unsigned>(ceil_div(count, 256)), 256>>>(amax, count, scales, output_factor);
+void fp8_scales(const unsigned* amax, int count, float target, float* scales, float* output_factor,
+                cudaStream_t stream) {
+  fp8_scales_kernel<<<static_cast<unsigned>(ceil_div(count, 256)), 256, 0, stream>>>(amax, count, target, scales,
+                                                                                    output_factor);
   ATTNREPLAY_CUDA_CHECK_LAUNCH("fp8_scales_kernel");
 }
 
-void quantize_fp8_rows(const InputView& in, const float* head_scales, std::uint8_t* out, std::int64_t rows) {
+void quantize_fp8_rows(const InputView& in, const float* head_scales, std::uint8_t* out, std::int64_t rows,
+                       cudaStream_t stream) {
   const std::int64_t vectors = static_cast<std::int64_t>(in.batch) * in.heads * rows * (in.head_dim / 16);
   if (in.element == Element::bf16) {
-    quantize_fp8_rows_kernel<__nv_bfloat16><<<grid_for(vectors, kQuantThreads), kQuantThreads>>>(in, head_scales, out, rows);
+    quantize_fp8_rows_kernel<__nv_bfloat16><<<grid_for(vectors, kQuantThreads), kQuantThreads, 0, stream>>>(
+        in, head_scales, out, rows);
   } else {
-    quantize_fp8_rows_kernel<__half><<<grid_for(vectors, kQuantThreads), kQuantThreads>>>(in, head_scales, out, rows);
+    quantize_fp8_rows_kernel<__half><<<grid_for(vectors, kQuantThreads), kQuantThreads, 0, stream>>>(
+        in, head_scales, out, rows);
   }
   ATTNREPLAY_CUDA_CHECK_LAUNCH("quantize_fp8_rows_kernel");
 }
 
 void quantize_fp8_values(const InputView& in, const float* scales, bool per_channel, std::uint8_t* out,
-                         std::int64_t keys) {
+                         std::int64_t keys, cudaStream_t stream) {
   ATTNREPLAY_FOR_ELEMENT_AND_DIM(in, (quantize_fp8_values_kernel<Elem, kDim><<<head_grid(keys / kBlockK, in),
-                                                                                kQuantThreads>>>(
+                                                                                kQuantThreads, 0, stream>>>(
                                           in, scales, per_channel, out, keys)));
   ATTNREPLAY_CUDA_CHECK_LAUNCH("quantize_fp8_values_kernel");
 }

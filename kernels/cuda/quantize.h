@@ -1,7 +1,9 @@
 #pragma once
 // Input preparation on the GPU (docs/quantized.md, steps 1 and 2 and the FP8 conversions): layout
 // change, K's channel means, INT8 codes of Q and K with a scale per group, FP8 Q/K/V. Each function
-// queues its kernels on the default stream. Internal to kernels/cuda.
+// queues its kernels on `stream`. Internal to kernels/cuda.
+#include <cuda_runtime.h>
+
 #include <cstdint>
 
 #include "kernels/cuda/cuda_attention.h"
@@ -22,10 +24,10 @@ struct InputView {
 };
 
 // A contiguous (batch, heads, seq, head_dim) copy.
-void copy_to_bhsd(const InputView& in, void* out);
+void copy_to_bhsd(const InputView& in, void* out, cudaStream_t stream);
 
 // mean[(b, h), c] = (sum over keys in key order, fp32) / seq: (batch * heads, head_dim) floats.
-void channel_means(const InputView& keys, float* mean);
+void channel_means(const InputView& keys, float* mean, cudaStream_t stream);
 
 struct Int8Output {
   std::int8_t* codes = nullptr;  // (batch, heads, rows, head_dim), rows >= seq padded with 0
@@ -35,24 +37,27 @@ struct Int8Output {
 };
 // Q: x = Q * pre_scale; K: x = K - mean (mean null: not smoothed). Codes and per-group scales.
 void quantize_int8(const InputView& in, bool is_key, Granularity granularity, float pre_scale, const float* mean,
-                   const Int8Output& out);
+                   const Int8Output& out, cudaStream_t stream);
 // Scale groups in one 64-row (Q) or 128-key (K) block.
 int int8_groups_per_block(bool is_key, Granularity granularity);
 
 // max |x| as float bits (non-negative floats order as unsigned ints), per (b, h, channel) or per
 // (b, h); `amax` is zeroed first.
-void abs_max(const InputView& in, bool per_channel, unsigned* amax);
+void abs_max(const InputView& in, bool per_channel, unsigned* amax, cudaStream_t stream);
 // Replaces each of `count` amax values by their maximum (a per-tensor scale).
-void broadcast_max(unsigned* amax, int count);
-// scale = amax / 448; output_factor (if not null) = scale / 448.
-void fp8_scales(const unsigned* amax, int count, float* scales, float* output_factor);
+void broadcast_max(unsigned* amax, int count, cudaStream_t stream);
+// scale = amax / target (448, or 2.25 for sage2's V under fp32+fp16); output_factor (if not null)
+// = scale / 448, the dequantization of P scaled by 448 times V.
+void fp8_scales(const unsigned* amax, int count, float target, float* scales, float* output_factor,
+                cudaStream_t stream);
 
 // e4m3(x / s), s one per (b, h); (batch, heads, rows, head_dim) with rows >= seq zero.
-void quantize_fp8_rows(const InputView& in, const float* head_scales, std::uint8_t* out, std::int64_t rows);
+void quantize_fp8_rows(const InputView& in, const float* head_scales, std::uint8_t* out, std::int64_t rows,
+                       cudaStream_t stream);
 // V for the e4m3 P·V: e4m3(V / s), s per (b, h, channel) or per (b, h), transposed to
 // (batch, heads, head_dim, keys) with keys >= seq zero and each 32 keys permuted to the order
 // in which the attention kernel's P fragment holds them.
 void quantize_fp8_values(const InputView& in, const float* scales, bool per_channel, std::uint8_t* out,
-                         std::int64_t keys);
+                         std::int64_t keys, cudaStream_t stream);
 
 }  // namespace attnreplay::cuda_attention
