@@ -1,0 +1,159 @@
+"""GPU checks of attnreplay's own CUDA kernels (flash, sage1-int8, sage2-int8-fp8, fa3-fp8), run by
+bench/gpu.sh on the GPU machine: each against its CPU emulation (`<kernel>-cpu`) on the same
+inputs, which follows the same definition (docs/quantized.md) step by step.
+
+- their errors against the fp64 reference agree, and neither has a NaN;
+- their outputs are close: the definition leaves open only the order of fp32 sums and exp2's last
+  bits, which move an INT8 code, an FP8 value or an output's last bit now and then;
+- every option (--quant_gran, --no_k_smooth, --pv_accum_dtype, --fp8_scale) reaches the kernel;
+- calls the kernels cannot run are declined with a reason.
+"""
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = os.environ.get("ATTNREPLAY_BIN", str(ROOT / "build/replay/attnreplay"))
+FAST = ["--min-samples", "3", "--min-time", "0", "--timeout", "1", "--no-ceilings"]
+KERNELS = ["flash", "sage1-int8", "sage2-int8-fp8", "fa3-fp8"]
+# rel_l2 of (CUDA output - emulation output) against the emulation's norm: on an H100 the largest
+# seen was 2.2e-4 for bf16 and 4.8e-5 for fp16 (flash, whose fp32 Q·Kᵀ order differs most).
+OUTPUT_TOLERANCE = {"bfloat16": 1e-3, "float16": 2.5e-4}
+# sage2's fp32+fp16: the H100 runs the k32 e4m3 MMA with fp16 accumulation as two k16 halves, each
+# rounded to fp16, where the emulation rounds the 32-key chunk once; 9.5e-4 was seen (bf16).
+FP16_ACCUMULATION_TOLERANCE = 4e-3
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def replay(tmp_path, *args):
+    out = tmp_path / "r.json"
+    result = subprocess.run([BIN, "run", *map(str, args), "--json", str(out), "--save-outputs", str(tmp_path / "outs"),
+                             "-q", *FAST], capture_output=True, text=True)
+    assert out.exists(), result.stdout + result.stderr
+    report = json.loads(out.read_text())
+    assert len(report["calls"]) == 1, report
+    return {k["kernel"]: k for k in report["calls"][0]["kernels"]}, result
+
+
+def saved_output(tmp_path, kernel):
+    return torch.load(tmp_path / "outs" / f"call0_{kernel}.pt", weights_only=True)["out"]
+
+
+def check_against_emulation(tmp_path, kernel, *flags, tolerance=None):
+    emulation = f"{kernel}-cpu"
+    rows, result = replay(tmp_path, *flags, "--kernels", f"{kernel},{emulation}")
+    for name in (kernel, emulation):
+        assert rows[name]["status"] == "not_verified", (rows[name], result.stderr)
+        assert rows[name]["error"]["nan_count"] == 0, rows[name]["error"]
+    gpu, cpu = rows[kernel]["error"]["rel_l2"], rows[emulation]["error"]["rel_l2"]
+    assert abs(gpu - cpu) <= 0.05 * max(gpu, cpu) + 1e-7, (kernel, gpu, cpu)
+    a, b = saved_output(tmp_path, kernel), saved_output(tmp_path, emulation)
+    assert a.shape == b.shape and a.dtype == b.dtype
+    assert not a.isnan().any()
+    difference = ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
+    print(f"{kernel} {' '.join(map(str, flags))}: rel_l2 {gpu:.3e} (emulation {cpu:.3e}), "
+          f"outputs differ by {difference:.2e}")
+    assert difference < (tolerance or OUTPUT_TOLERANCE[str(b.dtype).removeprefix("torch.")]), (kernel, difference)
+    return rows
+
+
+SHAPES = {
+    "seq4250-d64": ["--shape", "1,2,4250,64"],
+    "seq4250-d128-fp16-causal": ["--shape", "1,2,4250,128", "--dtype", "fp16", "--causal"],
+    "seq300-d128-batch2": ["--shape", "2,4,300,128"],
+    "seq300-d64-gqa-causal": ["--shape", "1,4,300,64", "--num_kv_heads", "2", "--causal"],
+    "seq1-d64": ["--shape", "1,2,1,64"],
+    "seq1-kv300-d128": ["--shape", "1,2,1,128", "--s_kv", "300"],
+    # More keys than queries, bottom-right (flash-attn's), from (b, s, h, d) inputs.
+    "cross-bottom-right-bshd": ["--shape", "1,4,200,64", "--s_kv", "450", "--num_kv_heads", "1", "--causal",
+                                "--causal_alignment", "bottom_right", "--layout", "bshd"],
+    # More queries than keys, bottom-right: the first 250 rows see no key and must be 0.
+    "rows-without-keys": ["--shape", "1,2,450,128", "--s_kv", "200", "--causal", "--causal_alignment", "bottom_right"],
+    "more-queries-top-left": ["--shape", "1,2,450,64", "--s_kv", "200", "--causal", "--causal_alignment", "top_left"],
+}
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("flags", SHAPES.values(), ids=SHAPES.keys())
+def test_cuda_kernel_agrees_with_its_emulation(tmp_path, kernel, flags):
+    rows = check_against_emulation(tmp_path, kernel, *flags)
+    assert rows[kernel]["timing"]["method"] == "cuda-event"
+    # Every kind but flash on (b, h, s, d) inputs prepares them (layout, smoothing, quantization).
+    prepares = kernel != "flash" or "bshd" in flags
+    assert (rows[kernel].get("timing_with_preparation") is not None) == prepares, rows[kernel]
+
+
+def test_rows_without_keys_are_zero(tmp_path):
+    replay(tmp_path, *SHAPES["rows-without-keys"], "--kernels", ",".join(KERNELS))
+    for kernel in KERNELS:
+        out = saved_output(tmp_path, kernel)
+        assert out[:, :, :250].abs().max().item() == 0.0, kernel
+        assert out[:, :, 250:].abs().max().item() > 0.0, kernel
+
+
+def biased_keys_call(path):
+    # K with large per-channel means, as real models have: what smoothing is for.
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 4, 700, 128, generator=g) for _ in range(3))
+    k += 4 * torch.randn(1, 4, 1, 128, generator=g)
+    torch.save({"q": q.bfloat16(), "k": k.bfloat16(), "v": v.bfloat16()}, path)
+    return path
+
+
+@pytest.mark.parametrize("kernel", ["sage1-int8", "sage2-int8-fp8"])
+@pytest.mark.parametrize("granularity", ["per_block", "per_warp", "per_thread"])
+@pytest.mark.parametrize("smooth", [[], ["--no_k_smooth"]], ids=["smooth", "no-smooth"])
+def test_int8_options_reach_the_kernel(tmp_path, kernel, granularity, smooth):
+    call = biased_keys_call(tmp_path / "biased.pt")
+    check_against_emulation(tmp_path, kernel, call, "--quant_gran", granularity, *smooth)
+
+
+def test_k_smoothing_helps_with_biased_keys(tmp_path):
+    call = biased_keys_call(tmp_path / "biased.pt")
+    smooth, _ = replay(tmp_path, call, "--kernels", "sage1-int8")
+    raw, _ = replay(tmp_path, call, "--kernels", "sage1-int8", "--no_k_smooth")
+    assert smooth["sage1-int8"]["error"]["rel_l2"] < raw["sage1-int8"]["error"]["rel_l2"]
+
+
+@pytest.mark.parametrize("accumulation", ["fp32", "fp32+fp32", "fp32+fp16"])
+@pytest.mark.parametrize("flags", [["--shape", "1,4,700,64"], ["--shape", "1,2,1000,128", "--causal"]],
+                         ids=["d64", "d128-causal"])
+def test_pv_accumulation_reaches_the_kernel(tmp_path, accumulation, flags):
+    tolerance = FP16_ACCUMULATION_TOLERANCE if accumulation == "fp32+fp16" else None
+    check_against_emulation(tmp_path, "sage2-int8-fp8", *flags, "--pv_accum_dtype", accumulation, tolerance=tolerance)
+
+
+@pytest.mark.parametrize("scale", ["per_tensor", "per_head"])
+def test_fp8_scale_reaches_the_kernel(tmp_path, scale):
+    # Heads of different magnitudes, so that per-tensor and per-head scales differ.
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(2, 4, 333, 128, generator=g) * torch.tensor([0.25, 1, 2, 4]).view(1, 4, 1, 1)
+               for _ in range(3))
+    torch.save({"q": q.half(), "k": k.half(), "v": v.half()}, tmp_path / "heads.pt")
+    check_against_emulation(tmp_path, "fa3-fp8", tmp_path / "heads.pt", "--fp8_scale", scale)
+
+
+@pytest.mark.parametrize("flags, reason", [
+    (["--shape", "1,2,64,64", "--dtype", "fp32"], "bfloat16 or float16"),
+    (["--shape", "1,2,64,96"], "64 or 128"),
+    (["--shape", "1,2,64,64", "--head_dim_vo", "128"], "head_dim_qk = head_dim_vo"),
+])
+def test_unsupported_calls_are_declined_with_a_reason(tmp_path, flags, reason):
+    rows, _ = replay(tmp_path, *flags, "--kernels", ",".join(KERNELS))
+    for kernel in KERNELS:
+        assert rows[kernel]["status"] == "not_supported", rows[kernel]
+        assert reason in rows[kernel]["reason"], rows[kernel]
+
+
+def test_masks_are_declined(tmp_path):
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 40, 64, generator=g).bfloat16() for _ in range(3))
+    torch.save({"q": q, "k": k, "v": v, "attn_mask": torch.rand(1, 1, 40, 40, generator=g) > 0.5}, tmp_path / "m.pt")
+    rows, _ = replay(tmp_path, tmp_path / "m.pt", "--kernels", ",".join(KERNELS))
+    for kernel in KERNELS:
+        assert rows[kernel]["status"] == "not_supported" and "mask" in rows[kernel]["reason"], rows[kernel]
