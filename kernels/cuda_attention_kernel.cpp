@@ -2,6 +2,10 @@
 
 #include <fmt/format.h>
 
+#ifdef ATTNREPLAY_TORCH_CUDA
+#include <c10/cuda/CUDAStream.h>
+#endif
+
 #include "kernels/cuda/cuda_attention.h"
 
 namespace attnreplay {
@@ -55,6 +59,16 @@ cu::Problem cuda_problem(const AttentionCall& call) {
   return p;
 }
 
+// Work goes on torch's current stream, as torch's own kernels' does, so that a CUDA graph capture
+// on a side stream records it; outside a capture that is the default stream.
+cudaStream_t current_stream() {
+#ifdef ATTNREPLAY_TORCH_CUDA
+  return c10::cuda::getCurrentCUDAStream().stream();
+#else
+  return nullptr;
+#endif
+}
+
 class PreparedCudaAttention final : public PreparedKernel {
  public:
   PreparedCudaAttention(const AttentionCall& call, QuantizedKind kind, const QuantOptions& options)
@@ -63,8 +77,11 @@ class PreparedCudaAttention final : public PreparedKernel {
         attention_(cuda_kind(kind), cuda_problem(call), cuda_options(options), call.q.data(), call.k.data(),
                    call.v.data()) {}
   bool has_preparation() const override { return attention_.has_preparation(); }
-  void prepare_inputs() override { attention_.prepare_inputs(); }
-  void run() override { attention_.run(); }
+  void prepare_inputs() override { attention_.prepare_inputs(current_stream()); }
+  void run() override { attention_.run(current_stream()); }
+#ifdef ATTNREPLAY_TORCH_CUDA
+  bool runs_on_current_stream() const override { return true; }
+#endif
   void synchronize() override { attention_.synchronize(); }
   HostTensor output() override {
     attention_.synchronize();

@@ -10,7 +10,7 @@ class Sage1Int8Cuda final : public CudaAttentionKernel {
       : CudaAttentionKernel(QuantizedKind::sage1_int8,
                             {"sage1-int8",
                              "SageAttention-1 kind on the GPU: INT8 Q·Kᵀ (--quant_gran groups, K smoothed unless --no_k_smooth), bf16/fp16 P·V (docs/quantized.md)",
-                             "cuda"}) {}
+                             "cuda", false, DType::int8}) {}
 };
 
 ATTNREPLAY_REGISTER_KERNEL(Sage1Int8Cuda);

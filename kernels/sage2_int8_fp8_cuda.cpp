@@ -10,7 +10,7 @@ class Sage2Int8Fp8Cuda final : public CudaAttentionKernel {
       : CudaAttentionKernel(QuantizedKind::sage2_int8_fp8,
                             {"sage2-int8-fp8",
                              "SageAttention-2 kind on the GPU: INT8 Q·Kᵀ as sage1, FP8 P·V with per-channel V (--pv_accum_dtype) (docs/quantized.md)",
-                             "cuda"}) {}
+                             "cuda", false, DType::float8_e4m3fn}) {}
 };
 
 ATTNREPLAY_REGISTER_KERNEL(Sage2Int8Fp8Cuda);

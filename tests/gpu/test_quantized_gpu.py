@@ -157,3 +157,16 @@ def test_masks_are_declined(tmp_path):
     rows, _ = replay(tmp_path, tmp_path / "m.pt", "--kernels", ",".join(KERNELS))
     for kernel in KERNELS:
         assert rows[kernel]["status"] == "not_supported" and "mask" in rows[kernel]["reason"], rows[kernel]
+
+
+@pytest.mark.parametrize("timing", ["graph", "cupti"])
+def test_kernels_time_under_graphs_and_cupti(tmp_path, timing):
+    # The kernels queue on torch's current stream, so a CUDA graph captures them; the graph's
+    # replays must still leave the right output behind.
+    rows, result = replay(tmp_path, "--shape", "1,8,1024,128", "--causal", "--kernels", ",".join(KERNELS),
+                          "--timing", timing)
+    for kernel in KERNELS:
+        assert rows[kernel]["status"] == "not_verified", (rows[kernel], result.stderr)
+        assert rows[kernel]["timing"]["method"] == {"graph": "cuda-graph", "cupti": "cupti"}[timing]
+        assert rows[kernel]["error"]["cosine"] > 0.99, rows[kernel]["error"]
+        assert rows[kernel].get("timing_with_preparation") is not None or kernel == "flash"
