@@ -13,7 +13,7 @@ exec > >(tee -a "$LOG") 2>&1
 status=0
 step() { echo; echo "== $* ($(date -u +%H:%M:%S))"; }
 # GPU_STEPS picks a subset, e.g. GPU_STEPS="tests dobench" (the build always runs).
-STEPS="${GPU_STEPS:-tests dobench suite capture}"
+STEPS="${GPU_STEPS:-tests dobench suite quant capture}"
 wants() { [[ " $STEPS " == *" $1 "* ]]; }
 
 step "machine"
@@ -49,6 +49,23 @@ step "suite"
   > "$OUT/suite.txt" 2>&1 || status=1
 grep -E "^\[|torch-|summary|calls," "$OUT/suite.txt" | head -80
 python3 "$ROOT/bench/plot_suite.py" "$OUT/suite.json" "$OUT/suite.png" || status=1
+fi
+
+if wants quant; then
+step "attnreplay's own CUDA kernels beside torch's (suite_quant.txt)"
+"$BIN" run --testlist "$ROOT/bench/suite_quant.txt" --json "$OUT/quant.json" --csv "$OUT/quant.csv" \
+  > "$OUT/quant.txt" 2>&1 || status=1
+grep -E "^\[|torch-|flash|sage|fa3|calls," "$OUT/quant.txt" | head -80
+# Which tensor-core instructions the kernels compiled to (mma.sync: HMMA/IMMA/QMMA; wgmma: *GMMA).
+for lib in "$BUILD"/kernels/libattnreplay_cuda_attention.a; do
+  cuobjdump -sass "$lib" 2>/dev/null | grep -oE "\b(HMMA|IMMA|QMMA|HGMMA|IGMMA|QGMMA)[.A-Z0-9]*" | sort | uniq -c
+done | tee "$OUT/sass.txt"
+fi
+
+if wants reference; then
+step "fp64 GPU reference on the whole CogVideoX call"
+"$BIN" run --shape 2,30,17776,64 --dtype bf16 --kernels reference-cuda --ref-sample-rows 256 --warmup 1 \
+  --min-samples 3 --min-time 0 --json "$OUT/reference.json" 2>&1 | tail -8 || status=1
 fi
 
 if wants capture; then
