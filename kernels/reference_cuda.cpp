@@ -88,8 +88,8 @@ ReferenceOutput reference_attention_gpu(const AttentionCall& call, std::vector<s
       throw std::runtime_error(std::string("GPU reference: ") + error);
     }
     result.fully_masked_rows = empty_rows.item<std::int64_t>();
-    const at::Tensor host = out.cpu();
-    result.values.assign(host.data_ptr<double>(), host.data_ptr<double>() + host.numel());
+    result.values.resize(static_cast<std::size_t>(out.numel()));
+    at::from_blob(result.values.data(), out.sizes(), at::TensorOptions().dtype(at::kDouble)).copy_(out);
     return result;
   }
 #endif
@@ -134,7 +134,7 @@ namespace {
 
 const bool registered = KernelRegistry::instance().add(std::make_unique<ReferenceKernel>(
     KernelDescription{"reference-cuda",
-                      "exact attention in fp64 on the GPU (DGEMM, chunked rows): the reference for large calls",
+                      "exact attention in fp64 on the GPU (fused streaming kernel; DGEMM in chunks with a mask): the reference for large calls",
                       "cuda", false},
     [](const AttentionCall& call) { return reference_attention_gpu(call); }, gpu_reference_available));
 

@@ -17,10 +17,14 @@ constexpr int kRows = 64;     // query rows per block
 constexpr int kKeys = 64;     // keys per tile
 constexpr int kThreads = 256;
 constexpr int kMaxHeadDim = 128;
+// K's transposed tile is written every tile: its rows are padded by two doubles so that the
+// threads of a warp, writing one channel each, fall in different banks (and reads stay 16-byte
+// aligned). Q's tile is written once per block and is left unpadded to fit d = 128.
+constexpr int kKeyStride = kKeys + 2;
 
 std::size_t shared_bytes(std::int64_t d, std::int64_t dv) {
-  // Q and K transposed (d x 64 each), V (64 x dv), P transposed (64 x 64)
-  return sizeof(double) * static_cast<std::size_t>(2 * d * kRows + kKeys * dv + kKeys * kRows);
+  // Q and K transposed (d x 64, d x 66), V (64 x dv), P transposed (64 x 64)
+  return sizeof(double) * static_cast<std::size_t>(d * kRows + d * kKeyStride + kKeys * dv + kKeys * kRows);
 }
 
 __device__ double half_warp_max(double value) {
@@ -39,11 +43,11 @@ __global__ void __launch_bounds__(kThreads) fused_reference_kernel(FusedReferenc
   extern __shared__ double shared[];
   const int d = static_cast<int>(p.head_dim), dv = static_cast<int>(p.head_dim_vo);
   double* q_t = shared;              // [d][kRows]
-  double* k_t = q_t + d * kRows;     // [d][kKeys]
-  double* v_s = k_t + d * kKeys;     // [kKeys][dv]
+  double* k_t = q_t + d * kRows;     // [d][kKeyStride]
+  double* v_s = k_t + d * kKeyStride;  // [kKeys][dv]
   double* p_t = v_s + kKeys * dv;    // [kKeys][kRows]
 
-  const double neg_inf = -std::numeric_limits<double>::infinity();
+  const double neg_inf = __longlong_as_double(static_cast<long long>(0xfff0000000000000ull));  // -inf
   const int tid = threadIdx.x;
   const std::int64_t bh = blockIdx.y;
   const std::int64_t b = bh / p.heads_q, h = bh % p.heads_q;
@@ -63,6 +67,7 @@ __global__ void __launch_bounds__(kThreads) fused_reference_kernel(FusedReferenc
 
   std::int64_t position[4];
   bool row_valid[4];
+  #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const std::int64_t row = row0 + my_rows + i;
     row_valid[i] = row < p.rows;
@@ -77,9 +82,11 @@ __global__ void __launch_bounds__(kThreads) fused_reference_kernel(FusedReferenc
   }
 
   double running_max[4], running_sum[4], acc[4][kColumns];
+  #pragma unroll
   for (int i = 0; i < 4; ++i) {
     running_max[i] = neg_inf;
     running_sum[i] = 0.0;
+    #pragma unroll
     for (int j = 0; j < kColumns; ++j) acc[i][j] = 0.0;
   }
 
@@ -87,7 +94,7 @@ __global__ void __launch_bounds__(kThreads) fused_reference_kernel(FusedReferenc
     __syncthreads();  // the previous tile's K, V and P are no longer read
     for (int i = tid; i < kKeys * d; i += kThreads) {
       const int j = i / d, c = i % d;
-      k_t[c * kKeys + j] = key0 + j < p.seq_kv ? k[(key0 + j) * d + c] : 0.0;
+      k_t[c * kKeyStride + j] = key0 + j < p.seq_kv ? k[(key0 + j) * d + c] : 0.0;
     }
     for (int i = tid; i < kKeys * dv; i += kThreads) {
       const int j = i / dv;
@@ -96,18 +103,24 @@ __global__ void __launch_bounds__(kThreads) fused_reference_kernel(FusedReferenc
     __syncthreads();
 
     double score[4][4] = {};
+#pragma unroll 4
     for (int c = 0; c < d; ++c) {
       const double2 qa = *reinterpret_cast<const double2*>(&q_t[c * kRows + my_rows]);
       const double2 qb = *reinterpret_cast<const double2*>(&q_t[c * kRows + my_rows + 2]);
-      const double2 ka = *reinterpret_cast<const double2*>(&k_t[c * kKeys + my_keys]);
-      const double2 kb = *reinterpret_cast<const double2*>(&k_t[c * kKeys + my_keys + 2]);
+      const double2 ka = *reinterpret_cast<const double2*>(&k_t[c * kKeyStride + my_keys]);
+      const double2 kb = *reinterpret_cast<const double2*>(&k_t[c * kKeyStride + my_keys + 2]);
       const double qs[4] = {qa.x, qa.y, qb.x, qb.y}, ks[4] = {ka.x, ka.y, kb.x, kb.y};
+      #pragma unroll
       for (int i = 0; i < 4; ++i)
+        #pragma unroll
         for (int j = 0; j < 4; ++j) score[i][j] = fma(qs[i], ks[j], score[i][j]);
     }
 
+    #pragma unroll
+
     for (int i = 0; i < 4; ++i) {
       double tile_max = neg_inf;
+      #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const std::int64_t key = key0 + my_keys + j;
         const bool visible = row_valid[i] && key < p.seq_kv && (!p.causal || key <= position[i] + p.causal_offset);
@@ -118,6 +131,7 @@ __global__ void __launch_bounds__(kThreads) fused_reference_kernel(FusedReferenc
       // While every key so far is hidden the row has nothing to rescale (and -inf - -inf is NaN).
       const double rescale = new_max == neg_inf ? 1.0 : exp(running_max[i] - new_max);
       double tile_sum = 0.0;
+      #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const double weight = score[i][j] == neg_inf ? 0.0 : exp(score[i][j] - new_max);
         tile_sum += weight;
@@ -125,22 +139,28 @@ __global__ void __launch_bounds__(kThreads) fused_reference_kernel(FusedReferenc
       }
       running_sum[i] = running_sum[i] * rescale + half_warp_sum(tile_sum);
       running_max[i] = new_max;
+      #pragma unroll
       for (int j = 0; j < kColumns; ++j) acc[i][j] *= rescale;
     }
     __syncthreads();
 
     const int keys_here = key_end - key0 < kKeys ? static_cast<int>(key_end - key0) : kKeys;
+#pragma unroll 4
     for (int j = 0; j < keys_here; ++j) {
       const double2 pa = *reinterpret_cast<const double2*>(&p_t[j * kRows + my_rows]);
       const double2 pb = *reinterpret_cast<const double2*>(&p_t[j * kRows + my_rows + 2]);
       const double ps[4] = {pa.x, pa.y, pb.x, pb.y};
+      #pragma unroll
       for (int c = 0; c < kColumns; ++c) {
         const int column = my_column + 16 * c;
         const double value = column < dv ? v_s[j * dv + column] : 0.0;
+        #pragma unroll
         for (int i = 0; i < 4; ++i) acc[i][c] = fma(ps[i], value, acc[i][c]);
       }
     }
   }
+
+  #pragma unroll
 
   for (int i = 0; i < 4; ++i) {
     if (!row_valid[i]) continue;
@@ -148,6 +168,7 @@ __global__ void __launch_bounds__(kThreads) fused_reference_kernel(FusedReferenc
     // A row with no visible key gives 0, as the CPU reference (and torch's math backend) does.
     const bool empty = running_sum[i] == 0.0;
     if (empty && my_column == 0 && p.fully_masked_rows) atomicAdd(p.fully_masked_rows, 1ull);
+    #pragma unroll
     for (int c = 0; c < kColumns; ++c) {
       const int column = my_column + 16 * c;
       if (column < dv) p.out[(bh * p.rows + row) * dv + column] = empty ? 0.0 : acc[i][c] / running_sum[i];
