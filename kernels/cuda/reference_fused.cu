@@ -21,6 +21,7 @@ constexpr int kMaxHeadDim = 128;
 // threads of a warp, writing one channel each, fall in different banks (and reads stay 16-byte
 // aligned). Q's tile is written once per block and is left unpadded to fit d = 128.
 constexpr int kKeyStride = kKeys + 2;
+constexpr int kStaged = kKeys * kMaxHeadDim / kThreads;  // tile elements each thread moves
 
 std::size_t shared_bytes(std::int64_t d, std::int64_t dv) {
   // Q and K transposed (d x 64, d x 66), V (64 x dv), P transposed (64 x 64)
@@ -92,13 +93,28 @@ __global__ void __launch_bounds__(kThreads) fused_reference_kernel(FusedReferenc
 
   for (std::int64_t key0 = 0; key0 < key_end; key0 += kKeys) {
     __syncthreads();  // the previous tile's K, V and P are no longer read
-    for (int i = tid; i < kKeys * d; i += kThreads) {
-      const int j = i / d, c = i % d;
-      k_t[c * kKeyStride + j] = key0 + j < p.seq_kv ? k[(key0 + j) * d + c] : 0.0;
+    // Every load of a tile is issued before the first store, so that the block waits for memory
+    // once per tile rather than once per element.
+    double staged[kStaged];
+#pragma unroll
+    for (int n = 0; n < kStaged; ++n) {
+      const int i = tid + n * kThreads;
+      staged[n] = i < kKeys * d && key0 + i / d < p.seq_kv ? k[key0 * d + i] : 0.0;
     }
-    for (int i = tid; i < kKeys * dv; i += kThreads) {
-      const int j = i / dv;
-      v_s[i] = key0 + j < p.seq_kv ? v[key0 * dv + i] : 0.0;
+#pragma unroll
+    for (int n = 0; n < kStaged; ++n) {
+      const int i = tid + n * kThreads;
+      if (i < kKeys * d) k_t[(i % d) * kKeyStride + i / d] = staged[n];
+    }
+#pragma unroll
+    for (int n = 0; n < kStaged; ++n) {
+      const int i = tid + n * kThreads;
+      staged[n] = i < kKeys * dv && key0 + i / dv < p.seq_kv ? v[key0 * dv + i] : 0.0;
+    }
+#pragma unroll
+    for (int n = 0; n < kStaged; ++n) {
+      const int i = tid + n * kThreads;
+      if (i < kKeys * dv) v_s[i] = staged[n];
     }
     __syncthreads();
 
