@@ -11,6 +11,7 @@ inputs, which follows the same definition (docs/quantized.md) step by step.
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -170,3 +171,49 @@ def test_kernels_time_under_graphs_and_cupti(tmp_path, timing):
         assert rows[kernel]["timing"]["method"] == {"graph": "cuda-graph", "cupti": "cupti"}[timing]
         assert rows[kernel]["error"]["cosine"] > 0.99, rows[kernel]["error"]
         assert rows[kernel].get("timing_with_preparation") is not None or kernel == "flash"
+
+
+CAPTURE_JOB = r'''
+import torch
+from diffusers import FluxTransformer2DModel
+torch.manual_seed(0)
+# diffusers' tiny Flux test config, with head dim 64 (what the kernels take), in bf16 on the GPU.
+model = FluxTransformer2DModel(patch_size=1, in_channels=4, num_layers=2, num_single_layers=2,
+                               attention_head_dim=64, num_attention_heads=2, joint_attention_dim=32,
+                               pooled_projection_dim=32, axes_dims_rope=[16, 24, 24]).cuda().to(torch.bfloat16)
+tokens, text = 300, 77
+bf16 = dict(device="cuda", dtype=torch.bfloat16)
+with torch.no_grad():
+    model(hidden_states=torch.randn(1, tokens, 4, **bf16), encoder_hidden_states=torch.randn(1, text, 32, **bf16),
+          pooled_projections=torch.randn(1, 32, **bf16), img_ids=torch.randn(tokens, 3, **bf16),
+          txt_ids=torch.randn(text, 3, **bf16), timestep=torch.tensor([1.0], **bf16))
+torch.cuda.synchronize()
+'''
+ATTNCAP = os.environ.get("ATTNREPLAY_ATTNCAP_LIB", str(ROOT / "build/capture/libattncap.so"))
+
+
+def test_cuda_kernels_agree_with_their_emulations_on_captured_inputs(tmp_path):
+    # Real model tensors (RoPE'd Q and K of a Flux transformer) rather than Gaussian ones, captured
+    # on the GPU under LD_PRELOAD and replayed through every kernel and its emulation.
+    pytest.importorskip("diffusers")
+    job = tmp_path / "flux_job.py"
+    job.write_text(CAPTURE_JOB)
+    env = dict(os.environ, LD_PRELOAD=ATTNCAP, ATTNCAP_OUT=str(tmp_path / "caps"))
+    run = subprocess.run([sys.executable, job], env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    out = tmp_path / "r.json"
+    kernels = ",".join(k for kernel in KERNELS for k in (kernel, f"{kernel}-cpu"))
+    result = subprocess.run([BIN, "run", tmp_path / "caps", "--kernels", kernels, "--json", out, "-q", *FAST],
+                            capture_output=True, text=True)
+    assert out.exists(), result.stdout + result.stderr
+    calls = json.loads(out.read_text())["calls"]
+    assert len(calls) == 4, [c["shape"] for c in calls]  # 2 joint + 2 single blocks
+    for call in calls:
+        rows = {k["kernel"]: k for k in call["kernels"]}
+        for kernel in KERNELS:
+            gpu, cpu = rows[kernel], rows[f"{kernel}-cpu"]
+            assert gpu["status"] == cpu["status"] == "not_verified", (call["call_index"], gpu, cpu)
+            assert gpu["error"]["nan_count"] == 0
+            a, b = gpu["error"]["rel_l2"], cpu["error"]["rel_l2"]
+            print(f"call {call['call_index']} {kernel}: rel_l2 {a:.3e}, emulation {b:.3e}")
+            assert abs(a - b) <= 0.05 * max(a, b) + 1e-7, (call["call_index"], kernel, a, b)
