@@ -99,19 +99,7 @@ class PreparedCudaAttention final : public PreparedKernel {
 }  // namespace
 
 std::optional<std::string> CudaAttentionKernel::unsupported_reason(const AttentionCall& call) const {
-  const DType dtype = call.q.dtype;
-  if (dtype != DType::bfloat16 && dtype != DType::float16) {
-    return fmt::format("needs bfloat16 or float16 inputs, got {}", dtype_name(dtype));
-  }
-  if (call.k.dtype != dtype || call.v.dtype != dtype) {
-    return fmt::format("needs Q, K and V of one dtype, got {}, {}, {}", dtype_name(dtype), dtype_name(call.k.dtype),
-                       dtype_name(call.v.dtype));
-  }
-  if (call.mask) return "masks other than causal are not supported";
-  const AttentionShape s = call.shape();
-  if (s.head_dim_qk != s.head_dim_vo) {
-    return fmt::format("needs head_dim_qk = head_dim_vo, got {} and {}", s.head_dim_qk, s.head_dim_vo);
-  }
+  if (auto reason = quantized_inputs_unsupported_reason(call)) return reason;
   if (std::string reason = cu::problem_unsupported_reason(cuda_problem(call)); !reason.empty()) return reason;
   if (std::string reason = cu::device_unsupported_reason(cuda_kind(kind_)); !reason.empty()) return reason;
   return std::nullopt;

@@ -49,6 +49,10 @@ std::string quant_option_flags(const QuantOptions& options);
 QuantOptions quant_options();
 void set_quant_options(const QuantOptions& options);
 
+// The inputs the definition takes (bf16/fp16 Q, K, V of one dtype, equal head dims, no mask but
+// causal): nullopt, or why not. The CUDA kernels add their own limits (head dims, devices).
+std::optional<std::string> quantized_inputs_unsupported_reason(const AttentionCall& call);
+
 // ---- The definition's constants ----
 
 inline constexpr std::int64_t kBlockQ = 64;         // query rows per block
