@@ -1,55 +1,69 @@
-// Exact attention in fp64 on CUDA cores, streaming over keys (online softmax, as flash attention
-// does, but every value in fp64). The chunked DGEMM path wrote and re-read fp64 score matrices
-// several times (150 GB at CogVideoX's shape); this one never stores a score.
+// Exact attention in fp64 on the GPU, streaming over keys (online softmax, as flash attention does,
+// but every product, exponential and sum in fp64). The chunked DGEMM path wrote and re-read fp64
+// score matrices several times (150 GB at CogVideoX's shape); this one never stores a score.
 //
-// A block owns 64 query rows of one (batch, head) and walks the keys in tiles of 64. Each thread
-// computes a 4 x 4 tile of scores, and for P.V owns 4 rows x (head_dim_vo / 16) output columns.
-// The 16 threads sharing 4 rows are one half-warp, so row maxima and sums reduce by shuffles.
+// Both products run on the fp64 tensor cores (mma.sync m8n8k4 f64: exact fp64 fused multiply-adds,
+// twice the rate of the fp64 CUDA cores). A block owns 64 query rows of one (batch, head), one warp
+// 8 of them, and walks the keys in tiles of 64. A thread's share of an 8 x 8 score tile is one row
+// and two keys, so a row's maximum and sum reduce over the 4 lanes holding that row. Q stays in
+// registers; K, V and each warp's P go through shared memory.
 #include <cmath>
-#include <limits>
 
 #include "kernels/cuda/reference_fused.h"
 
 namespace attnreplay {
 namespace {
 
-constexpr int kRows = 64;     // query rows per block
-constexpr int kKeys = 64;     // keys per tile
+constexpr int kRows = 64;     // query rows per block: 8 warps x 8 rows
+constexpr int kKeys = 64;     // keys per tile: 8 score tiles of 8
 constexpr int kThreads = 256;
 constexpr int kMaxHeadDim = 128;
-// K's transposed tile is written every tile: its rows are padded by two doubles so that the
-// threads of a warp, writing one channel each, fall in different banks (and reads stay 16-byte
-// aligned). Q's tile is written once per block and is left unpadded to fit d = 128.
-constexpr int kKeyStride = kKeys + 2;
-constexpr int kStaged = kKeys * kMaxHeadDim / kThreads;  // tile elements each thread moves
+// Row strides in doubles, padded so that a fragment's 8 rows x 4 doubles (or 4 rows x 8) spread over
+// the banks: mod 16 they are 4 for K and P (read 8 rows x 4) and 8 for V (read 4 rows x 8).
+constexpr int kProbStride = kKeys + 4;
 
-std::size_t shared_bytes(std::int64_t d, std::int64_t dv) {
-  // Q and K transposed (d x 64, d x 66), V (64 x dv), P transposed (64 x 64)
-  return sizeof(double) * static_cast<std::size_t>(d * kRows + d * kKeyStride + kKeys * dv + kKeys * kRows);
+__host__ __device__ constexpr int padded_dim(int d) { return (d + 3) / 4 * 4; }      // whole k-steps
+__host__ __device__ constexpr int padded_dim_vo(int dv) { return (dv + 7) / 8 * 8; }  // whole n-tiles
+__host__ __device__ constexpr int key_stride(int d) { return padded_dim(d) + 4; }
+__host__ __device__ constexpr int value_stride(int dv) { return padded_dim_vo(dv) + 8; }
+
+std::size_t shared_bytes(int d, int dv) {
+  return sizeof(double) *
+         static_cast<std::size_t>(kKeys * key_stride(d) + kKeys * value_stride(dv) + kRows * kProbStride);
 }
 
-__device__ double half_warp_max(double value) {
-  for (int offset = 8; offset > 0; offset /= 2) value = fmax(value, __shfl_xor_sync(0xffffffffu, value, offset));
-  return value;
+// D = A (8x4, row) * B (4x8, col) + D. Lane l holds A[l/4][l%4], B[l%4][l/4], D[l/4][2(l%4) + 0,1].
+__device__ __forceinline__ void mma_f64(double (&d)[2], double a, double b) {
+  asm volatile("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0, %1}, {%2}, {%3}, {%0, %1};\n"
+               : "+d"(d[0]), "+d"(d[1])
+               : "d"(a), "d"(b));
 }
 
-__device__ double half_warp_sum(double value) {
-  for (int offset = 8; offset > 0; offset /= 2) value += __shfl_xor_sync(0xffffffffu, value, offset);
-  return value;
+// Over the 4 lanes that hold one row of a score tile.
+__device__ __forceinline__ double row_max(double value) {
+  value = fmax(value, __shfl_xor_sync(0xffffffffu, value, 1));
+  return fmax(value, __shfl_xor_sync(0xffffffffu, value, 2));
 }
 
-// kColumns: output columns per thread (head_dim_vo <= 16 * kColumns).
-template <int kColumns>
+__device__ __forceinline__ double row_sum(double value) {
+  value += __shfl_xor_sync(0xffffffffu, value, 1);
+  return value + __shfl_xor_sync(0xffffffffu, value, 2);
+}
+
+// kSteps: k-steps of Q.Kᵀ (padded head_dim / 4); kValueTiles: n-tiles of P.V (padded head_dim_vo / 8).
+template <int kSteps, int kValueTiles>
 __global__ void __launch_bounds__(kThreads) fused_reference_kernel(FusedReferenceProblem p) {
   extern __shared__ double shared[];
   const int d = static_cast<int>(p.head_dim), dv = static_cast<int>(p.head_dim_vo);
-  double* q_t = shared;              // [d][kRows]
-  double* k_t = q_t + d * kRows;     // [d][kKeyStride]
-  double* v_s = k_t + d * kKeyStride;  // [kKeys][dv]
-  double* p_t = v_s + kKeys * dv;    // [kKeys][kRows]
+  const int d_padded = padded_dim(d), dv_padded = padded_dim_vo(dv);
+  const int k_stride = key_stride(d), v_stride = value_stride(dv);
+  double* k_s = shared;                     // [kKeys][k_stride]
+  double* v_s = k_s + kKeys * k_stride;     // [kKeys][v_stride]
+  double* p_s = v_s + kKeys * v_stride;     // [kRows][kProbStride]
 
-  const double neg_inf = __longlong_as_double(static_cast<long long>(0xfff0000000000000ull));  // -inf
-  const int tid = threadIdx.x;
+  const double neg_inf = __longlong_as_double(static_cast<long long>(0xfff0000000000000ull));
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int group = lane / 4, quad = lane % 4;  // fragment row, and column pair
   const std::int64_t bh = blockIdx.y;
   const std::int64_t b = bh / p.heads_q, h = bh % p.heads_q;
   const std::int64_t kv_head = b * p.heads_kv + h / (p.heads_q / p.heads_kv);
@@ -58,21 +72,15 @@ __global__ void __launch_bounds__(kThreads) fused_reference_kernel(FusedReferenc
   const double* k = p.k + kv_head * p.seq_kv * d;
   const double* v = p.v + kv_head * p.seq_kv * dv;
 
-  for (int i = tid; i < kRows * d; i += kThreads) {
-    const int r = i / d, c = i % d;
-    q_t[c * kRows + r] = row0 + r < p.rows ? q[(row0 + r) * d + c] : 0.0;
-  }
-  const int my_rows = (tid / 16) * 4;  // first of this thread's 4 rows
-  const int my_keys = (tid % 16) * 4;  // first of its 4 keys in a tile
-  const int my_column = tid % 16;      // its output columns: my_column + 16 * j
-
-  std::int64_t position[4];
-  bool row_valid[4];
-  #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const std::int64_t row = row0 + my_rows + i;
-    row_valid[i] = row < p.rows;
-    position[i] = row_valid[i] ? p.positions[row] : 0;
+  const int my_row = warp * 8 + group;  // within the block
+  const std::int64_t row = row0 + my_row;
+  const bool row_valid = row < p.rows;
+  const std::int64_t position = row_valid ? p.positions[row] : 0;
+  double q_frag[kSteps];
+#pragma unroll
+  for (int s = 0; s < kSteps; ++s) {
+    const int c = s * 4 + quad;
+    q_frag[s] = row_valid && c < d ? q[row * d + c] : 0.0;
   }
   // Keys past the last row's horizon are hidden from every row of the block: skip them.
   std::int64_t key_end = p.seq_kv;
@@ -82,144 +90,140 @@ __global__ void __launch_bounds__(kThreads) fused_reference_kernel(FusedReferenc
     key_end = horizon < key_end ? horizon : key_end;
   }
 
-  double running_max[4], running_sum[4], acc[4][kColumns];
-  #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    running_max[i] = neg_inf;
-    running_sum[i] = 0.0;
-    #pragma unroll
-    for (int j = 0; j < kColumns; ++j) acc[i][j] = 0.0;
-  }
+  double running_max = neg_inf, running_sum = 0.0;
+  double acc[kValueTiles][2];
+#pragma unroll
+  for (int t = 0; t < kValueTiles; ++t) acc[t][0] = acc[t][1] = 0.0;
 
+  constexpr int kStaged = (kSteps > 2 * kValueTiles ? kSteps : 2 * kValueTiles);  // elements a thread moves
   for (std::int64_t key0 = 0; key0 < key_end; key0 += kKeys) {
-    __syncthreads();  // the previous tile's K, V and P are no longer read
+    __syncthreads();  // the previous tile's K and V are no longer read
     // Every load of a tile is issued before the first store, so that the block waits for memory
     // once per tile rather than once per element.
     double staged[kStaged];
 #pragma unroll
     for (int n = 0; n < kStaged; ++n) {
-      const int i = tid + n * kThreads;
-      staged[n] = i < kKeys * d && key0 + i / d < p.seq_kv ? k[key0 * d + i] : 0.0;
+      const int i = tid + n * kThreads, j = i / d_padded, c = i % d_padded;
+      staged[n] = i < kKeys * d_padded && c < d && key0 + j < p.seq_kv ? k[(key0 + j) * d + c] : 0.0;
     }
 #pragma unroll
     for (int n = 0; n < kStaged; ++n) {
       const int i = tid + n * kThreads;
-      if (i < kKeys * d) k_t[(i % d) * kKeyStride + i / d] = staged[n];
+      if (i < kKeys * d_padded) k_s[(i / d_padded) * k_stride + i % d_padded] = staged[n];
+    }
+#pragma unroll
+    for (int n = 0; n < kStaged; ++n) {
+      const int i = tid + n * kThreads, j = i / dv_padded, c = i % dv_padded;
+      staged[n] = i < kKeys * dv_padded && c < dv && key0 + j < p.seq_kv ? v[(key0 + j) * dv + c] : 0.0;
     }
 #pragma unroll
     for (int n = 0; n < kStaged; ++n) {
       const int i = tid + n * kThreads;
-      staged[n] = i < kKeys * dv && key0 + i / dv < p.seq_kv ? v[key0 * dv + i] : 0.0;
-    }
-#pragma unroll
-    for (int n = 0; n < kStaged; ++n) {
-      const int i = tid + n * kThreads;
-      if (i < kKeys * dv) v_s[i] = staged[n];
+      if (i < kKeys * dv_padded) v_s[(i / dv_padded) * v_stride + i % dv_padded] = staged[n];
     }
     __syncthreads();
 
-    double score[4][4] = {};
+    // S = Q Kᵀ for this warp's 8 rows and the tile's 64 keys: 8 score tiles.
+    double score[8][2];
+#pragma unroll
+    for (int t = 0; t < 8; ++t) score[t][0] = score[t][1] = 0.0;
+#pragma unroll
+    for (int s = 0; s < kSteps; ++s) {
+      if (s * 4 < d_padded) {
+#pragma unroll
+        for (int t = 0; t < 8; ++t) mma_f64(score[t], q_frag[s], k_s[(t * 8 + group) * k_stride + s * 4 + quad]);
+      }
+    }
+
+    double tile_max = neg_inf;
+#pragma unroll
+    for (int t = 0; t < 8; ++t) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const std::int64_t key = key0 + t * 8 + quad * 2 + e;
+        const bool visible = row_valid && key < p.seq_kv && (!p.causal || key <= position + p.causal_offset);
+        score[t][e] = visible ? score[t][e] * p.scale : neg_inf;
+        tile_max = fmax(tile_max, score[t][e]);
+      }
+    }
+    const double new_max = fmax(running_max, row_max(tile_max));
+    // While every key so far is hidden the row has nothing to rescale (and -inf - -inf is NaN).
+    const double rescale = new_max == neg_inf ? 1.0 : exp(running_max - new_max);
+    double tile_sum = 0.0;
+#pragma unroll
+    for (int t = 0; t < 8; ++t) {
+      double2 weights;
+      weights.x = score[t][0] == neg_inf ? 0.0 : exp(score[t][0] - new_max);
+      weights.y = score[t][1] == neg_inf ? 0.0 : exp(score[t][1] - new_max);
+      tile_sum += weights.x + weights.y;
+      *reinterpret_cast<double2*>(&p_s[my_row * kProbStride + t * 8 + quad * 2]) = weights;
+    }
+    running_sum = running_sum * rescale + row_sum(tile_sum);
+    running_max = new_max;
+#pragma unroll
+    for (int t = 0; t < kValueTiles; ++t) {
+      acc[t][0] *= rescale;
+      acc[t][1] *= rescale;
+    }
+    __syncwarp();  // a warp reads back only its own rows of P
+
+    // O += P V: 16 k-steps of 4 keys (hidden or missing keys have weight 0 and a zero V row).
 #pragma unroll 4
-    for (int c = 0; c < d; ++c) {
-      const double2 qa = *reinterpret_cast<const double2*>(&q_t[c * kRows + my_rows]);
-      const double2 qb = *reinterpret_cast<const double2*>(&q_t[c * kRows + my_rows + 2]);
-      const double2 ka = *reinterpret_cast<const double2*>(&k_t[c * kKeyStride + my_keys]);
-      const double2 kb = *reinterpret_cast<const double2*>(&k_t[c * kKeyStride + my_keys + 2]);
-      const double qs[4] = {qa.x, qa.y, qb.x, qb.y}, ks[4] = {ka.x, ka.y, kb.x, kb.y};
-      #pragma unroll
-      for (int i = 0; i < 4; ++i)
-        #pragma unroll
-        for (int j = 0; j < 4; ++j) score[i][j] = fma(qs[i], ks[j], score[i][j]);
-    }
-
-    #pragma unroll
-
-    for (int i = 0; i < 4; ++i) {
-      double tile_max = neg_inf;
-      #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const std::int64_t key = key0 + my_keys + j;
-        const bool visible = row_valid[i] && key < p.seq_kv && (!p.causal || key <= position[i] + p.causal_offset);
-        score[i][j] = visible ? score[i][j] * p.scale : neg_inf;
-        tile_max = fmax(tile_max, score[i][j]);
-      }
-      const double new_max = fmax(running_max[i], half_warp_max(tile_max));
-      // While every key so far is hidden the row has nothing to rescale (and -inf - -inf is NaN).
-      const double rescale = new_max == neg_inf ? 1.0 : exp(running_max[i] - new_max);
-      double tile_sum = 0.0;
-      #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const double weight = score[i][j] == neg_inf ? 0.0 : exp(score[i][j] - new_max);
-        tile_sum += weight;
-        p_t[(my_keys + j) * kRows + my_rows + i] = weight;
-      }
-      running_sum[i] = running_sum[i] * rescale + half_warp_sum(tile_sum);
-      running_max[i] = new_max;
-      #pragma unroll
-      for (int j = 0; j < kColumns; ++j) acc[i][j] *= rescale;
-    }
-    __syncthreads();
-
-    const int keys_here = key_end - key0 < kKeys ? static_cast<int>(key_end - key0) : kKeys;
-#pragma unroll 4
-    for (int j = 0; j < keys_here; ++j) {
-      const double2 pa = *reinterpret_cast<const double2*>(&p_t[j * kRows + my_rows]);
-      const double2 pb = *reinterpret_cast<const double2*>(&p_t[j * kRows + my_rows + 2]);
-      const double ps[4] = {pa.x, pa.y, pb.x, pb.y};
-      #pragma unroll
-      for (int c = 0; c < kColumns; ++c) {
-        const int column = my_column + 16 * c;
-        const double value = column < dv ? v_s[j * dv + column] : 0.0;
-        #pragma unroll
-        for (int i = 0; i < 4; ++i) acc[i][c] = fma(ps[i], value, acc[i][c]);
+    for (int s = 0; s < kKeys / 4; ++s) {
+      const double a = p_s[my_row * kProbStride + s * 4 + quad];
+#pragma unroll
+      for (int t = 0; t < kValueTiles; ++t) {
+        if (t * 8 < dv_padded) mma_f64(acc[t], a, v_s[(s * 4 + quad) * v_stride + t * 8 + group]);
       }
     }
+    __syncwarp();  // P is rewritten by the next tile
   }
 
-  #pragma unroll
-
-  for (int i = 0; i < 4; ++i) {
-    if (!row_valid[i]) continue;
-    const std::int64_t row = row0 + my_rows + i;
-    // A row with no visible key gives 0, as the CPU reference (and torch's math backend) does.
-    const bool empty = running_sum[i] == 0.0;
-    if (empty && my_column == 0 && p.fully_masked_rows) atomicAdd(p.fully_masked_rows, 1ull);
-    #pragma unroll
-    for (int c = 0; c < kColumns; ++c) {
-      const int column = my_column + 16 * c;
-      if (column < dv) p.out[(bh * p.rows + row) * dv + column] = empty ? 0.0 : acc[i][c] / running_sum[i];
+  if (!row_valid) return;
+  // A row with no visible key gives 0, as the CPU reference (and torch's math backend) does.
+  const bool empty = running_sum == 0.0;
+  if (empty && quad == 0 && p.fully_masked_rows) atomicAdd(p.fully_masked_rows, 1ull);
+#pragma unroll
+  for (int t = 0; t < kValueTiles; ++t) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int column = t * 8 + quad * 2 + e;
+      if (column < dv) p.out[(bh * p.rows + row) * dv + column] = empty ? 0.0 : acc[t][e] / running_sum;
     }
   }
 }
 
-template <int kColumns>
+template <int kSteps, int kValueTiles>
 const char* launch(const FusedReferenceProblem& problem, cudaStream_t stream) {
-  const std::size_t bytes = shared_bytes(problem.head_dim, problem.head_dim_vo);
-  if (cudaFuncSetAttribute(fused_reference_kernel<kColumns>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  const int d = static_cast<int>(problem.head_dim), dv = static_cast<int>(problem.head_dim_vo);
+  const std::size_t bytes = shared_bytes(d, dv);
+  if (cudaFuncSetAttribute(fused_reference_kernel<kSteps, kValueTiles>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            static_cast<int>(bytes)) != cudaSuccess) {
     return "reference_fused.cu: cudaFuncSetAttribute(MaxDynamicSharedMemorySize) failed";
   }
   const dim3 grid(static_cast<unsigned>((problem.rows + kRows - 1) / kRows),
                   static_cast<unsigned>(problem.batch * problem.heads_q));
-  fused_reference_kernel<kColumns><<<grid, kThreads, bytes, stream>>>(problem);
+  fused_reference_kernel<kSteps, kValueTiles><<<grid, kThreads, bytes, stream>>>(problem);
   return cudaGetLastError() == cudaSuccess ? nullptr : "reference_fused.cu: kernel launch failed";
 }
 
 }  // namespace
 
 bool fused_reference_supports(std::int64_t head_dim, std::int64_t head_dim_vo) {
-  // Tiles are read as pairs of doubles, and must fit the 227 KB of shared memory a block can have.
+  // Tiles must fit the 227 KB of shared memory a block can have.
   return head_dim >= 1 && head_dim <= kMaxHeadDim && head_dim_vo >= 1 && head_dim_vo <= kMaxHeadDim &&
-         shared_bytes(head_dim, head_dim_vo) <= 227 * 1024;
+         shared_bytes(static_cast<int>(head_dim), static_cast<int>(head_dim_vo)) <= 227 * 1024;
 }
 
 const char* launch_fused_reference(const FusedReferenceProblem& problem, cudaStream_t stream) {
   if (!fused_reference_supports(problem.head_dim, problem.head_dim_vo)) return "head dims beyond the fused path";
   if (problem.rows == 0 || problem.batch * problem.heads_q == 0) return nullptr;
   if (problem.batch * problem.heads_q > 65535) return "more than 65535 (batch x head) pairs for one launch";
-  if (problem.head_dim_vo <= 32) return launch<2>(problem, stream);
-  if (problem.head_dim_vo <= 64) return launch<4>(problem, stream);
-  return launch<8>(problem, stream);
+  const bool narrow = problem.head_dim <= 64, narrow_vo = problem.head_dim_vo <= 64;
+  if (narrow && narrow_vo) return launch<16, 8>(problem, stream);
+  if (narrow) return launch<16, 16>(problem, stream);
+  if (narrow_vo) return launch<32, 8>(problem, stream);
+  return launch<32, 16>(problem, stream);
 }
 
 }  // namespace attnreplay
