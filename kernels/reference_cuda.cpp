@@ -44,34 +44,49 @@ at::Tensor additive_mask(const AttentionCall& call, const at::Tensor& rows) {
 
 bool gpu_reference_available() { return at::detail::getCUDAHooks().hasCUDA(); }
 
-ReferenceOutput reference_attention_gpu(const AttentionCall& call, std::vector<std::int64_t> rows) {
-  ATTNREPLAY_ASSERT(gpu_reference_available(), "GPU reference without a GPU");
-  at::InferenceMode inference;
-  const AttentionShape s = call.shape();
-  ReferenceOutput result = reference_output_for(s, std::move(rows));
-  const auto n_rows = static_cast<std::int64_t>(result.rows.size());
+namespace {
+
+// A call's inputs on the GPU in fp64 (bhsd; Q only at the reference's rows), as both the reference
+// and the timed kernel use them.
+struct GpuReferenceInputs {
+  const AttentionCall* call = nullptr;
+  AttentionShape shape;
+  at::Tensor row_index;  // query positions of the rows computed
+  at::Tensor q, k, v;
+  std::optional<at::Tensor> mask;
+};
+
+GpuReferenceInputs upload(const AttentionCall& call, const std::vector<std::int64_t>& rows) {
+  GpuReferenceInputs in;
+  in.call = &call;
+  in.shape = call.shape();
   const auto device = at::Device(at::kCUDA, 0);
-  const at::Tensor row_index = at::tensor(result.rows, at::TensorOptions().dtype(at::kLong)).to(device);
-  const at::Tensor q = to_gpu_fp64(call.q, call.layout).index_select(2, row_index);
-  const at::Tensor k = to_gpu_fp64(call.k, call.layout);
-  const at::Tensor v = to_gpu_fp64(call.v, call.layout);
-  const std::optional<at::Tensor> mask = call.mask ? std::optional(additive_mask(call, row_index)) : std::nullopt;
+  in.row_index = at::tensor(rows, at::TensorOptions().dtype(at::kLong)).to(device);
+  in.q = to_gpu_fp64(call.q, call.layout).index_select(2, in.row_index).contiguous();
+  in.k = to_gpu_fp64(call.k, call.layout);
+  in.v = to_gpu_fp64(call.v, call.layout);
+  if (call.mask) in.mask = additive_mask(call, in.row_index);
+  return in;
+}
+
+// Queues the computation; `out` is (b, h_q, rows, d_vo) fp64 on the GPU. Rows with no visible key
+// are counted into `fully_masked` (a one-element device tensor).
+void compute(const GpuReferenceInputs& in, at::Tensor& out, at::Tensor& fully_masked) {
+  const AttentionCall& call = *in.call;
+  const AttentionShape& s = in.shape;
+  const std::int64_t n_rows = in.row_index.size(0);
   const double scale = call.softmax_scale();
   const std::int64_t group = s.heads_q / s.heads_kv;
   const std::int64_t offset = call.causal_alignment == CausalAlignment::bottom_right ? s.seq_kv - s.seq_q : 0;
-  // Rows can be fully masked only with a mask, or bottom-right causal with more queries than keys.
-  const bool may_mask_rows = call.mask || (call.is_causal && offset < 0);
+  fully_masked.zero_();
 #ifdef ATTNREPLAY_FUSED_REFERENCE
   if (!call.mask && fused_reference_supports(s.head_dim_qk, s.head_dim_vo)) {
-    const at::Tensor out = at::empty({s.batch, s.heads_q, n_rows, s.head_dim_vo}, q.options());
-    const at::Tensor empty_rows = at::zeros({1}, row_index.options());
-    const at::Tensor q_rows = q.contiguous();
     FusedReferenceProblem problem;
-    problem.q = q_rows.data_ptr<double>();
-    problem.k = k.data_ptr<double>();
-    problem.v = v.data_ptr<double>();
+    problem.q = in.q.data_ptr<double>();
+    problem.k = in.k.data_ptr<double>();
+    problem.v = in.v.data_ptr<double>();
     problem.out = out.data_ptr<double>();
-    problem.positions = row_index.data_ptr<std::int64_t>();
+    problem.positions = in.row_index.data_ptr<std::int64_t>();
     problem.batch = s.batch;
     problem.heads_q = s.heads_q;
     problem.heads_kv = s.heads_kv;
@@ -82,61 +97,121 @@ ReferenceOutput reference_attention_gpu(const AttentionCall& call, std::vector<s
     problem.causal = call.is_causal;
     problem.causal_offset = offset;
     problem.scale = scale;
-    problem.fully_masked_rows = reinterpret_cast<unsigned long long*>(empty_rows.data_ptr<std::int64_t>());
+    problem.fully_masked_rows = reinterpret_cast<unsigned long long*>(fully_masked.data_ptr<std::int64_t>());
     // torch's tensors above were made on the default stream, which this launch follows.
     if (const char* error = launch_fused_reference(problem, nullptr)) {
       throw std::runtime_error(std::string("GPU reference: ") + error);
     }
-    result.fully_masked_rows = empty_rows.item<std::int64_t>();
-    result.values.resize(static_cast<std::size_t>(out.numel()));
-    at::from_blob(result.values.data(), out.sizes(), at::TensorOptions().dtype(at::kDouble)).copy_(out);
-    return result;
+    return;
   }
 #endif
+  // Rows can be fully masked only with a mask, or bottom-right causal with more queries than keys.
+  const bool may_mask_rows = call.mask || (call.is_causal && offset < 0);
   const std::int64_t chunk = std::max<std::int64_t>(1, kScoreChunkBytes / (8 * s.seq_kv));
-  at::Tensor out = at::zeros({s.batch, s.heads_q, n_rows, s.head_dim_vo}, q.options());
-  const at::Tensor keys = at::arange(s.seq_kv, row_index.options());
-  std::int64_t fully_masked = 0;
+  const at::Tensor keys = at::arange(s.seq_kv, in.row_index.options());
   for (std::int64_t b = 0; b < s.batch; ++b) {
     for (std::int64_t h = 0; h < s.heads_q; ++h) {
-      const at::Tensor kh = k[b][h / group];
-      const at::Tensor vh = v[b][h / group];
+      const at::Tensor kh = in.k[b][h / group];
+      const at::Tensor vh = in.v[b][h / group];
       for (std::int64_t r0 = 0; r0 < n_rows; r0 += chunk) {
         const std::int64_t r1 = std::min(n_rows, r0 + chunk);
-        at::Tensor scores = at::matmul(q[b][h].slice(0, r0, r1), kh.t()).mul_(scale);
-        if (mask) {
-          const at::Tensor& m = *mask;
+        at::Tensor scores = at::matmul(in.q[b][h].slice(0, r0, r1), kh.t()).mul_(scale);
+        if (in.mask) {
+          const at::Tensor& m = *in.mask;
           scores.add_(m[m.size(0) == 1 ? 0 : b][m.size(1) == 1 ? 0 : h].slice(0, m.size(2) == 1 ? 0 : r0,
                                                                                m.size(2) == 1 ? 1 : r1));
         }
         if (call.is_causal) {
-          const at::Tensor positions = row_index.slice(0, r0, r1).unsqueeze(1);
+          const at::Tensor positions = in.row_index.slice(0, r0, r1).unsqueeze(1);
           scores.masked_fill_(keys.unsqueeze(0) > positions + offset, -std::numeric_limits<double>::infinity());
         }
         at::Tensor probabilities = at::softmax(scores, -1);
         if (may_mask_rows) {
           // softmax over all -inf gives NaN; such a row's output is 0, as the CPU reference gives.
           const at::Tensor empty = std::get<0>(scores.max(-1)).eq(-std::numeric_limits<double>::infinity());
-          fully_masked += empty.sum().item<std::int64_t>();
+          fully_masked.add_(empty.sum());
           probabilities.masked_fill_(empty.unsqueeze(1), 0.0);
         }
         out[b][h].slice(0, r0, r1).copy_(at::matmul(probabilities, vh));
       }
     }
   }
-  result.fully_masked_rows = fully_masked;
-  const at::Tensor host = out.contiguous().cpu();
-  result.values.assign(host.data_ptr<double>(), host.data_ptr<double>() + host.numel());
+}
+
+at::Tensor empty_output(const GpuReferenceInputs& in) {
+  const AttentionShape& s = in.shape;
+  return at::empty({s.batch, s.heads_q, in.row_index.size(0), s.head_dim_vo}, in.q.options());
+}
+
+void download(const at::Tensor& out, const at::Tensor& fully_masked, ReferenceOutput& result) {
+  result.fully_masked_rows = fully_masked.item<std::int64_t>();
+  result.values.resize(static_cast<std::size_t>(out.numel()));
+  at::from_blob(result.values.data(), out.sizes(), at::TensorOptions().dtype(at::kDouble)).copy_(out);
+}
+
+// The GPU reference as a timed kernel, like the other GPU kernels: inputs go up in prepare(),
+// run() queues only the computation, and output() brings the result down.
+class PreparedCudaReference final : public PreparedKernel {
+ public:
+  explicit PreparedCudaReference(const AttentionCall& call)
+      : call_(call), result_(reference_output_for(call.shape(), {})) {
+    at::InferenceMode inference;
+    inputs_ = upload(call_, result_.rows);
+    out_ = empty_output(inputs_);
+    fully_masked_ = at::zeros({1}, inputs_.row_index.options());
+  }
+  void run() override {
+    at::InferenceMode inference;
+    compute(inputs_, out_, fully_masked_);
+  }
+  void synchronize() override { at::detail::getCUDAHooks().deviceSynchronize(0); }
+  HostTensor output() override {
+    at::InferenceMode inference;
+    download(out_, fully_masked_, result_);
+    const AttentionShape& s = result_.shape;
+    return HostTensor::from_doubles(DType::float64, {s.batch, s.heads_q, s.seq_q, s.head_dim_vo}, result_.values);
+  }
+
+ private:
+  AttentionCall call_;
+  ReferenceOutput result_;
+  GpuReferenceInputs inputs_;
+  at::Tensor out_, fully_masked_;
+};
+
+class CudaReferenceKernel final : public Kernel {
+ public:
+  const KernelDescription& description() const override {
+    static const KernelDescription d{
+        "reference-cuda",
+        "exact attention in fp64 on the GPU (fp64 tensor cores, streaming; DGEMM in chunks with a mask): "
+        "the reference for large calls",
+        "cuda", false};
+    return d;
+  }
+  std::optional<std::string> unsupported_reason(const AttentionCall&) const override {
+    if (!gpu_reference_available()) return "no CUDA device";
+    return std::nullopt;
+  }
+  std::unique_ptr<PreparedKernel> prepare(const AttentionCall& call) const override {
+    return std::make_unique<PreparedCudaReference>(call);
+  }
+};
+
+ATTNREPLAY_REGISTER_KERNEL(CudaReferenceKernel);
+
+}  // namespace
+
+ReferenceOutput reference_attention_gpu(const AttentionCall& call, std::vector<std::int64_t> rows) {
+  ATTNREPLAY_ASSERT(gpu_reference_available(), "GPU reference without a GPU");
+  at::InferenceMode inference;
+  ReferenceOutput result = reference_output_for(call.shape(), std::move(rows));
+  const GpuReferenceInputs inputs = upload(call, result.rows);
+  at::Tensor out = empty_output(inputs);
+  at::Tensor fully_masked = at::zeros({1}, inputs.row_index.options());
+  compute(inputs, out, fully_masked);
+  download(out, fully_masked, result);
   return result;
 }
 
-namespace {
-
-const bool registered = KernelRegistry::instance().add(std::make_unique<ReferenceKernel>(
-    KernelDescription{"reference-cuda",
-                      "exact attention in fp64 on the GPU (fused streaming kernel; DGEMM in chunks with a mask): the reference for large calls",
-                      "cuda", false},
-    [](const AttentionCall& call) { return reference_attention_gpu(call); }, gpu_reference_available));
-
-}  // namespace
 }  // namespace attnreplay
