@@ -100,6 +100,7 @@ class PreparedCudaAttention final : public PreparedKernel {
 
 std::optional<std::string> CudaAttentionKernel::unsupported_reason(const AttentionCall& call) const {
   if (auto reason = quantized_inputs_unsupported_reason(call)) return reason;
+  if (call.mask) return "masks other than causal are not supported";
   if (std::string reason = cu::problem_unsupported_reason(cuda_problem(call)); !reason.empty()) return reason;
   if (std::string reason = cu::device_unsupported_reason(cuda_kind(kind_)); !reason.empty()) return reason;
   return std::nullopt;

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "formats/errors.h"
+#include "kernels/mask_view.h"
 
 namespace attnreplay {
 
@@ -296,7 +297,6 @@ std::optional<std::string> quantized_inputs_unsupported_reason(const AttentionCa
     return fmt::format("needs Q, K and V of one dtype, got {}, {}, {}", dtype_name(dtype), dtype_name(call.k.dtype),
                        dtype_name(call.v.dtype));
   }
-  if (call.mask) return "masks other than causal are not supported";
   const AttentionShape s = call.shape();
   if (s.head_dim_qk != s.head_dim_vo) {
     return fmt::format("needs head_dim_qk = head_dim_vo, got {} and {}", s.head_dim_qk, s.head_dim_vo);
@@ -385,6 +385,7 @@ PreparedAttentionInputs prepare_attention_inputs(const AttentionCall& call, Quan
   in.is_causal = call.is_causal;
   in.diagonal_offset = call.causal_alignment == CausalAlignment::bottom_right ? s.seq_kv - s.seq_q : 0;
   in.softmax_scale_log2 = static_cast<float>(call.softmax_scale()) * kLog2e;
+  in.mask = call.mask;
 
   const HostTensor q = to_bhsd(call.q, call.layout);
   const HostTensor k = to_bhsd(call.k, call.layout);
@@ -485,7 +486,7 @@ enum class PvPath { block_fp32, straight_fp32, block_fp16 };
 // Per-thread working memory for one query block: each row's running max, sum and accumulator.
 struct RowBlockState {
   std::vector<float> m, l, acc;  // acc: (rows, head_dim_vo)
-  std::vector<float> dots, scores, p, p_used, block_acc, chunk_acc;
+  std::vector<float> dots, scores, p, p_used, block_acc, chunk_acc, mask_terms;
 };
 
 // Scores of one query row against one 128-key block: out[j] = sum_c q[c] * keys[c][j]. The
@@ -505,7 +506,7 @@ void block_dots(const float* q, const float* keys, std::int64_t dim, float* out)
 class HeadAttention {
  public:
   HeadAttention(const PreparedAttentionInputs& in, std::int64_t b, std::int64_t h)
-      : in_(in), s_(in.shape), query_(in.queries[static_cast<std::size_t>(b * s_.heads_q + h)]),
+      : in_(in), s_(in.shape), b_(b), h_(h), mask_(in.mask, in.shape), query_(in.queries[static_cast<std::size_t>(b * s_.heads_q + h)]),
         kv_(in.key_values[static_cast<std::size_t>(b * s_.heads_kv + h / (s_.heads_q / s_.heads_kv))]) {
     const bool sage = is_sage(in.kind);
     per_key_scales_ = sage && in.stages.quantize_qk;
@@ -530,6 +531,7 @@ class HeadAttention {
     st.l.assign(static_cast<std::size_t>(n_rows), 0.0f);
     st.acc.assign(static_cast<std::size_t>(n_rows * dv), 0.0f);
     st.dots.resize(kBlockK), st.scores.resize(kBlockK), st.p.resize(kBlockK), st.p_used.resize(kBlockK);
+    st.mask_terms.resize(kBlockK);
     st.block_acc.resize(static_cast<std::size_t>(dv)), st.chunk_acc.resize(static_cast<std::size_t>(dv));
     const std::int64_t last_end = key_end(row_end - 1);
     // Key blocks outside, rows inside, so that a block's keys stay in cache; each row still sees
@@ -579,11 +581,13 @@ class HeadAttention {
     if (exact_in_float_) block_dots<float>(q, keys, s_.head_dim_qk, st.dots.data());
     else block_dots<double>(q, keys, s_.head_dim_qk, st.dots.data());
     float block_max = -std::numeric_limits<float>::infinity();
+    // A mask's term is added to the score in the log2 domain (times log2e); a bool mask hides keys.
+    if (mask_) mask_.row(b_, h_, i, block_start, visible, st.mask_terms.data());
     for (std::int64_t j = 0; j < visible; ++j) {
-      const float score = per_key_scales_
-                              ? st.dots[j] * (query_.row_scale[static_cast<std::size_t>(i)] *
-                                              kv_.key_scale[static_cast<std::size_t>(block_start + j)])
-                              : st.dots[j] * score_factor_;
+      float score = per_key_scales_ ? st.dots[j] * (query_.row_scale[static_cast<std::size_t>(i)] *
+                                                    kv_.key_scale[static_cast<std::size_t>(block_start + j)])
+                                    : st.dots[j] * score_factor_;
+      if (mask_) score += st.mask_terms[j] * kLog2e;
       st.scores[j] = score;
       block_max = std::max(block_max, score);
     }
@@ -636,6 +640,8 @@ class HeadAttention {
 
   const PreparedAttentionInputs& in_;
   const AttentionShape& s_;
+  std::int64_t b_ = 0, h_ = 0;
+  MaskView mask_;
   const PreparedQueryHead& query_;
   const PreparedKeyValueHead& kv_;
   bool per_key_scales_ = false;

@@ -49,8 +49,8 @@ std::string quant_option_flags(const QuantOptions& options);
 QuantOptions quant_options();
 void set_quant_options(const QuantOptions& options);
 
-// The inputs the definition takes (bf16/fp16 Q, K, V of one dtype, equal head dims, no mask but
-// causal): nullopt, or why not. The CUDA kernels add their own limits (head dims, devices).
+// The inputs the definition takes (bf16/fp16 Q, K, V of one dtype, equal head dims): nullopt, or
+// why not. The CUDA kernels add their own limits (masks, head dims, devices).
 std::optional<std::string> quantized_inputs_unsupported_reason(const AttentionCall& call);
 
 // ---- The definition's constants ----
@@ -178,6 +178,7 @@ struct PreparedAttentionInputs {
   std::vector<PreparedQueryHead> queries;      // batch * heads_q
   std::vector<PreparedKeyValueHead> key_values;  // batch * heads_kv
   std::vector<std::vector<float>> k_channel_means;  // batch * heads_kv, when K was smoothed
+  std::optional<HostTensor> mask;  // the call's (emulations only: the CUDA kernels decline masks)
 };
 
 // threads = 0: one per core.

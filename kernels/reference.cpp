@@ -9,41 +9,10 @@
 
 #include "formats/errors.h"
 #include "kernels/kernel.h"
+#include "kernels/mask_view.h"
 
 namespace attnreplay {
 namespace {
-
-// Mask element (b, h, i, j) through right-aligned broadcasting, as torch does.
-struct MaskView {
-  const HostTensor* mask = nullptr;
-  std::int64_t stride[4] = {0, 0, 0, 0};
-
-  MaskView(const std::optional<HostTensor>& tensor, const AttentionShape& s) {
-    if (!tensor) return;
-    mask = &*tensor;
-    const std::int64_t full[4] = {s.batch, s.heads_q, s.seq_q, s.seq_kv};
-    std::int64_t running = 1;
-    for (int i = 0; i < mask->rank(); ++i) {
-      const int dim = mask->rank() - 1 - i;
-      stride[3 - i] = (mask->shape[dim] == 1 && full[3 - i] != 1) ? 0 : running;
-      running *= mask->shape[dim];
-    }
-  }
-
-  // Fills `bias` with the additive term for each key of row (b, h, i): 0 or -inf for bool masks.
-  void row(std::int64_t b, std::int64_t h, std::int64_t i, std::vector<double>& bias) const {
-    if (!mask) return;
-    const std::int64_t base = b * stride[0] + h * stride[1] + i * stride[2];
-    const std::size_t size = dtype_size(mask->dtype);
-    const std::byte* data = mask->data();
-    for (std::size_t j = 0; j < bias.size(); ++j) {
-      const double value =
-          element_to_double(mask->dtype, data + static_cast<std::size_t>(base + static_cast<std::int64_t>(j) * stride[3]) * size);
-      if (mask->dtype == DType::boolean) bias[j] = value != 0.0 ? 0.0 : -std::numeric_limits<double>::infinity();
-      else bias[j] = value;
-    }
-  }
-};
 
 // A head of K or V in fp64, (seq, dim) row-major, converted once and shared by its query heads.
 std::vector<double> head_as_doubles(const HostTensor& bhsd, std::int64_t b, std::int64_t h) {
@@ -115,7 +84,7 @@ ReferenceOutput reference_attention(const AttentionCall& call, std::vector<std::
           const std::size_t esize = dtype_size(q.dtype);
           const std::byte* q_row = q.data() + static_cast<std::size_t>(((b * s.heads_q + h) * s.seq_q + i) * s.head_dim_qk) * esize;
           for (std::int64_t d = 0; d < s.head_dim_qk; ++d) query[d] = element_to_double(q.dtype, q_row + d * esize);
-          mask.row(b, h, i, bias);
+          if (mask) mask.row(b, h, i, 0, s.seq_kv, bias.data());
           std::int64_t key_end = s.seq_kv;
           if (call.is_causal) key_end = std::clamp<std::int64_t>(i + diagonal_offset + 1, 0, s.seq_kv);
           // Online softmax: running max m, running sum l, output accumulator, all fp64.
