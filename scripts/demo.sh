@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The README's demo command: set up (idempotent), capture the bundled real model (MiniLM) with
-# LD_PRELOAD, replay its attention calls through every kernel, then a CPU-sized suite of the
-# peers' shapes.
+# LD_PRELOAD, replay its attention calls through every kernel, audit the quantized kernels'
+# accuracy on them, then a CPU-sized suite of the peers' shapes.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$ROOT/scripts/setup.sh"
@@ -22,8 +22,12 @@ status=0
 "$BIN" run "$OUT/minilm_capture" --kernels all --refcheck \
   --json "$OUT/minilm.json" --csv "$OUT/minilm.csv" || status=$?
 
+echo; echo "== How much accuracy the quantized kernels lose on this model (their CPU emulations, inputs cast to bf16)"
+"$BIN" audit "$OUT/minilm_capture" --kernels flash-cpu,sage1-int8-cpu,sage2-int8-fp8-cpu,fa3-fp8-cpu \
+  --cast-inputs bf16 --random-compare --attribute --worst 2 --json "$OUT/audit.json" --csv "$OUT/audit.csv" || status=$?
+
 echo; echo "== The peers' shapes, scaled to what a CPU replays in about a minute (examples/cpu_suite.txt)"
 "$BIN" run --testlist "$ROOT/examples/cpu_suite.txt" --json "$OUT/suite.json" --csv "$OUT/suite.csv" || status=$?
 
-echo; echo "Results: $OUT/{minilm,suite}.{json,csv}"
+echo; echo "Results: $OUT/{minilm,audit,suite}.{json,csv}"
 exit "$status"
