@@ -50,6 +50,25 @@ __device__ __forceinline__ double row_sum(double value) {
   return value + __shfl_xor_sync(0xffffffffu, value, 2);
 }
 
+// Rows key0 .. key0 + kKeys - 1 of a (seq_kv, width) matrix into a shared tile of `padded` columns
+// with row pitch `stride`, zero past the matrix. Every load is issued before the first store, so
+// that the block waits for memory once per tile rather than once per element.
+template <int kStaged>
+__device__ __forceinline__ void load_tile(const double* src, std::int64_t key0, std::int64_t seq_kv, int width,
+                                          int padded, double* tile, int stride, int tid) {
+  double staged[kStaged];
+#pragma unroll
+  for (int n = 0; n < kStaged; ++n) {
+    const int i = tid + n * kThreads, j = i / padded, c = i % padded;
+    staged[n] = i < kKeys * padded && c < width && key0 + j < seq_kv ? src[(key0 + j) * width + c] : 0.0;
+  }
+#pragma unroll
+  for (int n = 0; n < kStaged; ++n) {
+    const int i = tid + n * kThreads;
+    if (i < kKeys * padded) tile[(i / padded) * stride + i % padded] = staged[n];
+  }
+}
+
 // kSteps: k-steps of Q.Kᵀ (padded head_dim / 4); kValueTiles: n-tiles of P.V (padded head_dim_vo / 8).
 template <int kSteps, int kValueTiles>
 __global__ void __launch_bounds__(kThreads) fused_reference_kernel(FusedReferenceProblem p) {
@@ -98,29 +117,8 @@ __global__ void __launch_bounds__(kThreads) fused_reference_kernel(FusedReferenc
   constexpr int kStaged = (kSteps > 2 * kValueTiles ? kSteps : 2 * kValueTiles);  // elements a thread moves
   for (std::int64_t key0 = 0; key0 < key_end; key0 += kKeys) {
     __syncthreads();  // the previous tile's K and V are no longer read
-    // Every load of a tile is issued before the first store, so that the block waits for memory
-    // once per tile rather than once per element.
-    double staged[kStaged];
-#pragma unroll
-    for (int n = 0; n < kStaged; ++n) {
-      const int i = tid + n * kThreads, j = i / d_padded, c = i % d_padded;
-      staged[n] = i < kKeys * d_padded && c < d && key0 + j < p.seq_kv ? k[(key0 + j) * d + c] : 0.0;
-    }
-#pragma unroll
-    for (int n = 0; n < kStaged; ++n) {
-      const int i = tid + n * kThreads;
-      if (i < kKeys * d_padded) k_s[(i / d_padded) * k_stride + i % d_padded] = staged[n];
-    }
-#pragma unroll
-    for (int n = 0; n < kStaged; ++n) {
-      const int i = tid + n * kThreads, j = i / dv_padded, c = i % dv_padded;
-      staged[n] = i < kKeys * dv_padded && c < dv && key0 + j < p.seq_kv ? v[(key0 + j) * dv + c] : 0.0;
-    }
-#pragma unroll
-    for (int n = 0; n < kStaged; ++n) {
-      const int i = tid + n * kThreads;
-      if (i < kKeys * dv_padded) v_s[(i / dv_padded) * v_stride + i % dv_padded] = staged[n];
-    }
+    load_tile<kStaged>(k, key0, p.seq_kv, d, d_padded, k_s, k_stride, tid);
+    load_tile<kStaged>(v, key0, p.seq_kv, dv, dv_padded, v_s, v_stride, tid);
     __syncthreads();
 
     // S = Q Kᵀ for this warp's 8 rows and the tile's 64 keys: 8 score tiles.
