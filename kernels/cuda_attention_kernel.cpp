@@ -102,12 +102,12 @@ std::optional<std::string> CudaAttentionKernel::unsupported_reason(const Attenti
   if (auto reason = quantized_inputs_unsupported_reason(call)) return reason;
   if (call.mask) return "masks other than causal are not supported";
   if (std::string reason = cu::problem_unsupported_reason(cuda_problem(call)); !reason.empty()) return reason;
-  if (std::string reason = cu::device_unsupported_reason(cuda_kind(kind_)); !reason.empty()) return reason;
+  if (std::string reason = cu::device_unsupported_reason(cuda_kind(kind())); !reason.empty()) return reason;
   return std::nullopt;
 }
 
 std::unique_ptr<PreparedKernel> CudaAttentionKernel::prepare(const AttentionCall& call) const {
-  return std::make_unique<PreparedCudaAttention>(call, kind_, quant_options());
+  return std::make_unique<PreparedCudaAttention>(call, kind(), quant_options());
 }
 
 }  // namespace attnreplay

@@ -3,24 +3,17 @@
 // in kernels/cuda/) as registered Kernels: each kind is one file that registers a
 // CudaAttentionKernel. The quantized kinds take the process-wide quant_options(), as their CPU
 // emulations do, so that one set of flags drives both.
-#include "kernels/kernel.h"
-#include "kernels/quantized_attention.h"
+#include "kernels/quantized_kernel.h"
 
 namespace attnreplay {
 
-class CudaAttentionKernel : public Kernel {
+class CudaAttentionKernel : public QuantizedAttentionKernel {
  public:
-  CudaAttentionKernel(QuantizedKind kind, KernelDescription description)
-      : kind_(kind), description_(std::move(description)) {}
-  const KernelDescription& description() const override { return description_; }
+  using QuantizedAttentionKernel::QuantizedAttentionKernel;
   std::optional<std::string> unsupported_reason(const AttentionCall& call) const override;
   // Uploads, prepares on the GPU (layout change, K smoothing, quantization) with the options as
   // they are now, and waits, so that a fault shows up here.
   std::unique_ptr<PreparedKernel> prepare(const AttentionCall& call) const override;
-
- private:
-  QuantizedKind kind_;
-  KernelDescription description_;
 };
 
 }  // namespace attnreplay

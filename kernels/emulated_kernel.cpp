@@ -31,7 +31,7 @@ std::optional<std::string> EmulatedAttentionKernel::unsupported_reason(const Att
 }
 
 std::unique_ptr<PreparedKernel> EmulatedAttentionKernel::prepare(const AttentionCall& call) const {
-  return std::make_unique<PreparedEmulation>(call, kind_, quant_options());
+  return std::make_unique<PreparedEmulation>(call, kind(), quant_options());
 }
 
 }  // namespace attnreplay

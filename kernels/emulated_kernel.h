@@ -2,23 +2,16 @@
 // The CPU emulations of attnreplay's own kernels (docs/quantized.md) as kernels: each kind is one
 // file that registers an EmulatedAttentionKernel. Preparation (layout change, K smoothing,
 // quantization) is timed apart from the attention, as for the CUDA versions.
-#include "kernels/kernel.h"
-#include "kernels/quantized_attention.h"
+#include "kernels/quantized_kernel.h"
 
 namespace attnreplay {
 
-class EmulatedAttentionKernel : public Kernel {
+class EmulatedAttentionKernel : public QuantizedAttentionKernel {
  public:
-  EmulatedAttentionKernel(QuantizedKind kind, KernelDescription description)
-      : kind_(kind), description_(std::move(description)) {}
-  const KernelDescription& description() const override { return description_; }
+  using QuantizedAttentionKernel::QuantizedAttentionKernel;
   std::optional<std::string> unsupported_reason(const AttentionCall& call) const override;
   // Takes the process-wide quant_options() as they are now.
   std::unique_ptr<PreparedKernel> prepare(const AttentionCall& call) const override;
-
- private:
-  QuantizedKind kind_;
-  KernelDescription description_;
 };
 
 }  // namespace attnreplay

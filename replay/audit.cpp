@@ -8,6 +8,7 @@
 
 #include "formats/errors.h"
 #include "kernels/kernel.h"
+#include "kernels/quantized_kernel.h"
 #include "replay/generate.h"
 
 namespace attnreplay {
@@ -241,16 +242,11 @@ struct CallOrigin {
   std::size_t position = 0;
 };
 
-// The quantized kind whose CPU emulation a kernel is, or implements on the GPU: the kernels are
-// named after the kinds (docs/quantized.md), "<kind>" on CUDA and "<kind>-cpu" emulated.
-// kernels/emulated_kernel.h keeps the kind private, so the name is what tells it.
+// The quantized kind a kernel implements (on the GPU or emulated), when it is one of ours.
 std::optional<QuantizedKind> emulated_kind(const std::string& kernel) {
-  for (const QuantizedKind kind : {QuantizedKind::flash, QuantizedKind::sage1_int8, QuantizedKind::sage2_int8_fp8,
-                                   QuantizedKind::fa3_fp8}) {
-    const std::string name(to_string(kind));
-    if (kernel == name || kernel == name + "-cpu") return kind;
-  }
-  return std::nullopt;
+  const auto* quantized = dynamic_cast<const QuantizedAttentionKernel*>(KernelRegistry::instance().find(kernel));
+  if (!quantized) return std::nullopt;
+  return quantized->kind();
 }
 
 struct Stage {
