@@ -35,7 +35,8 @@ export ATTNREPLAY_BIN="$BIN" ATTNREPLAY_ATTNCAP_LIB="$BUILD/capture/libattncap.s
 
 if wants tests; then
 step "GPU tests"
-python3 -m pytest -q -p no:cacheprovider "$ROOT/tests/gpu" 2>&1 | tail -25 || status=1
+python3 -m pytest -q -p no:cacheprovider "$ROOT/tests/gpu" > "$OUT/pytest.txt" 2>&1 || status=1
+grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest.txt" | tail -40
 fi
 
 if wants dobench; then

@@ -1,29 +1,38 @@
 #pragma once
-// The attention kernel of all four kinds (docs/quantized.md), FlashAttention-2 style: a CTA of 4
-// warps takes 64 query rows of one (batch, head), each warp 16 of them (Q stays in shared memory);
-// keys come in blocks of 128 through shared memory (cp.async, V of a block loading while its
-// scores are computed, K of the next while its P·V runs), in key order, with an online softmax in
-// fp32 and exp2.
+// The attention kernel of all four kinds (docs/quantized.md), for Hopper's warpgroup MMA (sm_90a).
+// A CTA of 2 warpgroups takes 128 query rows of one (batch, head); each warpgroup computes one
+// 64-row block of the definition, each of its 4 warps 16 rows of it. Keys come in blocks of 128
+// through shared memory, which both warpgroups read: cp.async in two stages (block kb + 1 loads
+// while kb is computed), in key order, with an online softmax in fp32 and exp2. The warpgroups
+// take turns to issue their MMAs (FlashAttention-3's ping-pong), so that one's softmax runs while
+// the other's MMAs do.
 //
-// Per warp and key block: S (16 x 128) = Q·Kᵀ by mma.sync, then scaled, masked, soft-maxed in
-// registers, and P reused as the A operand of P·V straight from the score fragments:
-//   flash  Q·Kᵀ m16n8k16 bf16/fp16 -> f32; P·V m16n8k16 bf16/fp16 -> f32
-//   sage1  Q·Kᵀ m16n8k32 s8 -> s32;        P·V as flash
-//   sage2  Q·Kᵀ as sage1;                  P·V m16n8k32 e4m3 -> f32 (-> f16 per 32 keys for fp32+fp16)
-//   fa3    Q·Kᵀ m16n8k32 e4m3 -> f32;      P·V m16n8k32 e4m3 -> f32
-// A thread's score fragment holds rows g and g + 8 of its warp tile and, in each 8-key tile, keys
-// 2t and 2t + 1 (g = lane / 4, t = lane % 4): the INT8 per_thread groups of the definition.
+// Per warpgroup and key block: S (64 x 128) = Q·Kᵀ by wgmma with Q and K in shared memory, then
+// scaled, masked and soft-maxed in registers, and P handed to P·V's wgmma as its register operand:
+//   flash  Q·Kᵀ k16 bf16/fp16 -> f32; P·V k16 bf16/fp16 -> f32
+//   sage1  Q·Kᵀ k32 s8 -> s32;        P·V as flash
+//   sage2  Q·Kᵀ as sage1;             P·V k32 e4m3 -> f32 (-> f16 per 32 keys for fp32+fp16)
+//   fa3    Q·Kᵀ k32 e4m3 -> f32;      P·V k32 e4m3 -> f32
+// A warpgroup MMA's accumulator gives each warp its 16 rows laid out as mma.sync's m16n8 C
+// fragment: a thread holds rows g and g + 8 and, in each 8-key tile, keys 2t and 2t + 1
+// (g = lane / 4, t = lane % 4), the INT8 per_thread groups of the definition; and its register A
+// operand is laid out as mma.sync's A fragment, so P goes from one to the other in registers.
 #include <cmath>
 #include <cstdint>
 
 #include "kernels/cuda/attention_launch.h"
 #include "kernels/cuda/device_utils.cuh"
+#include "kernels/cuda/wgmma.cuh"
 
 namespace attnreplay::cuda_attention {
 
 template <Kind kKindT, int kDimT, typename ElementT, PvAccumulation kPvT>
 struct AttentionTile {
   using Elem = ElementT;
+  // A warpgroup per 64-row query block, two taking turns on the tensor cores.
+  static constexpr int kWarpGroups = 2;
+  static constexpr int kThreads = 128 * kWarpGroups;
+  static constexpr int kCtaQ = kBlockQ * kWarpGroups;
   static constexpr Kind kKind = kKindT;
   static constexpr int kDim = kDimT;
   static constexpr PvAccumulation kPv = kPvT;
@@ -31,96 +40,144 @@ struct AttentionTile {
   static constexpr bool kFp8Scores = kKind == Kind::fa3_fp8;
   static constexpr bool kFp8Values = kKind == Kind::sage2_int8_fp8 || kKind == Kind::fa3_fp8;
   static constexpr int kQkRowBytes = kDim * (kInt8Scores || kFp8Scores ? 1 : 2);
-  // 16 spare bytes a row put the 8 rows one ldmatrix reads on 8 different bank quads.
-  static constexpr int kQkPitch = kQkRowBytes + 16;
   // One MMA k-step is 32 bytes of a row: k16 of 16-bit elements, k32 of 8-bit ones.
-  static constexpr int kChunks = kQkRowBytes / 32;
-  // 16-bit V as (key, channel) rows; e4m3 V as (channel, key) rows.
+  static constexpr int kQkSteps = kQkRowBytes / 32;
+  // 16-bit V as (key, channel) rows, read N-major; e4m3 V as (channel, key) rows, read K-major.
   static constexpr int kVRows = kFp8Values ? kDim : kBlockK;
   static constexpr int kVRowBytes = kFp8Values ? kBlockK : kDim * 2;
-  static constexpr int kVPitch = kVRowBytes + 16;
-  static constexpr int kSmemQ = kBlockQ * kQkPitch;
-  static constexpr int kSmemK = kBlockK * kQkPitch;
-  static constexpr int kSmemV = kVRows * kVPitch;
-  static constexpr int kSmemBytes = kSmemQ + kSmemK + kSmemV;
+  static constexpr int kPvSteps = kFp8Values ? kBlockK / 32 : kBlockK / 16;
+  static constexpr int kSmemQ = kCtaQ * kQkRowBytes;
+  static constexpr int kSmemK = kBlockK * kQkRowBytes;
+  static constexpr int kSmemV = kVRows * kVRowBytes;
+  // Two stages of K and V; 1024 spare bytes to align the first tile (see attention_kernel).
+  static constexpr int kSmemBytes = kSmemQ + 2 * (kSmemK + kSmemV) + 1024;
   static constexpr int kScoreTiles = kBlockK / 8;
   static constexpr int kOutTiles = kDim / 8;
   static_assert(kDim == 64 || kDim == 128, "head dims 64 and 128");
+  static_assert(kSmemQ % 1024 == 0 && kSmemK % 1024 == 0 && kSmemV % 1024 == 0, "tiles on 1024-byte boundaries");
 };
 
-// kRows rows of kRowBytes from `global` (row r at global + r * global_pitch) into shared memory
-// with kPitch bytes a row; rows from valid_rows on are zero-filled.
-template <int kRows, int kRowBytes, int kPitch>
-__device__ __forceinline__ void load_tile_async(std::uint8_t* shared, const std::uint8_t* global,
-                                                std::int64_t global_pitch, int valid_rows) {
-  constexpr int kVectorsPerRow = kRowBytes / 16;
-  constexpr int kVectors = kRows * kVectorsPerRow;
-  static_assert(kVectors % kAttentionThreads == 0, "whole passes of the CTA");
-#pragma unroll
-  for (int i = 0; i < kVectors / kAttentionThreads; ++i) {
-    const int vector = i * kAttentionThreads + static_cast<int>(threadIdx.x);
-    const int row = vector / kVectorsPerRow;
-    const int column = (vector % kVectorsPerRow) * 16;
-    const bool valid = row < valid_rows;
-    cp_async_16(shared + row * kPitch + column, valid ? global + row * global_pitch + column : global, valid);
+// Shared-memory tiles are laid out as the MMA descriptors read them: rows of 128 bytes (wider rows
+// split into 128-byte column blocks, one after the other, each kRows rows) or of 64 bytes, the
+// 16-byte chunks of each 8 rows permuted by the 128-byte (64-byte) swizzle, which spreads a
+// column of chunks over all banks. The tile starts on a 1024-byte boundary: the hardware swizzles
+// by address bits.
+template <int kRowBytes>
+inline constexpr int kSwizzleBytes = kRowBytes >= 128 ? 128 : 64;
+
+template <int kRows, int kRowBytes>
+__device__ __forceinline__ int swizzled_offset(int row, int chunk) {
+  static_assert(kRowBytes % 128 == 0 || kRowBytes == 64, "rows of 64 bytes or whole 128-byte blocks");
+  if constexpr (kRowBytes >= 128) {
+    const int offset = (chunk / 8) * kRows * 128 + row * 128 + (chunk % 8) * 16;
+    return offset ^ ((offset >> 3) & 0x70);  // chunk bits 4-6 ^= row bits 7-9
+  } else {
+    const int offset = row * 64 + chunk * 16;
+    return offset ^ ((offset >> 3) & 0x30);  // chunk bits 4-5 ^= bits 7-8
   }
 }
 
+// kRows rows of kRowBytes from `global` (row r at global + r * global_pitch) into a swizzled
+// tile; rows from valid_rows on are zero-filled (never garbage: a NaN there would survive
+// multiplication by a zero probability).
+template <int kRows, int kRowBytes, int kThreads>
+__device__ __forceinline__ void load_tile_async(std::uint8_t* tile, const std::uint8_t* global,
+                                                std::int64_t global_pitch, int valid_rows) {
+  constexpr int kChunksPerRow = kRowBytes / 16;
+  constexpr int kChunks = kRows * kChunksPerRow;
+  static_assert(kChunks % kThreads == 0, "whole passes of the CTA");
+#pragma unroll
+  for (int i = 0; i < kChunks / kThreads; ++i) {
+    const int chunk_index = i * kThreads + static_cast<int>(threadIdx.x);
+    const int row = chunk_index / kChunksPerRow;
+    const int chunk = chunk_index % kChunksPerRow;
+    const bool valid = row < valid_rows;
+    cp_async_16(tile + swizzled_offset<kRows, kRowBytes>(row, chunk),
+                valid ? global + row * global_pitch + chunk * 16 : global, valid);
+  }
+}
+
+// The operand of one 32-byte k-step of a K-major tile (Q, K, and e4m3 V): rows first_row.. of it.
+// Consecutive 8-row groups are 8 rows' bytes apart; the k-step moves the start within the row.
+template <int kRows, int kRowBytes>
+__device__ __forceinline__ std::uint64_t k_major_operand(const std::uint8_t* tile, int first_row, int step) {
+  constexpr int kAtomRow = kRowBytes >= 128 ? 128 : 64;
+  const int byte = step * 32;
+  const int offset = (byte / kAtomRow) * kRows * kAtomRow + first_row * kAtomRow + byte % kAtomRow;
+  return matrix_descriptor(shared_address(tile) + offset, 16, 8 * kAtomRow, kSwizzleBytes<kRowBytes>);
+}
+
+// The B operand of one k16 step of 16-bit V, (key, channel) rows read N-major: 16 keys are two
+// 8-key groups 1024 bytes apart; 64-channel column blocks follow each other at a block's size.
+__device__ __forceinline__ std::uint64_t n_major_values_operand(const std::uint8_t* tile, int step) {
+  return matrix_descriptor(shared_address(tile) + step * 16 * 128, kBlockK * 128, 1024, 128);
+}
+
+template <int kSteps>
+__device__ __forceinline__ void fence_operand_rows(std::uint32_t (&pa)[kSteps][4]) {
+#pragma unroll
+  for (int c = 0; c < kSteps; ++c) fence_registers(pa[c]);
+}
+
 template <class Tile>
-__global__ void __launch_bounds__(kAttentionThreads) attention_kernel(const AttentionArgs a) {
+__global__ void __launch_bounds__(Tile::kThreads, 1) attention_kernel(const AttentionArgs a) {
   using Elem = typename Tile::Elem;
   constexpr int kDim = Tile::kDim;
   constexpr float kInf = INFINITY;
-  extern __shared__ __align__(16) std::uint8_t shared[];
-  std::uint8_t* const sq = shared;
-  std::uint8_t* const sk = shared + Tile::kSmemQ;
-  std::uint8_t* const sv = sk + Tile::kSmemK;
+  constexpr int kCtaQ = Tile::kCtaQ;
+  constexpr int kThreads = Tile::kThreads;
+  extern __shared__ std::uint8_t shared_bytes[];
+  std::uint8_t* const sq = shared_bytes + ((1024 - (shared_address(shared_bytes) & 1023)) & 1023);
+  std::uint8_t* const sk0 = sq + Tile::kSmemQ;
+  std::uint8_t* const sv0 = sk0 + 2 * Tile::kSmemK;
 
-  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const int warpgroup = static_cast<int>(threadIdx.x) / 128;
+  const int warp = static_cast<int>(threadIdx.x) % 128 / 32;  // in the warpgroup
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int g = lane / 4;   // fragment row (and row + 8)
   const int t4 = lane % 4;  // fragment column pair
-  const int lm = lane / 8;  // ldmatrix: the matrix whose row address this lane gives
-  const int lr = lane % 8;  // ... and which row of it
   // Causal query blocks late in the sequence see the most keys: start them first, so that the
   // last wave is short.
-  const std::int64_t q_block = static_cast<std::int64_t>(gridDim.x) - 1 - blockIdx.x;
+  const std::int64_t cta_block = static_cast<std::int64_t>(gridDim.x) - 1 - blockIdx.x;
   const int h = static_cast<int>(blockIdx.y);
   const int b = static_cast<int>(blockIdx.z);
   const int h_kv = h / (a.heads_q / a.heads_kv);
   const std::int64_t head_q = static_cast<std::int64_t>(b) * a.heads_q + h;
   const std::int64_t head_kv = static_cast<std::int64_t>(b) * a.heads_kv + h_kv;
+  const std::int64_t cta_q0 = cta_block * kCtaQ;
+  const std::int64_t q_block = cta_block * Tile::kWarpGroups + warpgroup;  // the definition's 64-row block
   const std::int64_t q0 = q_block * kBlockQ;
   const int row0 = warp * kWarpQ + g;  // this thread's rows in the block: row0 and row0 + 8
 
-  // Key blocks past the last key any row of this block sees change nothing: skip them.
+  // Key blocks past the last key any row of the CTA sees change nothing: skip them. A warpgroup
+  // whose rows see none of a block's keys skips its arithmetic (but not the CTA's barriers).
   std::int64_t key_end = a.seq_kv;
-  if (a.causal) key_end = min(key_end, min(q0 + kBlockQ, a.seq_q) + a.causal_offset);
+  if (a.causal) key_end = min(key_end, min(cta_q0 + kCtaQ, a.seq_q) + a.causal_offset);
   const int key_blocks = key_end <= 0 ? 0 : static_cast<int>((key_end + kBlockK - 1) / kBlockK);
+  std::int64_t warpgroup_key_end = q0 < a.seq_q ? a.seq_kv : 0;
+  if (a.causal) warpgroup_key_end = min(warpgroup_key_end, min(q0 + kBlockQ, a.seq_q) + a.causal_offset);
 
-  const auto* q_src = static_cast<const std::uint8_t*>(a.q) + (head_q * a.q_rows + q0) * Tile::kQkRowBytes;
+  const auto* q_src = static_cast<const std::uint8_t*>(a.q) + (head_q * a.q_rows + cta_q0) * Tile::kQkRowBytes;
   const auto* k_head = static_cast<const std::uint8_t*>(a.k) + head_kv * a.k_rows * Tile::kQkRowBytes;
   const auto* v_head = static_cast<const std::uint8_t*>(a.v) + head_kv * a.v_length * kDim * (Tile::kFp8Values ? 1 : 2);
-  auto load_k = [&](int kb) {
+  auto load_key_block = [&](int kb) {
     const std::int64_t first = static_cast<std::int64_t>(kb) * kBlockK;
-    load_tile_async<kBlockK, Tile::kQkRowBytes, Tile::kQkPitch>(
-        sk, k_head + first * Tile::kQkRowBytes, Tile::kQkRowBytes,
-        static_cast<int>(min(static_cast<std::int64_t>(kBlockK), a.k_rows - first)));
-  };
-  auto load_v = [&](int kb) {
-    const std::int64_t first = static_cast<std::int64_t>(kb) * kBlockK;
+    std::uint8_t* const sk = sk0 + (kb & 1) * Tile::kSmemK;
+    std::uint8_t* const sv = sv0 + (kb & 1) * Tile::kSmemV;
+    load_tile_async<kBlockK, Tile::kQkRowBytes, kThreads>(sk, k_head + first * Tile::kQkRowBytes, Tile::kQkRowBytes,
+                                                static_cast<int>(min(static_cast<std::int64_t>(kBlockK), a.k_rows - first)));
     if constexpr (Tile::kFp8Values) {
       // v_length is a multiple of 128 with zeros past seq_kv: every block is whole.
-      load_tile_async<kDim, kBlockK, Tile::kVPitch>(sv, v_head + first, a.v_length, kDim);
+      load_tile_async<kDim, kBlockK, kThreads>(sv, v_head + first, a.v_length, kDim);
     } else {
-      load_tile_async<kBlockK, kDim * 2, Tile::kVPitch>(
-          sv, v_head + first * kDim * 2, kDim * 2, static_cast<int>(min(static_cast<std::int64_t>(kBlockK), a.v_length - first)));
+      load_tile_async<kBlockK, kDim * 2, kThreads>(sv, v_head + first * kDim * 2, kDim * 2,
+                                         static_cast<int>(min(static_cast<std::int64_t>(kBlockK), a.v_length - first)));
     }
   };
 
-  load_tile_async<kBlockQ, Tile::kQkRowBytes, Tile::kQkPitch>(
-      sq, q_src, Tile::kQkRowBytes, static_cast<int>(min(static_cast<std::int64_t>(kBlockQ), a.q_rows - q0)));
-  if (key_blocks > 0) load_k(0);
+  load_tile_async<kCtaQ, Tile::kQkRowBytes, kThreads>(sq, q_src, Tile::kQkRowBytes,
+                                            static_cast<int>(min(static_cast<std::int64_t>(kCtaQ), a.q_rows - cta_q0)));
+  if (key_blocks > 0) load_key_block(0);
   cp_async_commit();
 
   // Sage: the scale of this thread's query group (rows row0 and row0 + 8 share it under every
@@ -128,97 +185,94 @@ __global__ void __launch_bounds__(kAttentionThreads) attention_kernel(const Atte
   float q_scale = 1.0f;
   float score_factor = a.score_scale;
   if constexpr (Tile::kInt8Scores) {
-    std::int64_t group = q_block;
-    if (a.granularity == Granularity::per_warp) group = q_block * 4 + warp;
-    if (a.granularity == Granularity::per_thread) group = (q_block * 4 + warp) * 8 + g;
-    q_scale = a.q_scale[head_q * a.q_groups + group];
+    if (q0 < a.q_rows) {
+      std::int64_t group = q_block;
+      if (a.granularity == Granularity::per_warp) group = q_block * 4 + warp;
+      if (a.granularity == Granularity::per_thread) group = (q_block * 4 + warp) * 8 + g;
+      q_scale = a.q_scale[head_q * a.q_groups + group];
+    }
   }
   if constexpr (Tile::kFp8Scores) score_factor = a.q_scale[head_q] * a.k_scale[head_kv] * a.score_scale;
 
-  float acc[Tile::kOutTiles][4];
+  // O's accumulator, m64n{kDim}: acc[4 dt + e] is row row0 + 8 (e / 2), column 8 dt + 2 t4 + e % 2.
+  float acc[kDim / 2];
 #pragma unroll
-  for (int dt = 0; dt < Tile::kOutTiles; ++dt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc[dt][e] = 0.0f;
+  for (int i = 0; i < kDim / 2; ++i) acc[i] = 0.0f;
   float row_max[2] = {-kInf, -kInf};
   float row_sum[2] = {0.0f, 0.0f};  // this thread's share of l; the quad's four add up at the end
 
+  // Turns: a warpgroup issues its Q·Kᵀ, then its P·V, each in its turn, and passes the turn on
+  // after issuing; in a key block, the order is Q·Kᵀ 0, Q·Kᵀ 1, P·V 0, P·V 1. Warpgroup 0 starts;
+  // warpgroup 1 passes nothing after its last P·V, so every arrival is waited for.
+  const int my_turn = 1 + warpgroup;
+  const int other_turn = 2 - warpgroup;
+  auto take_turn = [&] { named_barrier_sync(my_turn, kThreads); };
+  auto pass_turn = [&] { named_barrier_arrive(other_turn, kThreads); };
+  if (warpgroup == 1 && key_blocks > 0) pass_turn();
+
+#pragma unroll 1
   for (int kb = 0; kb < key_blocks; ++kb) {
     cp_async_wait_all();
-    __syncthreads();  // K(kb) (and Q) have landed; every warp is done with V(kb - 1)
-    load_v(kb);
+    fence_proxy_async_shared();
+    __syncthreads();  // K and V of kb (and Q) have landed; every warpgroup is done with kb - 1's stage
+    if (kb + 1 < key_blocks) load_key_block(kb + 1);
     cp_async_commit();
 
     const std::int64_t key0 = static_cast<std::int64_t>(kb) * kBlockK;
-    // ---- S = Q·Kᵀ, scaled into the log2 domain ----
-    float s[Tile::kScoreTiles][4];
-    float qk_scale[2] = {score_factor, score_factor};  // by column parity: keys 2t and 2t + 1
+    const bool passes_last_turn = warpgroup == 0 || kb + 1 < key_blocks;
+    if (key0 >= warpgroup_key_end) {
+      // Every key of the block hidden from these rows: no arithmetic, but the turns go round.
+      take_turn();
+      pass_turn();
+      take_turn();
+      if (passes_last_turn) pass_turn();
+      continue;
+    }
+    const std::uint8_t* const sk = sk0 + (kb & 1) * Tile::kSmemK;
+    const std::uint8_t* const sv = sv0 + (kb & 1) * Tile::kSmemV;
+
+    // ---- S = Q·Kᵀ, scaled into the log2 domain; s[4 t + e] as acc, t the 8-key tile ----
+    float s[4 * Tile::kScoreTiles];
     if constexpr (Tile::kInt8Scores) {
+      int si[4 * Tile::kScoreTiles];
+      take_turn();
+      wgmma_fence();
+#pragma unroll
+      for (int c = 0; c < Tile::kQkSteps; ++c)
+        wgmma_qk_s8(si, k_major_operand<kCtaQ, Tile::kQkRowBytes>(sq, warpgroup * kBlockQ, c),
+                    k_major_operand<kBlockK, Tile::kQkRowBytes>(sk, 0, c), c);
+      wgmma_commit();
+      pass_turn();
+      wgmma_wait<0>();
+      fence_registers(si);
       const std::int64_t base = head_kv * a.k_groups;
-      float k_scale0, k_scale1;
+      float k_scale0, k_scale1;  // by column parity: keys 2t and 2t + 1
       if (a.granularity == Granularity::per_thread) {
         k_scale0 = a.k_scale[base + kb * 8 + 2 * t4];
         k_scale1 = a.k_scale[base + kb * 8 + 2 * t4 + 1];
       } else {
         k_scale0 = k_scale1 = a.k_scale[base + kb];
       }
-      qk_scale[0] = q_scale * k_scale0;
-      qk_scale[1] = q_scale * k_scale1;
-    }
-    // Chunk-outer order: Q's fragment for one 32-byte k-step is read from shared memory once a
-    // block and held for the 16 key tiles, rather than all of Q held in registers throughout
-    // (which, beside S and acc, made the d = 128 kernels spill).
-    const std::uint8_t* q_rows = sq + (warp * kWarpQ + lr + (lm & 1) * 8) * Tile::kQkPitch + (lm >> 1) * 16;
-    // Key matrices: keys 16 t2 + 0..7 then + 8..15, each as the lower then upper 16 bytes of a chunk.
-    const std::uint8_t* k_rows = sk + (lr + (lm >> 1) * 8) * Tile::kQkPitch + (lm & 1) * 16;
-    if constexpr (Tile::kInt8Scores) {
-      int si[Tile::kScoreTiles][4];
+      const float qk_scale[2] = {q_scale * k_scale0, q_scale * k_scale1};
 #pragma unroll
-      for (int t = 0; t < Tile::kScoreTiles; ++t)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) si[t][e] = 0;
-#pragma unroll
-      for (int c = 0; c < Tile::kChunks; ++c) {
-        std::uint32_t qa[4];
-        ldmatrix_x4(qa, q_rows + c * 32);
-#pragma unroll
-        for (int t2 = 0; t2 < Tile::kScoreTiles / 2; ++t2) {
-          std::uint32_t kf[4];
-          ldmatrix_x4(kf, k_rows + t2 * 16 * Tile::kQkPitch + c * 32);
-          mma_16832_s8(si[2 * t2], qa, kf[0], kf[1]);
-          mma_16832_s8(si[2 * t2 + 1], qa, kf[2], kf[3]);
-        }
-      }
-#pragma unroll
-      for (int t = 0; t < Tile::kScoreTiles; ++t)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[t][e] = __int2float_rn(si[t][e]) * qk_scale[e & 1];
+      for (int i = 0; i < 4 * Tile::kScoreTiles; ++i) s[i] = __int2float_rn(si[i]) * qk_scale[i & 1];
     } else {
+      take_turn();
+      wgmma_fence();
 #pragma unroll
-      for (int t = 0; t < Tile::kScoreTiles; ++t)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[t][e] = 0.0f;
-#pragma unroll
-      for (int c = 0; c < Tile::kChunks; ++c) {
-        std::uint32_t qa[4];
-        ldmatrix_x4(qa, q_rows + c * 32);
-#pragma unroll
-        for (int t2 = 0; t2 < Tile::kScoreTiles / 2; ++t2) {
-          std::uint32_t kf[4];
-          ldmatrix_x4(kf, k_rows + t2 * 16 * Tile::kQkPitch + c * 32);
-          if constexpr (Tile::kFp8Scores) {
-            mma_16832_e4m3(s[2 * t2], qa, kf[0], kf[1]);
-            mma_16832_e4m3(s[2 * t2 + 1], qa, kf[2], kf[3]);
-          } else {
-            mma_16816<Elem>(s[2 * t2], qa, kf[0], kf[1]);
-            mma_16816<Elem>(s[2 * t2 + 1], qa, kf[2], kf[3]);
-          }
-        }
+      for (int c = 0; c < Tile::kQkSteps; ++c) {
+        const std::uint64_t q_operand = k_major_operand<kCtaQ, Tile::kQkRowBytes>(sq, warpgroup * kBlockQ, c);
+        const std::uint64_t k_operand = k_major_operand<kBlockK, Tile::kQkRowBytes>(sk, 0, c);
+        if constexpr (Tile::kFp8Scores) wgmma_qk_e4m3(s, q_operand, k_operand, c);
+        else if constexpr (std::is_same_v<Elem, __nv_bfloat16>) wgmma_qk_bf16(s, q_operand, k_operand, c);
+        else wgmma_qk_f16(s, q_operand, k_operand, c);
       }
+      wgmma_commit();
+      pass_turn();
+      wgmma_wait<0>();
+      fence_registers(s);
 #pragma unroll
-      for (int t = 0; t < Tile::kScoreTiles; ++t)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[t][e] *= score_factor;
+      for (int i = 0; i < 4 * Tile::kScoreTiles; ++i) s[i] *= score_factor;
     }
 
     // ---- Hidden keys: past the end, or (causal) after the row's diagonal ----
@@ -235,7 +289,7 @@ __global__ void __launch_bounds__(kAttentionThreads) attention_kernel(const Atte
       for (int t = 0; t < Tile::kScoreTiles; ++t)
 #pragma unroll
         for (int e = 0; e < 4; ++e)
-          if (t * 8 + 2 * t4 + (e & 1) >= visible[e >> 1]) s[t][e] = -kInf;
+          if (t * 8 + 2 * t4 + (e & 1) >= visible[e >> 1]) s[4 * t + e] = -kInf;
     }
 
     // ---- Online softmax (per row: the quad of threads holding it agrees on m) ----
@@ -244,7 +298,7 @@ __global__ void __launch_bounds__(kAttentionThreads) attention_kernel(const Atte
     for (int rh = 0; rh < 2; ++rh) {
       float block_max = -kInf;
 #pragma unroll
-      for (int t = 0; t < Tile::kScoreTiles; ++t) block_max = fmaxf(block_max, fmaxf(s[t][2 * rh], s[t][2 * rh + 1]));
+      for (int t = 0; t < Tile::kScoreTiles; ++t) block_max = fmaxf(block_max, fmaxf(s[4 * t + 2 * rh], s[4 * t + 2 * rh + 1]));
       block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 1));
       block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 2));
       const float m_new = fmaxf(row_max[rh], block_max);
@@ -253,134 +307,116 @@ __global__ void __launch_bounds__(kAttentionThreads) attention_kernel(const Atte
         // Every key hidden so far: p = 0, and nothing to rescale.
         alpha[rh] = 1.0f;
 #pragma unroll
-        for (int t = 0; t < Tile::kScoreTiles; ++t) s[t][2 * rh] = s[t][2 * rh + 1] = 0.0f;
+        for (int t = 0; t < Tile::kScoreTiles; ++t) s[4 * t + 2 * rh] = s[4 * t + 2 * rh + 1] = 0.0f;
       } else {
         alpha[rh] = exp2_approx(row_max[rh] - m_new);
 #pragma unroll
         for (int t = 0; t < Tile::kScoreTiles; ++t)
 #pragma unroll
           for (int e = 2 * rh; e < 2 * rh + 2; ++e) {
-            s[t][e] = exp2_approx(s[t][e] - m_new);
-            sum += s[t][e];
+            s[4 * t + e] = exp2_approx(s[4 * t + e] - m_new);
+            sum += s[4 * t + e];
           }
       }
       row_sum[rh] = row_sum[rh] * alpha[rh] + sum;  // l sums p unquantized
       row_max[rh] = m_new;
     }
 
-    cp_async_wait_all();
-    __syncthreads();  // V(kb) has landed; every warp is done with K(kb)
-    if (kb + 1 < key_blocks) {
-      load_k(kb + 1);
-      cp_async_commit();
-    }
-
     // ---- acc = acc·α + P·V ----
+    // P as the A operand of each k-step: pa[c] is k16 chunk c (tiles 2c, 2c + 1) for 16-bit P, or
+    // k32 chunk c (tiles 4c .. 4c + 3) for e4m3 P. An e4m3 register takes keys 2t, 2t + 1 of two
+    // adjacent tiles, so its k order is a permutation of the keys, which the quantizer applied to
+    // V's columns as well.
+    std::uint32_t pa[Tile::kPvSteps][4];
     if constexpr (!Tile::kFp8Values) {
-      // P rounded to the input dtype; k16 chunk c is score tiles 2c and 2c + 1.
-      std::uint32_t pa[kBlockK / 16][4];
 #pragma unroll
-      for (int c = 0; c < kBlockK / 16; ++c) {
-        pa[c][0] = pack2<Elem>(s[2 * c][0], s[2 * c][1]);
-        pa[c][1] = pack2<Elem>(s[2 * c][2], s[2 * c][3]);
-        pa[c][2] = pack2<Elem>(s[2 * c + 1][0], s[2 * c + 1][1]);
-        pa[c][3] = pack2<Elem>(s[2 * c + 1][2], s[2 * c + 1][3]);
-      }
-#pragma unroll
-      for (int dt2 = 0; dt2 < kDim / 16; ++dt2) {
-        // This block's product for channels 16 dt2 .. + 15, summed afresh then added (as the
-        // emulation does).
-        float o0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, o1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-        for (int c = 0; c < kBlockK / 16; ++c) {
-          std::uint32_t vf[4];
-          // Transposed 8x8 matrices: keys 16c + 0..7 / + 8..15 of channels 16 dt2 + 0..7 / + 8..15.
-          ldmatrix_x4_trans(vf, sv + (c * 16 + lr + (lm & 1) * 8) * Tile::kVPitch + (dt2 * 16 + (lm >> 1) * 8) * 2);
-          mma_16816<Elem>(o0, pa[c], vf[0], vf[1]);
-          mma_16816<Elem>(o1, pa[c], vf[2], vf[3]);
-        }
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          acc[2 * dt2][e] = acc[2 * dt2][e] * alpha[e >> 1] + o0[e];
-          acc[2 * dt2 + 1][e] = acc[2 * dt2 + 1][e] * alpha[e >> 1] + o1[e];
-        }
+      for (int c = 0; c < Tile::kPvSteps; ++c) {
+        pa[c][0] = pack2<Elem>(s[8 * c + 0], s[8 * c + 1]);
+        pa[c][1] = pack2<Elem>(s[8 * c + 2], s[8 * c + 3]);
+        pa[c][2] = pack2<Elem>(s[8 * c + 4], s[8 * c + 5]);
+        pa[c][3] = pack2<Elem>(s[8 * c + 6], s[8 * c + 7]);
       }
     } else {
-      // P in e4m3 (sage2: scaled by 448 into its range). k32 chunk c is score tiles 4c .. 4c + 3;
-      // a register of the A fragment takes keys 2t, 2t + 1 of two adjacent tiles, so its k order
-      // is a permutation of the keys, which the quantizer applied to V's columns as well.
+      // sage2 scales P by 448 into e4m3's range.
       constexpr float kPScale = Tile::kKind == Kind::sage2_int8_fp8 ? 448.0f : 1.0f;
-      std::uint32_t pa[kBlockK / 32][4];
 #pragma unroll
-      for (int c = 0; c < kBlockK / 32; ++c) {
+      for (int c = 0; c < Tile::kPvSteps; ++c)
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-          const int lo = 4 * c + 2 * half, hi = lo + 1;  // the two 8-key tiles of this register pair
-          pa[c][2 * half] = pack_e4m3x4(s[lo][0] * kPScale, s[lo][1] * kPScale, s[hi][0] * kPScale, s[hi][1] * kPScale);
+          const int lo = 4 * (4 * c + 2 * half), hi = lo + 4;  // the two 8-key tiles of this register pair
+          pa[c][2 * half] = pack_e4m3x4(s[lo] * kPScale, s[lo + 1] * kPScale, s[hi] * kPScale, s[hi + 1] * kPScale);
           pa[c][2 * half + 1] =
-              pack_e4m3x4(s[lo][2] * kPScale, s[lo][3] * kPScale, s[hi][2] * kPScale, s[hi][3] * kPScale);
+              pack_e4m3x4(s[lo + 2] * kPScale, s[lo + 3] * kPScale, s[hi + 2] * kPScale, s[hi + 3] * kPScale);
         }
-      }
-      // Channels 16 dt2 + 0..7 / + 8..15, each the lower then upper 16 keys of chunk c.
-      auto v_fragment = [&](std::uint32_t(&vf)[4], int dt2, int c) {
-        ldmatrix_x4(vf, sv + (dt2 * 16 + lr + (lm >> 1) * 8) * Tile::kVPitch + c * 32 + (lm & 1) * 16);
-      };
-      if constexpr (Tile::kPv == PvAccumulation::fp32) {
-        // Straight into acc.
-#pragma unroll
-        for (int dt = 0; dt < Tile::kOutTiles; ++dt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) acc[dt][e] *= alpha[e >> 1];
-#pragma unroll
-        for (int dt2 = 0; dt2 < kDim / 16; ++dt2)
-#pragma unroll
-          for (int c = 0; c < kBlockK / 32; ++c) {
-            std::uint32_t vf[4];
-            v_fragment(vf, dt2, c);
-            mma_16832_e4m3(acc[2 * dt2], pa[c], vf[0], vf[1]);
-            mma_16832_e4m3(acc[2 * dt2 + 1], pa[c], vf[2], vf[3]);
-          }
+    }
+    auto pv_step = [&](float(&d)[kDim / 2], int c, int accumulate) {
+      if constexpr (Tile::kFp8Values) {
+        const std::uint64_t v_operand = k_major_operand<kDim, kBlockK>(sv, 0, c);
+        if constexpr (kDim == 64) wgmma_pv_e4m3_n64(d, pa[c], v_operand, accumulate);
+        else wgmma_pv_e4m3_n128(d, pa[c], v_operand, accumulate);
       } else {
+        const std::uint64_t v_operand = n_major_values_operand(sv, c);
+        if constexpr (std::is_same_v<Elem, __nv_bfloat16> && kDim == 64) wgmma_pv_bf16_n64(d, pa[c], v_operand, accumulate);
+        else if constexpr (std::is_same_v<Elem, __nv_bfloat16>) wgmma_pv_bf16_n128(d, pa[c], v_operand, accumulate);
+        else if constexpr (kDim == 64) wgmma_pv_f16_n64(d, pa[c], v_operand, accumulate);
+        else wgmma_pv_f16_n128(d, pa[c], v_operand, accumulate);
+      }
+    };
+    if constexpr (Tile::kFp8Values && Tile::kPv == PvAccumulation::fp32) {
+      // Straight into acc.
 #pragma unroll
-        for (int dt2 = 0; dt2 < kDim / 16; ++dt2) {
-          // A fresh accumulator for this block (fp32, or fp16 for fp32+fp16), then added to acc.
-          float o0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, o1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-          if constexpr (Tile::kPv == PvAccumulation::fp32_fp16) {
-            // Each 32-key chunk into a fresh fp16 accumulator (V was scaled to 2.25 for this, so
-            // that a chunk stays inside fp16's range), then added to the block's fp32 sum.
+      for (int i = 0; i < kDim / 2; ++i) acc[i] *= alpha[(i >> 1) & 1];
+      take_turn();
+      wgmma_fence();
 #pragma unroll
-            for (int c = 0; c < kBlockK / 32; ++c) {
-              std::uint32_t vf[4];
-              v_fragment(vf, dt2, c);
-              std::uint32_t h0[2] = {0u, 0u}, h1[2] = {0u, 0u};
-              mma_16832_e4m3_f16(h0, pa[c], vf[0], vf[1]);
-              mma_16832_e4m3_f16(h1, pa[c], vf[2], vf[3]);
+      for (int c = 0; c < Tile::kPvSteps; ++c) pv_step(acc, c, 1);
+      wgmma_commit();
+      if (passes_last_turn) pass_turn();
+      wgmma_wait<0>();
+      fence_registers(acc);
+      fence_operand_rows(pa);
+    } else {
+      // This block's product summed afresh (fp32, or fp16 per 32-key chunk for fp32+fp16), then
+      // added to acc, as the definition orders it.
+      float o[kDim / 2];
+      if constexpr (Tile::kFp8Values && Tile::kPv == PvAccumulation::fp32_fp16) {
+        // V was scaled to 2.25 for this, so that a chunk stays inside fp16's range. The turn is
+        // held over the four chunks.
 #pragma unroll
-              for (int rh = 0; rh < 2; ++rh) {
-                const float2 x0 = __half22float2(*reinterpret_cast<const __half2*>(&h0[rh]));
-                const float2 x1 = __half22float2(*reinterpret_cast<const __half2*>(&h1[rh]));
-                o0[2 * rh] += x0.x;
-                o0[2 * rh + 1] += x0.y;
-                o1[2 * rh] += x1.x;
-                o1[2 * rh + 1] += x1.y;
-              }
-            }
-          } else {
+        for (int i = 0; i < kDim / 2; ++i) o[i] = 0.0f;
+        take_turn();
 #pragma unroll
-            for (int c = 0; c < kBlockK / 32; ++c) {
-              std::uint32_t vf[4];
-              v_fragment(vf, dt2, c);
-              mma_16832_e4m3(o0, pa[c], vf[0], vf[1]);
-              mma_16832_e4m3(o1, pa[c], vf[2], vf[3]);
-            }
-          }
+        for (int c = 0; c < Tile::kPvSteps; ++c) {
+          std::uint32_t chunk[kDim / 4];  // half2: row row0 (even registers) or row0 + 8 (odd)
+          wgmma_fence();
+          const std::uint64_t v_operand = k_major_operand<kDim, kBlockK>(sv, 0, c);
+          if constexpr (kDim == 64) wgmma_pv_e4m3_f16acc_n64(chunk, pa[c], v_operand, 0);
+          else wgmma_pv_e4m3_f16acc_n128(chunk, pa[c], v_operand, 0);
+          wgmma_commit();
+          if (c + 1 == Tile::kPvSteps && passes_last_turn) pass_turn();
+          wgmma_wait<0>();
+          fence_registers(chunk);
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            acc[2 * dt2][e] = acc[2 * dt2][e] * alpha[e >> 1] + o0[e];
-            acc[2 * dt2 + 1][e] = acc[2 * dt2 + 1][e] * alpha[e >> 1] + o1[e];
+          for (int r = 0; r < kDim / 4; ++r) {
+            const float2 x = __half22float2(*reinterpret_cast<const __half2*>(&chunk[r]));
+            o[2 * r] += x.x;
+            o[2 * r + 1] += x.y;
           }
         }
+        fence_operand_rows(pa);
+      } else {
+        take_turn();
+        wgmma_fence();
+#pragma unroll
+        for (int c = 0; c < Tile::kPvSteps; ++c) pv_step(o, c, c);
+        wgmma_commit();
+        if (passes_last_turn) pass_turn();
+        wgmma_wait<0>();
+        fence_registers(o);
+        fence_operand_rows(pa);
       }
+#pragma unroll
+      for (int i = 0; i < kDim / 2; ++i) acc[i] = acc[i] * alpha[(i >> 1) & 1] + o[i];
     }
   }
   cp_async_wait_all();  // with no key block, Q's copy is still in flight: none may outlive the CTA
@@ -400,8 +436,8 @@ __global__ void __launch_bounds__(kAttentionThreads) attention_kernel(const Atte
 #pragma unroll
     for (int dt = 0; dt < Tile::kOutTiles; ++dt) {
       const int column = dt * 8 + 2 * t4;
-      float o0 = l == 0.0f ? 0.0f : acc[dt][2 * rh] / l;
-      float o1 = l == 0.0f ? 0.0f : acc[dt][2 * rh + 1] / l;
+      float o0 = l == 0.0f ? 0.0f : acc[4 * dt + 2 * rh] / l;
+      float o1 = l == 0.0f ? 0.0f : acc[4 * dt + 2 * rh + 1] / l;
       if constexpr (Tile::kKind == Kind::sage2_int8_fp8) {
         o0 *= a.v_scale[head_kv * kDim + column];
         o1 *= a.v_scale[head_kv * kDim + column + 1];
@@ -420,9 +456,9 @@ void launch_attention(const AttentionArgs& a, cudaStream_t stream) {
   static const cudaError_t configured = cudaFuncSetAttribute(
       attention_kernel<Tile>, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSmemBytes);
   ATTNREPLAY_CUDA_CHECK(configured);
-  const dim3 grid(static_cast<unsigned>(ceil_div(a.seq_q, kBlockQ)), static_cast<unsigned>(a.heads_q),
+  const dim3 grid(static_cast<unsigned>(ceil_div(a.seq_q, Tile::kCtaQ)), static_cast<unsigned>(a.heads_q),
                   static_cast<unsigned>(a.batch));
-  attention_kernel<Tile><<<grid, kAttentionThreads, Tile::kSmemBytes, stream>>>(a);
+  attention_kernel<Tile><<<grid, Tile::kThreads, Tile::kSmemBytes, stream>>>(a);
   ATTNREPLAY_CUDA_CHECK_LAUNCH("attention_kernel");
 }
 
@@ -436,5 +472,6 @@ void dispatch_attention(const AttentionArgs& a, cudaStream_t stream) {
   if (a.head_dim == 128) return launch_attention<AttentionTile<kKind, 128, __half, kPv>>(a, stream);
   throw std::invalid_argument("attention kernel: head dim " + std::to_string(a.head_dim) + " (64 or 128 only)");
 }
+
 
 }  // namespace attnreplay::cuda_attention

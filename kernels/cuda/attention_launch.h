@@ -9,12 +9,11 @@
 
 namespace attnreplay::cuda_attention {
 
-// The definition's blocks (docs/quantized.md): 64 query rows per CTA in 4 warp tiles of 16, keys
-// in blocks of 128.
+// The definition's blocks (docs/quantized.md): query rows in blocks of 64, each 4 warp tiles of 16;
+// keys in blocks of 128. The attention kernel gives each query block a warpgroup.
 inline constexpr int kBlockQ = 64;
 inline constexpr int kWarpQ = 16;
 inline constexpr int kBlockK = 128;
-inline constexpr int kAttentionThreads = 128;
 
 inline std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 

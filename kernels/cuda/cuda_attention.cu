@@ -59,7 +59,7 @@ std::string capability_of(const cudaDeviceProp& properties) {
 
 }  // namespace
 
-std::string device_unsupported_reason(Kind kind) {
+std::string device_unsupported_reason(Kind) {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
     cudaGetLastError();
@@ -71,15 +71,10 @@ std::string device_unsupported_reason(Kind kind) {
     cudaGetLastError();
     return "cannot query the CUDA device";
   }
-  const int capability = properties.major * 10 + properties.minor;
-  const bool fp8 = kind == Kind::sage2_int8_fp8 || kind == Kind::fa3_fp8;
-  if (fp8 && capability < 89) {
-    return "FP8 (e4m3) mma needs compute capability 8.9 or newer; " + std::string(properties.name) + " has " +
-           capability_of(properties);
-  }
-  if (capability < 80) {
-    return "bf16/INT8 mma.sync needs compute capability 8.0 or newer; " + std::string(properties.name) + " has " +
-           capability_of(properties);
+  // Every kind is written for Hopper's warpgroup MMA, whose sm_90a code runs on 9.0 alone.
+  if (properties.major * 10 + properties.minor != 90) {
+    return "the kernels use Hopper's warpgroup MMA (sm_90a), for compute capability 9.0; " +
+           std::string(properties.name) + " has " + capability_of(properties);
   }
   cudaFuncAttributes attributes{};
   if (cudaFuncGetAttributes(&attributes, probe_kernel) != cudaSuccess) {

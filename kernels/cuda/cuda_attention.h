@@ -38,8 +38,8 @@ struct Options {
   Fp8ScaleGranularity fp8_scale = Fp8ScaleGranularity::per_head;
 };
 
-// Empty when the current CUDA device can run `kind`; otherwise why not (no device, compute
-// capability too low for FP8, or no code in this build for the device's architecture).
+// Empty when the current CUDA device can run `kind`; otherwise why not (no device, not a Hopper
+// GPU, or no code in this build for the device's architecture). Every kind needs the same today.
 std::string device_unsupported_reason(Kind kind);
 // Empty when the kernels take `problem` (head dim, sizes); otherwise why not.
 std::string problem_unsupported_reason(const Problem& problem);

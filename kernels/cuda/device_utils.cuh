@@ -1,7 +1,8 @@
 #pragma once
 // Device building blocks shared by the attention and quantization kernels: CUDA error checks that
-// name the place, warp-level tensor-core MMA, ldmatrix and cp.async through inline PTX, and the
-// conversions whose rounding docs/quantized.md fixes (RN to bf16/fp16, RN + satfinite to e4m3).
+// name the place, cp.async, named barriers and warpgroup-MMA fences and descriptors through
+// inline PTX, and the conversions whose rounding docs/quantized.md fixes (RN to
+// bf16/fp16, RN + satfinite to e4m3).
 // C++17: nvcc compiles it.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -49,75 +50,46 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
-// Four 8x8 matrices of 16-bit elements (or 8x16 bytes): lanes 8m..8m+7 give the row addresses of
-// matrix m; register m of lane l gets row l/4, 4-byte column l%4 of matrix m.
-__device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&r)[4], const void* shared) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(shared_address(shared))
-               : "memory");
-}
-// The same, each matrix transposed: lane l gets 16-bit elements (2(l%4), l/4) and (2(l%4)+1, l/4).
-__device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t (&r)[4], const void* shared) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(shared_address(shared))
-               : "memory");
-}
+// ---- Warpgroup MMA (sm_90a; the instructions themselves are in wgmma.cuh) ----
 
-// ---- Warp MMA ----
-// Fragment layouts (PTX ISA, mma.m16n8k16 / m16n8k32), with g = lane / 4 and t = lane % 4:
-//   A (16 x K, row-major), 4 registers: a0 row g, a1 row g + 8, a2 row g (upper half of K),
-//     a3 row g + 8 (upper half); each holds K/8 consecutive columns starting at t * (K/8 per reg).
-//   B (K x 8), 2 registers: column g, rows as A's columns (b0 lower half of K, b1 upper half).
-//   C (16 x 8), 4 floats/ints: c0, c1 row g columns 2t, 2t + 1; c2, c3 the same for row g + 8.
-
-template <typename Element>
-__device__ __forceinline__ void mma_16816(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
-                                          std::uint32_t b1) {
-  if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else {
-    static_assert(std::is_same_v<Element, __half>, "bf16 or fp16");
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+// Orders this thread's earlier register writes before the warpgroup MMAs that follow.
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+// The compiler does not know that an MMA in flight owns its registers: touching each one here,
+// after wgmma_wait, keeps reads of D (and the reuse of A's registers) from moving above the wait.
+template <typename T, int kCount>
+__device__ __forceinline__ void fence_registers(T (&r)[kCount]) {
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) {
+    if constexpr (std::is_same_v<T, float>) asm volatile("" : "+f"(r[i])::"memory");
+    else asm volatile("" : "+r"(r[i])::"memory");
   }
 }
-
-// INT8 x INT8 -> int32, exact.
-__device__ __forceinline__ void mma_16832_s8(int (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
-                                             std::uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+// Named barriers (0 is __syncthreads'): sync waits until `threads` have arrived in all, counting
+// itself; arrive counts itself and goes on.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
-
-// e4m3 x e4m3 -> fp32 (sm_89+).
-__device__ __forceinline__ void mma_16832_e4m3(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
-                                               std::uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
-
-// e4m3 x e4m3 -> fp16 accumulator: d0 = row g (columns 2t, 2t + 1), d1 = row g + 8, as half2.
-__device__ __forceinline__ void mma_16832_e4m3_f16(std::uint32_t (&d)[2], const std::uint32_t (&a)[4],
-                                                   std::uint32_t b0, std::uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.f16.e4m3.e4m3.f16 {%0, %1}, {%2, %3, %4, %5}, {%6, %7}, {%0, %1};\n"
-      : "+r"(d[0]), "+r"(d[1])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+// Shared memory written by cp.async (the generic proxy) becomes visible to the MMAs (the async
+// proxy) only through this fence, in each writing thread before the barrier.
+__device__ __forceinline__ void fence_proxy_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// A shared-memory matrix descriptor (PTX ISA, "Matrix Descriptor Format"): start address, leading
+// and stride byte offsets, each >> 4; swizzle of 128 or 64 bytes.
+__device__ __forceinline__ std::uint64_t matrix_descriptor(std::uint32_t address, std::uint32_t leading_bytes,
+                                                           std::uint32_t stride_bytes, int swizzle_bytes) {
+  const std::uint64_t mode = swizzle_bytes == 128 ? 1 : 2;
+  return static_cast<std::uint64_t>((address & 0x3FFFF) >> 4) |
+         (static_cast<std::uint64_t>(leading_bytes >> 4) << 16) |
+         (static_cast<std::uint64_t>(stride_bytes >> 4) << 32) | (mode << 62);
 }
 
 // ---- Conversions ----

@@ -27,6 +27,12 @@ OUTPUT_TOLERANCE = {"bfloat16": 1e-3, "float16": 2.5e-4}
 # sage2's fp32+fp16: the H100 runs the k32 e4m3 MMA with fp16 accumulation as two k16 halves, each
 # rounded to fp16, where the emulation rounds the 32-key chunk once; 9.5e-4 was seen (bf16).
 FP16_ACCUMULATION_TOLERANCE = 4e-3
+# Kinds with e4m3 MMAs: the H100's FP8 warpgroup MMA does not keep a full fp32 accumulator (the
+# same code with bf16 or INT8 MMAs matches to 2.2e-4), where the emulation sums in fp32. Largest
+# seen: 4.7e-3 (fa3-fp8, whose Q·Kᵀ feeds exp2), 1.4e-3 (sage2-int8-fp8); errors against the
+# reference still agree to 5 % (checked first).
+FP8_MMA_TOLERANCE = 7.5e-3
+FP8_MMA_KERNELS = {"sage2-int8-fp8", "fa3-fp8"}
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -59,7 +65,11 @@ def check_against_emulation(tmp_path, kernel, *flags, tolerance=None):
     difference = ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
     print(f"{kernel} {' '.join(map(str, flags))}: rel_l2 {gpu:.3e} (emulation {cpu:.3e}), "
           f"outputs differ by {difference:.2e}")
-    assert difference < (tolerance or OUTPUT_TOLERANCE[str(b.dtype).removeprefix("torch.")]), (kernel, difference)
+    if tolerance is None:
+        tolerance = OUTPUT_TOLERANCE[str(b.dtype).removeprefix("torch.")]
+    if kernel in FP8_MMA_KERNELS:
+        tolerance = max(tolerance, FP8_MMA_TOLERANCE)
+    assert difference < tolerance, (kernel, difference)
     return rows
 
 
