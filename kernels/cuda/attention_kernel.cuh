@@ -2,10 +2,11 @@
 // The attention kernel of all four kinds (docs/quantized.md), for Hopper's warpgroup MMA (sm_90a).
 // A CTA of 2 warpgroups takes 128 query rows of one (batch, head); each warpgroup computes one
 // 64-row block of the definition, each of its 4 warps 16 rows of it. Keys come in blocks of 128
-// through shared memory, which both warpgroups read: cp.async in two stages (block kb + 1 loads
-// while kb is computed), in key order, with an online softmax in fp32 and exp2. The warpgroups
-// take turns to issue their MMAs (FlashAttention-3's ping-pong), so that one's softmax runs while
-// the other's MMAs do.
+// through shared memory, which both warpgroups read and load: cp.async into three stages (block
+// kb + 1 loads while kb is computed), each stage's arrival marked on an mbarrier, in key order,
+// with an online softmax in fp32 and exp2. The warpgroups take turns to issue their MMAs
+// (FlashAttention-3's ping-pong), so that one's softmax runs while the other's MMAs do; nothing
+// else holds one back for the other.
 //
 // Per warpgroup and key block: S (64 x 128) = Q·Kᵀ by wgmma with Q and K in shared memory, then
 // scaled, masked and soft-maxed in registers, and P handed to P·V's wgmma as its register operand:
@@ -49,8 +50,10 @@ struct AttentionTile {
   static constexpr int kSmemQ = kCtaQ * kQkRowBytes;
   static constexpr int kSmemK = kBlockK * kQkRowBytes;
   static constexpr int kSmemV = kVRows * kVRowBytes;
-  // Two stages of K and V; 1024 spare bytes to align the first tile (see attention_kernel).
-  static constexpr int kSmemBytes = kSmemQ + 2 * (kSmemK + kSmemV) + 1024;
+  // Three stages of K and V: the stage a warpgroup loads into was last read two blocks back, which
+  // the turns prove the other warpgroup done with. 1024 spare bytes to align the first tile.
+  static constexpr int kStages = 3;
+  static constexpr int kSmemBytes = kSmemQ + kStages * (kSmemK + kSmemV) + 1024;
   static constexpr int kScoreTiles = kBlockK / 8;
   static constexpr int kOutTiles = kDim / 8;
   static_assert(kDim == 64 || kDim == 128, "head dims 64 and 128");
@@ -84,16 +87,21 @@ template <int kRows, int kRowBytes, int kThreads>
 __device__ __forceinline__ void load_tile_async(std::uint8_t* tile, const std::uint8_t* global,
                                                 std::int64_t global_pitch, int valid_rows) {
   constexpr int kChunksPerRow = kRowBytes / 16;
-  constexpr int kChunks = kRows * kChunksPerRow;
-  static_assert(kChunks % kThreads == 0, "whole passes of the CTA");
+  constexpr int kRowsPerPass = kThreads / kChunksPerRow;
+  static_assert(kThreads % kChunksPerRow == 0 && kRows % kRowsPerPass == 0, "whole passes of the CTA");
+  // A thread copies the same chunk of rows `row`, row + kRowsPerPass, ...: a multiple of 8 apart,
+  // so the swizzle moves the chunk alike in each, and shared and global addresses step by constants.
+  static_assert(kRowsPerPass % 8 == 0, "equal swizzle in every pass");
+  const int row = static_cast<int>(threadIdx.x) / kChunksPerRow;
+  const int chunk = static_cast<int>(threadIdx.x) % kChunksPerRow;
+  std::uint8_t* destination = tile + swizzled_offset<kRows, kRowBytes>(row, chunk);
+  const std::uint8_t* source = global + row * global_pitch + chunk * 16;
+  constexpr int kAtomRow = kRowBytes >= 128 ? 128 : 64;
 #pragma unroll
-  for (int i = 0; i < kChunks / kThreads; ++i) {
-    const int chunk_index = i * kThreads + static_cast<int>(threadIdx.x);
-    const int row = chunk_index / kChunksPerRow;
-    const int chunk = chunk_index % kChunksPerRow;
-    const bool valid = row < valid_rows;
-    cp_async_16(tile + swizzled_offset<kRows, kRowBytes>(row, chunk),
-                valid ? global + row * global_pitch + chunk * 16 : global, valid);
+  for (int pass = 0; pass < kRows / kRowsPerPass; ++pass) {
+    const bool valid = row + pass * kRowsPerPass < valid_rows;
+    cp_async_16(destination + pass * kRowsPerPass * kAtomRow, valid ? source : global, valid);
+    source += kRowsPerPass * global_pitch;
   }
 }
 
@@ -129,7 +137,8 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) attention_kernel(const Atte
   extern __shared__ std::uint8_t shared_bytes[];
   std::uint8_t* const sq = shared_bytes + ((1024 - (shared_address(shared_bytes) & 1023)) & 1023);
   std::uint8_t* const sk0 = sq + Tile::kSmemQ;
-  std::uint8_t* const sv0 = sk0 + 2 * Tile::kSmemK;
+  std::uint8_t* const sv0 = sk0 + Tile::kStages * Tile::kSmemK;
+  __shared__ std::uint64_t stage_loaded[Tile::kStages];  // each thread arrives when its copies land
 
   const int warpgroup = static_cast<int>(threadIdx.x) / 128;
   const int warp = static_cast<int>(threadIdx.x) % 128 / 32;  // in the warpgroup
@@ -162,8 +171,8 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) attention_kernel(const Atte
   const auto* v_head = static_cast<const std::uint8_t*>(a.v) + head_kv * a.v_length * kDim * (Tile::kFp8Values ? 1 : 2);
   auto load_key_block = [&](int kb) {
     const std::int64_t first = static_cast<std::int64_t>(kb) * kBlockK;
-    std::uint8_t* const sk = sk0 + (kb & 1) * Tile::kSmemK;
-    std::uint8_t* const sv = sv0 + (kb & 1) * Tile::kSmemV;
+    std::uint8_t* const sk = sk0 + (kb % Tile::kStages) * Tile::kSmemK;
+    std::uint8_t* const sv = sv0 + (kb % Tile::kStages) * Tile::kSmemV;
     load_tile_async<kBlockK, Tile::kQkRowBytes, kThreads>(sk, k_head + first * Tile::kQkRowBytes, Tile::kQkRowBytes,
                                                 static_cast<int>(min(static_cast<std::int64_t>(kBlockK), a.k_rows - first)));
     if constexpr (Tile::kFp8Values) {
@@ -173,12 +182,18 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) attention_kernel(const Atte
       load_tile_async<kBlockK, kDim * 2, kThreads>(sv, v_head + first * kDim * 2, kDim * 2,
                                          static_cast<int>(min(static_cast<std::int64_t>(kBlockK), a.v_length - first)));
     }
+    cp_async_arrive(&stage_loaded[kb % Tile::kStages]);
   };
 
+  if (threadIdx.x == 0)
+    for (int stage = 0; stage < Tile::kStages; ++stage) mbarrier_init(&stage_loaded[stage], kThreads);
+  __syncthreads();
   load_tile_async<kCtaQ, Tile::kQkRowBytes, kThreads>(sq, q_src, Tile::kQkRowBytes,
                                             static_cast<int>(min(static_cast<std::int64_t>(kCtaQ), a.q_rows - cta_q0)));
   if (key_blocks > 0) load_key_block(0);
-  cp_async_commit();
+  cp_async_wait_all();
+  fence_proxy_async_shared();
+  __syncthreads();  // Q has landed
 
   // Sage: the scale of this thread's query group (rows row0 and row0 + 8 share it under every
   // granularity). fa3: Q's and K's scales with the softmax scale, one factor for every score.
@@ -212,11 +227,13 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) attention_kernel(const Atte
 
 #pragma unroll 1
   for (int kb = 0; kb < key_blocks; ++kb) {
-    cp_async_wait_all();
+    mbarrier_wait(&stage_loaded[kb % Tile::kStages], (kb / Tile::kStages) & 1);
     fence_proxy_async_shared();
-    __syncthreads();  // K and V of kb (and Q) have landed; every warpgroup is done with kb - 1's stage
-    if (kb + 1 < key_blocks) load_key_block(kb + 1);
-    cp_async_commit();
+    // Each warpgroup loads its share of the next block once it holds the Q·Kᵀ turn of this one:
+    // by then the other has finished block kb - 2, the last to use that stage.
+    auto load_next_block = [&] {
+      if (kb + 1 < key_blocks) load_key_block(kb + 1);
+    };
 
     const std::int64_t key0 = static_cast<std::int64_t>(kb) * kBlockK;
     const bool passes_last_turn = warpgroup == 0 || kb + 1 < key_blocks;
@@ -224,12 +241,13 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) attention_kernel(const Atte
       // Every key of the block hidden from these rows: no arithmetic, but the turns go round.
       take_turn();
       pass_turn();
+      load_next_block();
       take_turn();
       if (passes_last_turn) pass_turn();
       continue;
     }
-    const std::uint8_t* const sk = sk0 + (kb & 1) * Tile::kSmemK;
-    const std::uint8_t* const sv = sv0 + (kb & 1) * Tile::kSmemV;
+    const std::uint8_t* const sk = sk0 + (kb % Tile::kStages) * Tile::kSmemK;
+    const std::uint8_t* const sv = sv0 + (kb % Tile::kStages) * Tile::kSmemV;
 
     // ---- S = Q·Kᵀ, scaled into the log2 domain; s[4 t + e] as acc, t the 8-key tile ----
     float s[4 * Tile::kScoreTiles];
@@ -243,6 +261,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) attention_kernel(const Atte
                     k_major_operand<kBlockK, Tile::kQkRowBytes>(sk, 0, c), c);
       wgmma_commit();
       pass_turn();
+      load_next_block();
       wgmma_wait<0>();
       fence_registers(si);
       const std::int64_t base = head_kv * a.k_groups;
@@ -254,8 +273,12 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) attention_kernel(const Atte
         k_scale0 = k_scale1 = a.k_scale[base + kb];
       }
       const float qk_scale[2] = {q_scale * k_scale0, q_scale * k_scale1};
+      // float(x) without I2F, a quarter-rate conversion that cost as much as exp2: for |x| < 2^22
+      // (here |x| <= 127 * 127 * 128 < 2^21), 1.5 * 2^23 + x is a float whose bits are
+      // 0x4B400000 + x, and subtracting 1.5 * 2^23 leaves x exactly.
 #pragma unroll
-      for (int i = 0; i < 4 * Tile::kScoreTiles; ++i) s[i] = __int2float_rn(si[i]) * qk_scale[i & 1];
+      for (int i = 0; i < 4 * Tile::kScoreTiles; ++i)
+        s[i] = (__int_as_float(0x4B400000 + si[i]) - 12582912.0f) * qk_scale[i & 1];
     } else {
       take_turn();
       wgmma_fence();
@@ -269,6 +292,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) attention_kernel(const Atte
       }
       wgmma_commit();
       pass_turn();
+      load_next_block();
       wgmma_wait<0>();
       fence_registers(s);
 #pragma unroll
@@ -302,22 +326,19 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) attention_kernel(const Atte
       block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 1));
       block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 2));
       const float m_new = fmaxf(row_max[rh], block_max);
+      // Every key hidden so far (m_new = -inf): exp2 against 0 gives p = 0 for the -inf scores,
+      // without a branch; α is then 0 rather than the definition's 1, which changes nothing, as
+      // acc and l are still 0.
+      const float m_use = m_new == -kInf ? 0.0f : m_new;
+      alpha[rh] = exp2_approx(row_max[rh] - m_use);
       float sum = 0.0f;
-      if (m_new == -kInf) {
-        // Every key hidden so far: p = 0, and nothing to rescale.
-        alpha[rh] = 1.0f;
 #pragma unroll
-        for (int t = 0; t < Tile::kScoreTiles; ++t) s[4 * t + 2 * rh] = s[4 * t + 2 * rh + 1] = 0.0f;
-      } else {
-        alpha[rh] = exp2_approx(row_max[rh] - m_new);
+      for (int t = 0; t < Tile::kScoreTiles; ++t)
 #pragma unroll
-        for (int t = 0; t < Tile::kScoreTiles; ++t)
-#pragma unroll
-          for (int e = 2 * rh; e < 2 * rh + 2; ++e) {
-            s[4 * t + e] = exp2_approx(s[4 * t + e] - m_new);
-            sum += s[4 * t + e];
-          }
-      }
+        for (int e = 2 * rh; e < 2 * rh + 2; ++e) {
+          s[4 * t + e] = exp2_approx(s[4 * t + e] - m_use);
+          sum += s[4 * t + e];
+        }
       row_sum[rh] = row_sum[rh] * alpha[rh] + sum;  // l sums p unquantized
       row_max[rh] = m_new;
     }

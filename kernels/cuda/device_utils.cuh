@@ -77,8 +77,27 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
 __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
-// Shared memory written by cp.async (the generic proxy) becomes visible to the MMAs (the async
-// proxy) only through this fence, in each writing thread before the barrier.
+// mbarriers (8 bytes of shared memory each): a phase completes when `count` arrivals are in.
+__device__ __forceinline__ void mbarrier_init(std::uint64_t* barrier, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(shared_address(barrier)), "r"(count) : "memory");
+}
+// One arrival on `barrier` once every cp.async this thread has issued so far has landed.
+__device__ __forceinline__ void cp_async_arrive(std::uint64_t* barrier) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(shared_address(barrier)) : "memory");
+}
+// Waits for the completion of the phase of `barrier` whose parity is `parity`.
+__device__ __forceinline__ void mbarrier_wait(std::uint64_t* barrier, int parity) {
+  std::uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(shared_address(barrier)), "r"(parity)
+        : "memory");
+  } while (done == 0);
+}
+// Shared memory written by cp.async (the generic proxy) is for the MMAs (the async proxy) to read
+// only after this fence, by a thread that has seen the copies complete.
 __device__ __forceinline__ void fence_proxy_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
@@ -94,10 +113,12 @@ __device__ __forceinline__ std::uint64_t matrix_descriptor(std::uint32_t address
 
 // ---- Conversions ----
 
-// 2^x by the SFU, as the GPU kinds of docs/quantized.md use (ex2.approx: 2^-inf = +0).
+// 2^x by the SFU, as the GPU kinds of docs/quantized.md use (2^-inf = +0). .ftz flushes results
+// below 2^-126 to zero; without it each exp2 costs three more instructions (a range check and two
+// scalings), which the softmax of 64 scores a thread per key block feels.
 __device__ __forceinline__ float exp2_approx(float x) {
   float y;
-  asm("ex2.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
 }
 
