@@ -187,9 +187,11 @@ def test_graph_and_cupti_timing_agree_with_cuda_events(tmp_path):
         assert graph[name]["timing"]["runs_per_sample"] >= 1
         assert "--timing graph" in graph[name]["rerun"] and "--timing cupti" in cupti[name]["rerun"]
         assert "--timing" not in cold[name]["rerun"]
-        for method, reference in ((graph, hot), (cupti, cold)):
+        # A graph also removes the gaps between the kernels one call launches: torch-cudnn's graph
+        # samples were 10.2 % under its hot event samples once (H100, 2026-11-22), hence 15 % there.
+        for method, reference, bound in ((graph, hot, 0.15), (cupti, cold, 0.10)):
             measured, expected = method[name]["timing"]["median_s"], reference[name]["timing"]["median_s"]
-            assert abs(measured / expected - 1) < 0.10, (name, method[name]["timing"], reference[name]["timing"])
+            assert abs(measured / expected - 1) < bound, (name, method[name]["timing"], reference[name]["timing"])
         # The graph replays the outputs it captured: they must still be right.
         assert graph[name]["error"]["cosine"] > 0.999, graph[name]["error"]
 
