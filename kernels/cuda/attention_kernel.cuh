@@ -121,6 +121,7 @@ __device__ __forceinline__ std::uint64_t n_major_values_operand(const std::uint8
   return matrix_descriptor(shared_address(tile) + step * 16 * 128, kBlockK * 128, 1024, 128);
 }
 
+// fence_registers for P's register operands, one row of 4 per k-step.
 template <int kSteps>
 __device__ __forceinline__ void fence_operand_rows(std::uint32_t (&pa)[kSteps][4]) {
 #pragma unroll
@@ -159,7 +160,8 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) attention_kernel(const Atte
   const int row0 = warp * kWarpQ + g;  // this thread's rows in the block: row0 and row0 + 8
 
   // Key blocks past the last key any row of the CTA sees change nothing: skip them. A warpgroup
-  // whose rows see none of a block's keys skips its arithmetic (but not the CTA's barriers).
+  // whose rows see none of a block's keys skips its arithmetic (but not its turns or its share of
+  // the copies).
   std::int64_t key_end = a.seq_kv;
   if (a.causal) key_end = min(key_end, min(cta_q0 + kCtaQ, a.seq_q) + a.causal_offset);
   const int key_blocks = key_end <= 0 ? 0 : static_cast<int>((key_end + kBlockK - 1) / kBlockK);
@@ -273,7 +275,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) attention_kernel(const Atte
         k_scale0 = k_scale1 = a.k_scale[base + kb];
       }
       const float qk_scale[2] = {q_scale * k_scale0, q_scale * k_scale1};
-      // float(x) without I2F, a quarter-rate conversion that cost as much as exp2: for |x| < 2^22
+      // float(x) without I2F, a quarter-rate conversion on the pipe exp2 uses: for |x| < 2^22
       // (here |x| <= 127 * 127 * 128 < 2^21), 1.5 * 2^23 + x is a float whose bits are
       // 0x4B400000 + x, and subtracting 1.5 * 2^23 leaves x exactly.
 #pragma unroll
