@@ -61,6 +61,8 @@ grep -E "^\[|torch-|flash|sage|fa3|calls," "$OUT/quant.txt" | head -80
 for lib in "$BUILD"/kernels/libattnreplay_cuda_attention.a; do
   cuobjdump -sass "$lib" 2>/dev/null | grep -oE "\b(HMMA|IMMA|QMMA|HGMMA|IGMMA|QGMMA)[.A-Z0-9]*" | sort | uniq -c
 done | tee "$OUT/sass.txt"
+# And the compiler's resource report: registers and spills per instantiation.
+bash "$ROOT/bench/kernel_resources.sh" | tee -a "$OUT/sass.txt" || status=1
 fi
 
 if wants reference; then

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The compiler's resource report for attnreplay's own attention kernels: registers, spills and
+# shared memory per instantiation (kind, head dim, element type, P·V accumulation), for sm_90a.
+# Needs only nvcc, so it runs on the CPU machine as well: bash bench/kernel_resources.sh
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+NVCC="${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}"
+TMP="$(mktemp -d)"
+trap 'rm -rf "$TMP"' EXIT
+for kind in flash sage1_int8 sage2_int8_fp8 fa3_fp8; do
+  "$NVCC" -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -I"$ROOT" -Xptxas -v -cubin \
+    -o "$TMP/$kind.cubin" "$ROOT/kernels/cuda/$kind.cu" 2>&1 |
+    python3 -c '
+import re, sys
+kinds = ["flash", "sage1-int8", "sage2-int8-fp8", "fa3-fp8"]
+accumulations = ["fp32", "fp32+fp32", "fp32+fp16"]
+name = None
+for line in sys.stdin:
+    m = re.search(r"AttentionTileILNS0_4KindE(\d)ELi(\d+)E(?:6__half|13__nv_bfloat16)LNS0_14PvAccumulationE(\d)", line)
+    if "Compiling entry function" in line and m:
+        element = "bf16" if "bfloat16" in line else "fp16"
+        name = f"{kinds[int(m.group(1))]:15} d{m.group(2):4} {element} {accumulations[int(m.group(3))]:9}"
+    m = re.search(r"(\d+) bytes spill stores", line)
+    if m and name:
+        spills = m.group(1)
+    m = re.search(r"Used (\d+) registers.*?(\d+) bytes smem", line)
+    if m and name:
+        print(f"{name} {m.group(1)} registers, {spills} bytes spilled, {m.group(2)} bytes static shared memory")
+        name = None
+'
+done
