@@ -102,7 +102,7 @@ std::optional<std::string> CudaAttentionKernel::unsupported_reason(const Attenti
   if (auto reason = quantized_inputs_unsupported_reason(call)) return reason;
   if (call.mask) return "masks other than causal are not supported";
   if (std::string reason = cu::problem_unsupported_reason(cuda_problem(call)); !reason.empty()) return reason;
-  if (std::string reason = cu::device_unsupported_reason(cuda_kind(kind())); !reason.empty()) return reason;
+  if (std::string reason = cu::device_unsupported_reason(); !reason.empty()) return reason;
   return std::nullopt;
 }
 

@@ -252,20 +252,30 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) attention_kernel(const Atte
     const std::uint8_t* const sv = sv0 + (kb % Tile::kStages) * Tile::kSmemV;
 
     // ---- S = Q·Kᵀ, scaled into the log2 domain; s[4 t + e] as acc, t the 8-key tile ----
-    float s[4 * Tile::kScoreTiles];
-    if constexpr (Tile::kInt8Scores) {
-      int si[4 * Tile::kScoreTiles];
+    // Issued in this warpgroup's turn; the next block's copies go out while it runs (after the
+    // turn is passed, as the stage argument above needs).
+    auto multiply_q_k = [&](auto& scores) {
       take_turn();
       wgmma_fence();
 #pragma unroll
-      for (int c = 0; c < Tile::kQkSteps; ++c)
-        wgmma_qk_s8(si, k_major_operand<kCtaQ, Tile::kQkRowBytes>(sq, warpgroup * kBlockQ, c),
-                    k_major_operand<kBlockK, Tile::kQkRowBytes>(sk, 0, c), c);
+      for (int c = 0; c < Tile::kQkSteps; ++c) {
+        const std::uint64_t q_operand = k_major_operand<kCtaQ, Tile::kQkRowBytes>(sq, warpgroup * kBlockQ, c);
+        const std::uint64_t k_operand = k_major_operand<kBlockK, Tile::kQkRowBytes>(sk, 0, c);
+        if constexpr (Tile::kInt8Scores) wgmma_qk_s8(scores, q_operand, k_operand, c);
+        else if constexpr (Tile::kFp8Scores) wgmma_qk_e4m3(scores, q_operand, k_operand, c);
+        else if constexpr (std::is_same_v<Elem, __nv_bfloat16>) wgmma_qk_bf16(scores, q_operand, k_operand, c);
+        else wgmma_qk_f16(scores, q_operand, k_operand, c);
+      }
       wgmma_commit();
       pass_turn();
       load_next_block();
       wgmma_wait<0>();
-      fence_registers(si);
+      fence_registers(scores);
+    };
+    float s[4 * Tile::kScoreTiles];
+    if constexpr (Tile::kInt8Scores) {
+      int si[4 * Tile::kScoreTiles];
+      multiply_q_k(si);
       const std::int64_t base = head_kv * a.k_groups;
       float k_scale0, k_scale1;  // by column parity: keys 2t and 2t + 1
       if (a.granularity == Granularity::per_thread) {
@@ -282,21 +292,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) attention_kernel(const Atte
       for (int i = 0; i < 4 * Tile::kScoreTiles; ++i)
         s[i] = (__int_as_float(0x4B400000 + si[i]) - 12582912.0f) * qk_scale[i & 1];
     } else {
-      take_turn();
-      wgmma_fence();
-#pragma unroll
-      for (int c = 0; c < Tile::kQkSteps; ++c) {
-        const std::uint64_t q_operand = k_major_operand<kCtaQ, Tile::kQkRowBytes>(sq, warpgroup * kBlockQ, c);
-        const std::uint64_t k_operand = k_major_operand<kBlockK, Tile::kQkRowBytes>(sk, 0, c);
-        if constexpr (Tile::kFp8Scores) wgmma_qk_e4m3(s, q_operand, k_operand, c);
-        else if constexpr (std::is_same_v<Elem, __nv_bfloat16>) wgmma_qk_bf16(s, q_operand, k_operand, c);
-        else wgmma_qk_f16(s, q_operand, k_operand, c);
-      }
-      wgmma_commit();
-      pass_turn();
-      load_next_block();
-      wgmma_wait<0>();
-      fence_registers(s);
+      multiply_q_k(s);
 #pragma unroll
       for (int i = 0; i < 4 * Tile::kScoreTiles; ++i) s[i] *= score_factor;
     }

@@ -59,7 +59,7 @@ std::string capability_of(const cudaDeviceProp& properties) {
 
 }  // namespace
 
-std::string device_unsupported_reason(Kind) {
+std::string device_unsupported_reason() {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
     cudaGetLastError();

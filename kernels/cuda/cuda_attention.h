@@ -38,9 +38,9 @@ struct Options {
   Fp8ScaleGranularity fp8_scale = Fp8ScaleGranularity::per_head;
 };
 
-// Empty when the current CUDA device can run `kind`; otherwise why not (no device, not a Hopper
-// GPU, or no code in this build for the device's architecture). Every kind needs the same today.
-std::string device_unsupported_reason(Kind kind);
+// Empty when the current CUDA device can run the kernels (every kind needs the same); otherwise why
+// not (no device, not a Hopper GPU, or no code in this build for the device's architecture).
+std::string device_unsupported_reason();
 // Empty when the kernels take `problem` (head dim, sizes); otherwise why not.
 std::string problem_unsupported_reason(const Problem& problem);
 
