@@ -517,8 +517,12 @@ class HeadAttention {
     } else if (!per_key_scales_) {
       score_factor_ = in.softmax_scale_log2;
     }
+    // As the CUDA kernels accumulate: 16-bit P·V straight into acc; FP8 P·V a block at a time
+    // (fa3), or as sage2's --pv_accum_dtype says.
     const bool sage2_pv = in.kind == QuantizedKind::sage2_int8_fp8 && in.stages.quantize_pv;
-    path_ = !sage2_pv                                ? PvPath::block_fp32
+    const bool fa3_pv = in.kind == QuantizedKind::fa3_fp8 && in.stages.quantize_pv;
+    path_ = fa3_pv                                   ? PvPath::block_fp32
+            : !sage2_pv                              ? PvPath::straight_fp32
             : in.options.pv_accum == PvAccum::fp32      ? PvPath::straight_fp32
             : in.options.pv_accum == PvAccum::fp32_fp16 ? PvPath::block_fp16
                                                         : PvPath::block_fp32;
@@ -603,8 +607,19 @@ class HeadAttention {
     m = m_new;
 
     const float* v = kv_.values.row(block_start);
+    if (path_ == PvPath::block_fp32) {
+      float* block_acc = st.block_acc.data();
+      std::fill(st.block_acc.begin(), st.block_acc.end(), 0.0f);
+      for (std::int64_t j = 0; j < visible; ++j) {
+        const float p = st.p_used[j];
+        const float* v_row = v + j * dv;
+        for (std::int64_t c = 0; c < dv; ++c) block_acc[c] += p * v_row[c];
+      }
+      for (std::int64_t c = 0; c < dv; ++c) acc[c] = acc[c] * alpha + block_acc[c];
+      return;
+    }
+    for (std::int64_t c = 0; c < dv; ++c) acc[c] *= alpha;
     if (path_ == PvPath::straight_fp32) {
-      for (std::int64_t c = 0; c < dv; ++c) acc[c] *= alpha;
       for (std::int64_t j = 0; j < visible; ++j) {
         const float p = st.p_used[j];
         const float* v_row = v + j * dv;
@@ -612,30 +627,19 @@ class HeadAttention {
       }
       return;
     }
-    float* block_acc = st.block_acc.data();
-    std::fill(st.block_acc.begin(), st.block_acc.end(), 0.0f);
-    if (path_ == PvPath::block_fp32) {
-      for (std::int64_t j = 0; j < visible; ++j) {
+    // A fresh fp16 accumulator per 32-key chunk (one k32 MMA): the chunk summed in fp32, rounded
+    // to fp16, then added to acc in fp32.
+    float* chunk = st.chunk_acc.data();
+    for (std::int64_t chunk_start = 0; chunk_start < visible; chunk_start += kFp16ChunkKeys) {
+      std::fill(st.chunk_acc.begin(), st.chunk_acc.end(), 0.0f);
+      const std::int64_t chunk_end = std::min(visible, chunk_start + kFp16ChunkKeys);
+      for (std::int64_t j = chunk_start; j < chunk_end; ++j) {
         const float p = st.p_used[j];
         const float* v_row = v + j * dv;
-        for (std::int64_t c = 0; c < dv; ++c) block_acc[c] += p * v_row[c];
+        for (std::int64_t c = 0; c < dv; ++c) chunk[c] += p * v_row[c];
       }
-    } else {
-      // A fresh fp16 accumulator per 32-key chunk (one k32 MMA): the chunk summed in fp32, rounded
-      // to fp16, then added in fp32.
-      float* chunk = st.chunk_acc.data();
-      for (std::int64_t chunk_start = 0; chunk_start < visible; chunk_start += kFp16ChunkKeys) {
-        std::fill(st.chunk_acc.begin(), st.chunk_acc.end(), 0.0f);
-        const std::int64_t chunk_end = std::min(visible, chunk_start + kFp16ChunkKeys);
-        for (std::int64_t j = chunk_start; j < chunk_end; ++j) {
-          const float p = st.p_used[j];
-          const float* v_row = v + j * dv;
-          for (std::int64_t c = 0; c < dv; ++c) chunk[c] += p * v_row[c];
-        }
-        for (std::int64_t c = 0; c < dv; ++c) block_acc[c] += round_to_float16(chunk[c]);
-      }
+      for (std::int64_t c = 0; c < dv; ++c) acc[c] += round_to_float16(chunk[c]);
     }
-    for (std::int64_t c = 0; c < dv; ++c) acc[c] = acc[c] * alpha + block_acc[c];
   }
 
   const PreparedAttentionInputs& in_;

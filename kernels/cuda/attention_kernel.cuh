@@ -1,19 +1,22 @@
 #pragma once
 // The attention kernel of all four kinds (docs/quantized.md), for Hopper's warpgroup MMA (sm_90a).
-// A CTA of 2 warpgroups takes 128 query rows of one (batch, head); each warpgroup computes one
-// 64-row block of the definition, each of its 4 warps 16 rows of it. Keys come in blocks of 128
-// through shared memory, which both warpgroups read and load: cp.async into three stages (block
-// kb + 1 loads while kb is computed), each stage's arrival marked on an mbarrier, in key order,
-// with an online softmax in fp32 and exp2. The warpgroups take turns to issue their MMAs
-// (FlashAttention-3's ping-pong), so that one's softmax runs while the other's MMAs do; nothing
-// else holds one back for the other.
+// A CTA takes 128 query rows of one (batch, head) with three warpgroups: a producer, whose one
+// thread copies Q once and K and V block by block into three shared-memory stages by TMA, and two
+// consumers, each computing one 64-row block of the definition (each of its 4 warps 16 rows of it)
+// over the key blocks of 128 in order, with an online softmax in fp32 and exp2. The producer gives
+// its registers to the consumers (setmaxnreg). Stages pass between them on mbarriers: "loaded"
+// (the copy engine counts the bytes in) and "free" (every consumer thread arrives once done).
 //
-// Per warpgroup and key block: S (64 x 128) = Q·Kᵀ by wgmma with Q and K in shared memory, then
-// scaled, masked and soft-maxed in registers, and P handed to P·V's wgmma as its register operand:
-//   flash  Q·Kᵀ k16 bf16/fp16 -> f32; P·V k16 bf16/fp16 -> f32
+// The consumers take turns to issue their MMAs (FlashAttention-3's ping-pong); in one turn a
+// consumer issues Q·Kᵀ of block kb and P·V of block kb - 1, so while one computes its softmax the
+// other's two products keep the tensor cores busy. Per consumer and key block: S (64 x 128) = Q·Kᵀ
+// by wgmma with Q and K in shared memory, then scaled, masked and soft-maxed in registers while the
+// previous block's P·V runs, and P kept in registers as P·V's A operand for the next turn:
+//   flash  Q·Kᵀ k16 bf16/fp16 -> f32; P·V k16 bf16/fp16 -> f32, straight into acc
 //   sage1  Q·Kᵀ k32 s8 -> s32;        P·V as flash
-//   sage2  Q·Kᵀ as sage1;             P·V k32 e4m3 -> f32 (-> f16 per 32 keys for fp32+fp16)
-//   fa3    Q·Kᵀ k32 e4m3 -> f32;      P·V k32 e4m3 -> f32
+//   sage2  Q·Kᵀ as sage1;             P·V k32 e4m3 -> f32 (fp32: into acc; fp32+fp32: a fresh
+//                                     accumulator per block; fp32+fp16: f16 per 32 keys)
+//   fa3    Q·Kᵀ k32 e4m3 -> f32;      P·V k32 e4m3 -> f32, a fresh accumulator per block
 // A warpgroup MMA's accumulator gives each warp its 16 rows laid out as mma.sync's m16n8 C
 // fragment: a thread holds rows g and g + 8 and, in each 8-key tile, keys 2t and 2t + 1
 // (g = lane / 4, t = lane % 4), the INT8 per_thread groups of the definition; and its register A
@@ -23,6 +26,7 @@
 
 #include "kernels/cuda/attention_launch.h"
 #include "kernels/cuda/device_utils.cuh"
+#include "kernels/cuda/tensor_map.h"
 #include "kernels/cuda/wgmma.cuh"
 
 namespace attnreplay::cuda_attention {
@@ -30,16 +34,27 @@ namespace attnreplay::cuda_attention {
 template <Kind kKindT, int kDimT, typename ElementT, PvAccumulation kPvT>
 struct AttentionTile {
   using Elem = ElementT;
-  // A warpgroup per 64-row query block, two taking turns on the tensor cores.
-  static constexpr int kWarpGroups = 2;
-  static constexpr int kThreads = 128 * kWarpGroups;
-  static constexpr int kCtaQ = kBlockQ * kWarpGroups;
+  // A consumer warpgroup per 64-row query block, two taking turns on the tensor cores, and one
+  // producer warpgroup.
+  static constexpr int kConsumers = 2;
+  static constexpr int kConsumerThreads = 128 * kConsumers;
+  static constexpr int kThreads = kConsumerThreads + 128;
+  static constexpr int kCtaQ = kBlockQ * kConsumers;
+  // 24 x 128 + 240 x 256 registers fit the 64 K register file; the producer needs few.
+  static constexpr int kProducerRegisters = 24;
+  static constexpr int kConsumerRegisters = 240;
   static constexpr Kind kKind = kKindT;
   static constexpr int kDim = kDimT;
   static constexpr PvAccumulation kPv = kPvT;
   static constexpr bool kInt8Scores = kKind == Kind::sage1_int8 || kKind == Kind::sage2_int8_fp8;
   static constexpr bool kFp8Scores = kKind == Kind::fa3_fp8;
   static constexpr bool kFp8Values = kKind == Kind::sage2_int8_fp8 || kKind == Kind::fa3_fp8;
+  // How P·V reaches acc: 16-bit MMAs accumulate in fp32 exactly as the definition does, straight
+  // into acc; the FP8 kinds sum each block in a fresh accumulator first (Hopper's FP8 MMA keeps
+  // fewer bits than fp32 when it adds), except sage2 asked for fp32 (straight) or fp32+fp16.
+  static constexpr bool kChunkedPv = kKind == Kind::sage2_int8_fp8 && kPv == PvAccumulation::fp32_fp16;
+  static constexpr bool kBlockSumPv =
+      (kKind == Kind::sage2_int8_fp8 && kPv == PvAccumulation::fp32_fp32) || kKind == Kind::fa3_fp8;
   static constexpr int kQkRowBytes = kDim * (kInt8Scores || kFp8Scores ? 1 : 2);
   // One MMA k-step is 32 bytes of a row: k16 of 16-bit elements, k32 of 8-bit ones.
   static constexpr int kQkSteps = kQkRowBytes / 32;
@@ -50,8 +65,7 @@ struct AttentionTile {
   static constexpr int kSmemQ = kCtaQ * kQkRowBytes;
   static constexpr int kSmemK = kBlockK * kQkRowBytes;
   static constexpr int kSmemV = kVRows * kVRowBytes;
-  // Three stages of K and V: the stage a warpgroup loads into was last read two blocks back, which
-  // the turns prove the other warpgroup done with. 1024 spare bytes to align the first tile.
+  // Three stages of K and V; 1024 spare bytes to align the first tile.
   static constexpr int kStages = 3;
   static constexpr int kSmemBytes = kSmemQ + kStages * (kSmemK + kSmemV) + 1024;
   static constexpr int kScoreTiles = kBlockK / 8;
@@ -60,49 +74,32 @@ struct AttentionTile {
   static_assert(kSmemQ % 1024 == 0 && kSmemK % 1024 == 0 && kSmemV % 1024 == 0, "tiles on 1024-byte boundaries");
 };
 
-// Shared-memory tiles are laid out as the MMA descriptors read them: rows of 128 bytes (wider rows
-// split into 128-byte column blocks, one after the other, each kRows rows) or of 64 bytes, the
-// 16-byte chunks of each 8 rows permuted by the 128-byte (64-byte) swizzle, which spreads a
-// column of chunks over all banks. The tile starts on a 1024-byte boundary: the hardware swizzles
-// by address bits.
+// What the kernel reads: the buffers, and a TMA descriptor for each of Q, K and V (as bytes, in
+// the layout below).
+struct AttentionParams {
+  AttentionArgs args;
+  CUtensorMap q_map;
+  CUtensorMap k_map;
+  CUtensorMap v_map;
+};
+
+// Shared-memory tiles are laid out as TMA writes them and the MMA descriptors read them: rows of
+// 128 bytes (wider rows split into 128-byte column blocks, one after the other, each kRows rows)
+// or of 64 bytes, the 16-byte chunks of each 8 rows permuted by the 128-byte (64-byte) swizzle,
+// which spreads a column of chunks over all banks. The tile starts on a 1024-byte boundary: the
+// hardware swizzles by address bits.
 template <int kRowBytes>
 inline constexpr int kSwizzleBytes = kRowBytes >= 128 ? 128 : 64;
 
+// A tile of kRows rows from row `row` of head `head`: one TMA box per 128-byte column block.
 template <int kRows, int kRowBytes>
-__device__ __forceinline__ int swizzled_offset(int row, int chunk) {
-  static_assert(kRowBytes % 128 == 0 || kRowBytes == 64, "rows of 64 bytes or whole 128-byte blocks");
-  if constexpr (kRowBytes >= 128) {
-    const int offset = (chunk / 8) * kRows * 128 + row * 128 + (chunk % 8) * 16;
-    return offset ^ ((offset >> 3) & 0x70);  // chunk bits 4-6 ^= row bits 7-9
-  } else {
-    const int offset = row * 64 + chunk * 16;
-    return offset ^ ((offset >> 3) & 0x30);  // chunk bits 4-5 ^= bits 7-8
-  }
-}
-
-// kRows rows of kRowBytes from `global` (row r at global + r * global_pitch) into a swizzled
-// tile; rows from valid_rows on are zero-filled (never garbage: a NaN there would survive
-// multiplication by a zero probability).
-template <int kRows, int kRowBytes, int kThreads>
-__device__ __forceinline__ void load_tile_async(std::uint8_t* tile, const std::uint8_t* global,
-                                                std::int64_t global_pitch, int valid_rows) {
-  constexpr int kChunksPerRow = kRowBytes / 16;
-  constexpr int kRowsPerPass = kThreads / kChunksPerRow;
-  static_assert(kThreads % kChunksPerRow == 0 && kRows % kRowsPerPass == 0, "whole passes of the CTA");
-  // A thread copies the same chunk of rows `row`, row + kRowsPerPass, ...: a multiple of 8 apart,
-  // so the swizzle moves the chunk alike in each, and shared and global addresses step by constants.
-  static_assert(kRowsPerPass % 8 == 0, "equal swizzle in every pass");
-  const int row = static_cast<int>(threadIdx.x) / kChunksPerRow;
-  const int chunk = static_cast<int>(threadIdx.x) % kChunksPerRow;
-  std::uint8_t* destination = tile + swizzled_offset<kRows, kRowBytes>(row, chunk);
-  const std::uint8_t* source = global + row * global_pitch + chunk * 16;
-  constexpr int kAtomRow = kRowBytes >= 128 ? 128 : 64;
+__device__ __forceinline__ void load_tile(std::uint8_t* tile, const CUtensorMap& map, std::int64_t row, std::int64_t head,
+                                          std::uint64_t* loaded) {
+  constexpr int kBoxBytes = kRowBytes >= 128 ? 128 : 64;
 #pragma unroll
-  for (int pass = 0; pass < kRows / kRowsPerPass; ++pass) {
-    const bool valid = row + pass * kRowsPerPass < valid_rows;
-    cp_async_16(destination + pass * kRowsPerPass * kAtomRow, valid ? source : global, valid);
-    source += kRowsPerPass * global_pitch;
-  }
+  for (int block = 0; block < kRowBytes / kBoxBytes; ++block)
+    tma_load_3d(tile + block * kRows * kBoxBytes, &map, block * kBoxBytes, static_cast<int>(row), static_cast<int>(head),
+                loaded);
 }
 
 // The operand of one 32-byte k-step of a K-major tile (Q, K, and e4m3 V): rows first_row.. of it.
@@ -129,23 +126,24 @@ __device__ __forceinline__ void fence_operand_rows(std::uint32_t (&pa)[kSteps][4
 }
 
 template <class Tile>
-__global__ void __launch_bounds__(Tile::kThreads, 1) attention_kernel(const AttentionArgs a) {
+__global__ void __launch_bounds__(Tile::kThreads, 1) attention_kernel(const __grid_constant__ AttentionParams params) {
   using Elem = typename Tile::Elem;
+  const AttentionArgs& a = params.args;
   constexpr int kDim = Tile::kDim;
   constexpr float kInf = INFINITY;
   constexpr int kCtaQ = Tile::kCtaQ;
-  constexpr int kThreads = Tile::kThreads;
+  constexpr int kStages = Tile::kStages;
   extern __shared__ std::uint8_t shared_bytes[];
   std::uint8_t* const sq = shared_bytes + ((1024 - (shared_address(shared_bytes) & 1023)) & 1023);
   std::uint8_t* const sk0 = sq + Tile::kSmemQ;
-  std::uint8_t* const sv0 = sk0 + Tile::kStages * Tile::kSmemK;
-  __shared__ std::uint64_t stage_loaded[Tile::kStages];  // each thread arrives when its copies land
+  std::uint8_t* const sv0 = sk0 + kStages * Tile::kSmemK;
+  __shared__ std::uint64_t q_loaded;
+  __shared__ std::uint64_t stage_loaded[kStages];  // the producer's arrival and the copies' bytes
+  __shared__ std::uint64_t stage_free[kStages];    // every consumer thread, once done with the stage
 
-  const int warpgroup = static_cast<int>(threadIdx.x) / 128;
-  const int warp = static_cast<int>(threadIdx.x) % 128 / 32;  // in the warpgroup
-  const int lane = static_cast<int>(threadIdx.x) % 32;
-  const int g = lane / 4;   // fragment row (and row + 8)
-  const int t4 = lane % 4;  // fragment column pair
+  // Through a shuffle, so that the compiler knows it uniform in a warp: MMAs issued under a branch
+  // it cannot prove uniform are serialized.
+  const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
   // Causal query blocks late in the sequence see the most keys: start them first, so that the
   // last wave is short.
   const std::int64_t cta_block = static_cast<std::int64_t>(gridDim.x) - 1 - blockIdx.x;
@@ -155,47 +153,62 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) attention_kernel(const Atte
   const std::int64_t head_q = static_cast<std::int64_t>(b) * a.heads_q + h;
   const std::int64_t head_kv = static_cast<std::int64_t>(b) * a.heads_kv + h_kv;
   const std::int64_t cta_q0 = cta_block * kCtaQ;
-  const std::int64_t q_block = cta_block * Tile::kWarpGroups + warpgroup;  // the definition's 64-row block
-  const std::int64_t q0 = q_block * kBlockQ;
-  const int row0 = warp * kWarpQ + g;  // this thread's rows in the block: row0 and row0 + 8
-
-  // Key blocks past the last key any row of the CTA sees change nothing: skip them. A warpgroup
-  // whose rows see none of a block's keys skips its arithmetic (but not its turns or its share of
-  // the copies).
+  // Key blocks past the last key any row of the CTA sees change nothing: skip them.
   std::int64_t key_end = a.seq_kv;
   if (a.causal) key_end = min(key_end, min(cta_q0 + kCtaQ, a.seq_q) + a.causal_offset);
   const int key_blocks = key_end <= 0 ? 0 : static_cast<int>((key_end + kBlockK - 1) / kBlockK);
-  std::int64_t warpgroup_key_end = q0 < a.seq_q ? a.seq_kv : 0;
-  if (a.causal) warpgroup_key_end = min(warpgroup_key_end, min(q0 + kBlockQ, a.seq_q) + a.causal_offset);
 
-  const auto* q_src = static_cast<const std::uint8_t*>(a.q) + (head_q * a.q_rows + cta_q0) * Tile::kQkRowBytes;
-  const auto* k_head = static_cast<const std::uint8_t*>(a.k) + head_kv * a.k_rows * Tile::kQkRowBytes;
-  const auto* v_head = static_cast<const std::uint8_t*>(a.v) + head_kv * a.v_length * kDim * (Tile::kFp8Values ? 1 : 2);
-  auto load_key_block = [&](int kb) {
-    const std::int64_t first = static_cast<std::int64_t>(kb) * kBlockK;
-    std::uint8_t* const sk = sk0 + (kb % Tile::kStages) * Tile::kSmemK;
-    std::uint8_t* const sv = sv0 + (kb % Tile::kStages) * Tile::kSmemV;
-    load_tile_async<kBlockK, Tile::kQkRowBytes, kThreads>(sk, k_head + first * Tile::kQkRowBytes, Tile::kQkRowBytes,
-                                                static_cast<int>(min(static_cast<std::int64_t>(kBlockK), a.k_rows - first)));
-    if constexpr (Tile::kFp8Values) {
-      // v_length is a multiple of 128 with zeros past seq_kv: every block is whole.
-      load_tile_async<kDim, kBlockK, kThreads>(sv, v_head + first, a.v_length, kDim);
-    } else {
-      load_tile_async<kBlockK, kDim * 2, kThreads>(sv, v_head + first * kDim * 2, kDim * 2,
-                                         static_cast<int>(min(static_cast<std::int64_t>(kBlockK), a.v_length - first)));
+  if (threadIdx.x == 0) {
+    mbarrier_init(&q_loaded, 1);
+    for (int stage = 0; stage < kStages; ++stage) {
+      mbarrier_init(&stage_loaded[stage], 1);
+      mbarrier_init(&stage_free[stage], Tile::kConsumerThreads);
     }
-    cp_async_arrive(&stage_loaded[kb % Tile::kStages]);
-  };
-
-  if (threadIdx.x == 0)
-    for (int stage = 0; stage < Tile::kStages; ++stage) mbarrier_init(&stage_loaded[stage], kThreads);
+    fence_mbarrier_init();
+  }
   __syncthreads();
-  load_tile_async<kCtaQ, Tile::kQkRowBytes, kThreads>(sq, q_src, Tile::kQkRowBytes,
-                                            static_cast<int>(min(static_cast<std::int64_t>(kCtaQ), a.q_rows - cta_q0)));
-  if (key_blocks > 0) load_key_block(0);
-  cp_async_wait_all();
-  fence_proxy_async_shared();
-  __syncthreads();  // Q has landed
+
+  if (warpgroup == Tile::kConsumers) {
+    // ---- Producer: one thread issues every copy; a stage is refilled once both consumers are
+    // done with the block it held ----
+    registers_decrease_to<Tile::kProducerRegisters>();
+    if (threadIdx.x % 128 != 0) return;
+    mbarrier_arrive_expect_bytes(&q_loaded, Tile::kSmemQ);
+    load_tile<kCtaQ, Tile::kQkRowBytes>(sq, params.q_map, cta_q0, head_q, &q_loaded);
+#pragma unroll 1
+    for (int kb = 0; kb < key_blocks; ++kb) {
+      const int stage = kb % kStages;
+      if (kb >= kStages) mbarrier_wait(&stage_free[stage], (kb / kStages - 1) & 1);
+      mbarrier_arrive_expect_bytes(&stage_loaded[stage], Tile::kSmemK + Tile::kSmemV);
+      const std::int64_t first = static_cast<std::int64_t>(kb) * kBlockK;
+      load_tile<kBlockK, Tile::kQkRowBytes>(sk0 + stage * Tile::kSmemK, params.k_map, first, head_kv, &stage_loaded[stage]);
+      if constexpr (Tile::kFp8Values) {
+        // (channel, key) rows: the box starts at key `first` of channel 0.
+        tma_load_3d(sv0 + stage * Tile::kSmemV, &params.v_map, static_cast<int>(first), 0, static_cast<int>(head_kv),
+                    &stage_loaded[stage]);
+      } else {
+        load_tile<kBlockK, kDim * 2>(sv0 + stage * Tile::kSmemV, params.v_map, first, head_kv, &stage_loaded[stage]);
+      }
+    }
+    return;  // the copies still in flight complete on the barriers the consumers wait for
+  }
+
+  // ---- Consumers ----
+  registers_increase_to<Tile::kConsumerRegisters>();
+  const int consumer = warpgroup;
+  const int warp = static_cast<int>(threadIdx.x) % 128 / 32;  // in the warpgroup
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int g = lane / 4;   // fragment row (and row + 8)
+  const int t4 = lane % 4;  // fragment column pair
+  const std::int64_t q_block = cta_block * Tile::kConsumers + consumer;  // the definition's 64-row block
+  const std::int64_t q0 = q_block * kBlockQ;
+  const int row0 = warp * kWarpQ + g;  // this thread's rows in the block: row0 and row0 + 8
+  // A consumer computes the blocks whose keys its rows see some of, the first ones; the rest it
+  // only frees (causal: the other consumer's rows see more).
+  std::int64_t consumer_key_end = q0 < a.seq_q ? a.seq_kv : 0;
+  if (a.causal) consumer_key_end = min(consumer_key_end, min(q0 + kBlockQ, a.seq_q) + a.causal_offset);
+  const int computed_blocks =
+      consumer_key_end <= 0 ? 0 : min(key_blocks, static_cast<int>((consumer_key_end + kBlockK - 1) / kBlockK));
 
   // Sage: the scale of this thread's query group (rows row0 and row0 + 8 share it under every
   // granularity). fa3: Q's and K's scales with the softmax scale, one factor for every score.
@@ -210,6 +223,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) attention_kernel(const Atte
     }
   }
   if constexpr (Tile::kFp8Scores) score_factor = a.q_scale[head_q] * a.k_scale[head_kv] * a.score_scale;
+  mbarrier_wait(&q_loaded, 0);
 
   // O's accumulator, m64n{kDim}: acc[4 dt + e] is row row0 + 8 (e / 2), column 8 dt + 2 t4 + e % 2.
   float acc[kDim / 2];
@@ -217,49 +231,102 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) attention_kernel(const Atte
   for (int i = 0; i < kDim / 2; ++i) acc[i] = 0.0f;
   float row_max[2] = {-kInf, -kInf};
   float row_sum[2] = {0.0f, 0.0f};  // this thread's share of l; the quad's four add up at the end
+  // P of the block whose P·V is still to be issued (in the next turn), as the A operand of each
+  // k-step: pa[c] is k16 chunk c (tiles 2c, 2c + 1) for 16-bit P, or k32 chunk c (tiles
+  // 4c .. 4c + 3) for e4m3 P. An e4m3 register takes keys 2t, 2t + 1 of two adjacent tiles, so its
+  // k order is a permutation of the keys, which the quantizer applied to V's columns as well.
+  std::uint32_t pa[Tile::kPvSteps][4];
+  int pending_stage = 0;
+  float pending_alpha[2] = {1.0f, 1.0f};  // block sums: α of the block after the pending one
+  float block_sum[Tile::kBlockSumPv ? kDim / 2 : 1];
 
-  // Turns: a warpgroup issues its Q·Kᵀ, then its P·V, each in its turn, and passes the turn on
-  // after issuing; in a key block, the order is Q·Kᵀ 0, Q·Kᵀ 1, P·V 0, P·V 1. Warpgroup 0 starts;
-  // warpgroup 1 passes nothing after its last P·V, so every arrival is waited for.
-  const int my_turn = 1 + warpgroup;
-  const int other_turn = 2 - warpgroup;
-  auto take_turn = [&] { named_barrier_sync(my_turn, kThreads); };
-  auto pass_turn = [&] { named_barrier_arrive(other_turn, kThreads); };
-  if (warpgroup == 1 && key_blocks > 0) pass_turn();
+  // Turns: each consumer takes key_blocks + 1 turns, one per key block and one for the last P·V,
+  // issues its MMAs in each and passes the turn on. Consumer 0 starts; consumer 1 passes nothing
+  // after its last turn, so every arrival is waited for.
+  const int my_turn = 1 + consumer;
+  const int other_turn = 2 - consumer;
+  int turns_left = key_blocks + 1;
+  auto take_turn = [&] { named_barrier_sync(my_turn, Tile::kConsumerThreads); };
+  auto pass_turn = [&] {
+    if (--turns_left > 0 || consumer == 0) named_barrier_arrive(other_turn, Tile::kConsumerThreads);
+  };
+  if (consumer == 1 && key_blocks > 0) named_barrier_arrive(other_turn, Tile::kConsumerThreads);
 
-#pragma unroll 1
-  for (int kb = 0; kb < key_blocks; ++kb) {
-    mbarrier_wait(&stage_loaded[kb % Tile::kStages], (kb / Tile::kStages) & 1);
-    fence_proxy_async_shared();
-    // Each warpgroup loads its share of the next block once it holds the Q·Kᵀ turn of this one:
-    // by then the other has finished block kb - 2, the last to use that stage.
-    auto load_next_block = [&] {
-      if (kb + 1 < key_blocks) load_key_block(kb + 1);
-    };
-
-    const std::int64_t key0 = static_cast<std::int64_t>(kb) * kBlockK;
-    const bool passes_last_turn = warpgroup == 0 || kb + 1 < key_blocks;
-    if (key0 >= warpgroup_key_end) {
-      // Every key of the block hidden from these rows: no arithmetic, but the turns go round.
-      take_turn();
-      pass_turn();
-      load_next_block();
-      take_turn();
-      if (passes_last_turn) pass_turn();
-      continue;
+  // Issues P·V of the pending block, in a turn after wgmma_fence. fp32+fp16 waits for each
+  // 32-key chunk to add it to acc, holding the turn meanwhile.
+  auto multiply_p_v = [&] {
+    const std::uint8_t* const sv = sv0 + pending_stage * Tile::kSmemV;
+    if constexpr (Tile::kChunkedPv) {
+      // V was scaled to 2.25 for this, so that a chunk stays inside fp16's range.
+#pragma unroll
+      for (int c = 0; c < Tile::kPvSteps; ++c) {
+        std::uint32_t chunk[kDim / 4];  // half2: row row0 (even registers) or row0 + 8 (odd)
+        if (c > 0) wgmma_fence();
+        const std::uint64_t v_operand = k_major_operand<kDim, kBlockK>(sv, 0, c);
+        if constexpr (kDim == 64) wgmma_pv_e4m3_f16acc_n64(chunk, pa[c], v_operand, 0);
+        else wgmma_pv_e4m3_f16acc_n128(chunk, pa[c], v_operand, 0);
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_registers(chunk);
+#pragma unroll
+        for (int r = 0; r < kDim / 4; ++r) {
+          const float2 x = __half22float2(*reinterpret_cast<const __half2*>(&chunk[r]));
+          acc[2 * r] += x.x;
+          acc[2 * r + 1] += x.y;
+        }
+      }
+    } else {
+      auto issue = [&](float(&d)[kDim / 2]) {
+#pragma unroll
+        for (int c = 0; c < Tile::kPvSteps; ++c) {
+          const int accumulate = Tile::kBlockSumPv ? c : 1;
+          if constexpr (Tile::kFp8Values) {
+            const std::uint64_t v_operand = k_major_operand<kDim, kBlockK>(sv, 0, c);
+            if constexpr (kDim == 64) wgmma_pv_e4m3_n64(d, pa[c], v_operand, accumulate);
+            else wgmma_pv_e4m3_n128(d, pa[c], v_operand, accumulate);
+          } else {
+            const std::uint64_t v_operand = n_major_values_operand(sv, c);
+            if constexpr (std::is_same_v<Elem, __nv_bfloat16> && kDim == 64) wgmma_pv_bf16_n64(d, pa[c], v_operand, accumulate);
+            else if constexpr (std::is_same_v<Elem, __nv_bfloat16>) wgmma_pv_bf16_n128(d, pa[c], v_operand, accumulate);
+            else if constexpr (kDim == 64) wgmma_pv_f16_n64(d, pa[c], v_operand, accumulate);
+            else wgmma_pv_f16_n128(d, pa[c], v_operand, accumulate);
+          }
+        }
+      };
+      if constexpr (Tile::kBlockSumPv) issue(block_sum);
+      else issue(acc);
+      wgmma_commit();
     }
-    const std::uint8_t* const sk = sk0 + (kb % Tile::kStages) * Tile::kSmemK;
-    const std::uint8_t* const sv = sv0 + (kb % Tile::kStages) * Tile::kSmemV;
+  };
+  // Once the pending P·V is done: its registers are the kernel's again, its stage is free, and a
+  // block sum joins acc.
+  auto finish_p_v = [&] {
+    if constexpr (Tile::kBlockSumPv) fence_registers(block_sum);
+    fence_registers(acc);
+    fence_operand_rows(pa);
+    mbarrier_arrive(&stage_free[pending_stage]);
+    if constexpr (Tile::kBlockSumPv) {
+#pragma unroll
+      for (int i = 0; i < kDim / 2; ++i) acc[i] = acc[i] * pending_alpha[(i >> 1) & 1] + block_sum[i];
+    }
+  };
 
-    // ---- S = Q·Kᵀ, scaled into the log2 domain; s[4 t + e] as acc, t the 8-key tile ----
-    // Issued in this warpgroup's turn; the next block's copies go out while it runs (after the
-    // turn is passed, as the stage argument above needs).
+  // Key block kb, with (kWithPv) or without the previous block's P·V in the turn: a compile-time
+  // choice, as MMAs issued under a runtime condition are serialized.
+  auto process_block = [&](int kb, auto with_pv) {
+    constexpr bool kWithPv = decltype(with_pv)::value;
+    const int stage = kb % kStages;
+    mbarrier_wait(&stage_loaded[stage], (kb / kStages) & 1);
+    const std::int64_t key0 = static_cast<std::int64_t>(kb) * kBlockK;
+    const std::uint8_t* const sk = sk0 + stage * Tile::kSmemK;
+
+    // ---- In this consumer's turn: S = Q·Kᵀ of this block, then P·V of the last one ----
     auto multiply_q_k = [&](auto& scores) {
       take_turn();
       wgmma_fence();
 #pragma unroll
       for (int c = 0; c < Tile::kQkSteps; ++c) {
-        const std::uint64_t q_operand = k_major_operand<kCtaQ, Tile::kQkRowBytes>(sq, warpgroup * kBlockQ, c);
+        const std::uint64_t q_operand = k_major_operand<kCtaQ, Tile::kQkRowBytes>(sq, consumer * kBlockQ, c);
         const std::uint64_t k_operand = k_major_operand<kBlockK, Tile::kQkRowBytes>(sk, 0, c);
         if constexpr (Tile::kInt8Scores) wgmma_qk_s8(scores, q_operand, k_operand, c);
         else if constexpr (Tile::kFp8Scores) wgmma_qk_e4m3(scores, q_operand, k_operand, c);
@@ -267,11 +334,14 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) attention_kernel(const Atte
         else wgmma_qk_f16(scores, q_operand, k_operand, c);
       }
       wgmma_commit();
+      if constexpr (kWithPv) multiply_p_v();
       pass_turn();
-      load_next_block();
-      wgmma_wait<0>();
+      // S is ready once at most the P·V group is still running.
+      if constexpr (kWithPv && !Tile::kChunkedPv) wgmma_wait<1>();
+      else wgmma_wait<0>();
       fence_registers(scores);
     };
+    // S scaled into the log2 domain; s[4 t + e] as acc, t the 8-key tile.
     float s[4 * Tile::kScoreTiles];
     if constexpr (Tile::kInt8Scores) {
       int si[4 * Tile::kScoreTiles];
@@ -341,12 +411,18 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) attention_kernel(const Atte
       row_max[rh] = m_new;
     }
 
-    // ---- acc = acc·α + P·V ----
-    // P as the A operand of each k-step: pa[c] is k16 chunk c (tiles 2c, 2c + 1) for 16-bit P, or
-    // k32 chunk c (tiles 4c .. 4c + 3) for e4m3 P. An e4m3 register takes keys 2t, 2t + 1 of two
-    // adjacent tiles, so its k order is a permutation of the keys, which the quantizer applied to
-    // V's columns as well.
-    std::uint32_t pa[Tile::kPvSteps][4];
+    // ---- The last block's P·V done: acc·α, and P of this block into pa ----
+    if constexpr (kWithPv) {
+      wgmma_wait<0>();
+      finish_p_v();
+    }
+    if constexpr (Tile::kBlockSumPv) {
+      pending_alpha[0] = alpha[0];
+      pending_alpha[1] = alpha[1];
+    } else {
+#pragma unroll
+      for (int i = 0; i < kDim / 2; ++i) acc[i] *= alpha[(i >> 1) & 1];
+    }
     if constexpr (!Tile::kFp8Values) {
 #pragma unroll
       for (int c = 0; c < Tile::kPvSteps; ++c) {
@@ -368,77 +444,34 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) attention_kernel(const Atte
               pack_e4m3x4(s[lo + 2] * kPScale, s[lo + 3] * kPScale, s[hi + 2] * kPScale, s[hi + 3] * kPScale);
         }
     }
-    auto pv_step = [&](float(&d)[kDim / 2], int c, int accumulate) {
-      if constexpr (Tile::kFp8Values) {
-        const std::uint64_t v_operand = k_major_operand<kDim, kBlockK>(sv, 0, c);
-        if constexpr (kDim == 64) wgmma_pv_e4m3_n64(d, pa[c], v_operand, accumulate);
-        else wgmma_pv_e4m3_n128(d, pa[c], v_operand, accumulate);
-      } else {
-        const std::uint64_t v_operand = n_major_values_operand(sv, c);
-        if constexpr (std::is_same_v<Elem, __nv_bfloat16> && kDim == 64) wgmma_pv_bf16_n64(d, pa[c], v_operand, accumulate);
-        else if constexpr (std::is_same_v<Elem, __nv_bfloat16>) wgmma_pv_bf16_n128(d, pa[c], v_operand, accumulate);
-        else if constexpr (kDim == 64) wgmma_pv_f16_n64(d, pa[c], v_operand, accumulate);
-        else wgmma_pv_f16_n128(d, pa[c], v_operand, accumulate);
-      }
-    };
-    if constexpr (Tile::kFp8Values && Tile::kPv == PvAccumulation::fp32) {
-      // Straight into acc.
-#pragma unroll
-      for (int i = 0; i < kDim / 2; ++i) acc[i] *= alpha[(i >> 1) & 1];
-      take_turn();
-      wgmma_fence();
-#pragma unroll
-      for (int c = 0; c < Tile::kPvSteps; ++c) pv_step(acc, c, 1);
-      wgmma_commit();
-      if (passes_last_turn) pass_turn();
-      wgmma_wait<0>();
-      fence_registers(acc);
-      fence_operand_rows(pa);
-    } else {
-      // This block's product summed afresh (fp32, or fp16 per 32-key chunk for fp32+fp16), then
-      // added to acc, as the definition orders it.
-      float o[kDim / 2];
-      if constexpr (Tile::kFp8Values && Tile::kPv == PvAccumulation::fp32_fp16) {
-        // V was scaled to 2.25 for this, so that a chunk stays inside fp16's range. The turn is
-        // held over the four chunks.
-#pragma unroll
-        for (int i = 0; i < kDim / 2; ++i) o[i] = 0.0f;
-        take_turn();
-#pragma unroll
-        for (int c = 0; c < Tile::kPvSteps; ++c) {
-          std::uint32_t chunk[kDim / 4];  // half2: row row0 (even registers) or row0 + 8 (odd)
-          wgmma_fence();
-          const std::uint64_t v_operand = k_major_operand<kDim, kBlockK>(sv, 0, c);
-          if constexpr (kDim == 64) wgmma_pv_e4m3_f16acc_n64(chunk, pa[c], v_operand, 0);
-          else wgmma_pv_e4m3_f16acc_n128(chunk, pa[c], v_operand, 0);
-          wgmma_commit();
-          if (c + 1 == Tile::kPvSteps && passes_last_turn) pass_turn();
-          wgmma_wait<0>();
-          fence_registers(chunk);
-#pragma unroll
-          for (int r = 0; r < kDim / 4; ++r) {
-            const float2 x = __half22float2(*reinterpret_cast<const __half2*>(&chunk[r]));
-            o[2 * r] += x.x;
-            o[2 * r + 1] += x.y;
-          }
-        }
-        fence_operand_rows(pa);
-      } else {
-        take_turn();
-        wgmma_fence();
-#pragma unroll
-        for (int c = 0; c < Tile::kPvSteps; ++c) pv_step(o, c, c);
-        wgmma_commit();
-        if (passes_last_turn) pass_turn();
-        wgmma_wait<0>();
-        fence_registers(o);
-        fence_operand_rows(pa);
-      }
-#pragma unroll
-      for (int i = 0; i < kDim / 2; ++i) acc[i] = acc[i] * alpha[(i >> 1) & 1] + o[i];
-    }
+    pending_stage = stage;
+  };
+
+  if (computed_blocks > 0) {
+    process_block(0, std::false_type{});
+#pragma unroll 1
+    for (int kb = 1; kb < computed_blocks; ++kb) process_block(kb, std::true_type{});
+    // The last block's P·V, in a turn of its own.
+    take_turn();
+    wgmma_fence();
+    multiply_p_v();
+    pass_turn();
+    wgmma_wait<0>();
+    finish_p_v();
   }
-  cp_async_wait_all();  // with no key block, Q's copy is still in flight: none may outlive the CTA
+  // Blocks these rows see no key of: freed once loaded (a stage is freed only after its copies
+  // have landed), while the turns go round.
+#pragma unroll 1
+  for (int kb = computed_blocks; kb < key_blocks; ++kb) {
+    mbarrier_wait(&stage_loaded[kb % kStages], (kb / kStages) & 1);
+    mbarrier_arrive(&stage_free[kb % kStages]);
+    take_turn();
+    pass_turn();
+  }
+  if (computed_blocks == 0 && key_blocks > 0) {
+    take_turn();
+    pass_turn();
+  }
 
   // ---- O = acc / l (times V's dequantization), rows with no visible key 0 ----
 #pragma unroll
@@ -477,7 +510,16 @@ void launch_attention(const AttentionArgs& a, cudaStream_t stream) {
   ATTNREPLAY_CUDA_CHECK(configured);
   const dim3 grid(static_cast<unsigned>(ceil_div(a.seq_q, Tile::kCtaQ)), static_cast<unsigned>(a.heads_q),
                   static_cast<unsigned>(a.batch));
-  attention_kernel<Tile><<<grid, Tile::kThreads, Tile::kSmemBytes, stream>>>(a);
+  AttentionParams params;
+  params.args = a;
+  params.q_map = make_tile_map(a.q, Tile::kQkRowBytes, a.q_rows, std::int64_t{a.batch} * a.heads_q, Tile::kCtaQ, "Q");
+  params.k_map = make_tile_map(a.k, Tile::kQkRowBytes, a.k_rows, std::int64_t{a.batch} * a.heads_kv, kBlockK, "K");
+  if constexpr (Tile::kFp8Values) {
+    params.v_map = make_tile_map(a.v, a.v_length, Tile::kDim, std::int64_t{a.batch} * a.heads_kv, Tile::kDim, "V");
+  } else {
+    params.v_map = make_tile_map(a.v, Tile::kDim * 2, a.v_length, std::int64_t{a.batch} * a.heads_kv, kBlockK, "V");
+  }
+  attention_kernel<Tile><<<grid, Tile::kThreads, Tile::kSmemBytes, stream>>>(params);
   ATTNREPLAY_CUDA_CHECK_LAUNCH("attention_kernel");
 }
 

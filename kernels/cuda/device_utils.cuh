@@ -1,8 +1,8 @@
 #pragma once
 // Device building blocks shared by the attention and quantization kernels: CUDA error checks that
-// name the place, cp.async, named barriers and warpgroup-MMA fences and descriptors through
-// inline PTX, and the conversions whose rounding docs/quantized.md fixes (RN to
-// bf16/fp16, RN + satfinite to e4m3).
+// name the place, cp.async, mbarriers, TMA copies, register reallocation, named barriers and
+// warpgroup-MMA fences and descriptors through inline PTX, and the conversions whose rounding
+// docs/quantized.md fixes (RN to bf16/fp16, RN + satfinite to e4m3).
 // C++17: nvcc compiles it.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -81,9 +81,14 @@ __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
 __device__ __forceinline__ void mbarrier_init(std::uint64_t* barrier, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(shared_address(barrier)), "r"(count) : "memory");
 }
-// One arrival on `barrier` once every cp.async this thread has issued so far has landed.
-__device__ __forceinline__ void cp_async_arrive(std::uint64_t* barrier) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(shared_address(barrier)) : "memory");
+// One arrival on `barrier`.
+__device__ __forceinline__ void mbarrier_arrive(std::uint64_t* barrier) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(shared_address(barrier)) : "memory");
+}
+// One arrival on `barrier`, whose phase now also waits for `bytes` of asynchronous copies.
+__device__ __forceinline__ void mbarrier_arrive_expect_bytes(std::uint64_t* barrier, int bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(shared_address(barrier)), "r"(bytes)
+               : "memory");
 }
 // Waits for the completion of the phase of `barrier` whose parity is `parity`.
 __device__ __forceinline__ void mbarrier_wait(std::uint64_t* barrier, int parity) {
@@ -96,11 +101,34 @@ __device__ __forceinline__ void mbarrier_wait(std::uint64_t* barrier, int parity
         : "memory");
   } while (done == 0);
 }
-// Shared memory written by cp.async (the generic proxy) is for the MMAs (the async proxy) to read
-// only after this fence, by a thread that has seen the copies complete.
-__device__ __forceinline__ void fence_proxy_async_shared() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+// Makes initialized mbarriers visible to the copy engine (TMA), which completes their phases.
+__device__ __forceinline__ void fence_mbarrier_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+
+// ---- Tensor memory access (TMA) ----
+
+// One box of a 3-D tensor map (a CUtensorMap in kernel parameters, constant or global memory)
+// at coordinates (x, y, z) into shared memory; its bytes count towards `barrier`'s phase. Boxes
+// reaching past the tensor's bounds are filled with zeros.
+__device__ __forceinline__ void tma_load_3d(void* shared, const void* tensor_map, int x, int y, int z,
+                                            std::uint64_t* barrier) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(
+          shared_address(shared)),
+      "l"(tensor_map), "r"(x), "r"(y), "r"(z), "r"(shared_address(barrier))
+      : "memory");
 }
+
+// A warpgroup gives back (or takes) registers, so that another may have more: all of its threads
+// execute it, and the counts of all warpgroups must fit the register file.
+template <int kRegisters>
+__device__ __forceinline__ void registers_decrease_to() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+}
+template <int kRegisters>
+__device__ __forceinline__ void registers_increase_to() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+}
+
 // A shared-memory matrix descriptor (PTX ISA, "Matrix Descriptor Format"): start address, leading
 // and stride byte offsets, each >> 4; swizzle of 128 or 64 bytes.
 __device__ __forceinline__ std::uint64_t matrix_descriptor(std::uint32_t address, std::uint32_t leading_bytes,
