@@ -1,15 +1,16 @@
 #pragma once
 // The attention kernel of all four kinds (docs/quantized.md), for Hopper's warpgroup MMA (sm_90a).
-// A CTA takes 128 query rows of one (batch, head) with three warpgroups: a producer, whose one
-// thread copies Q once and K and V block by block into three shared-memory stages by TMA, and two
-// consumers, each computing one 64-row block of the definition (each of its 4 warps 16 rows of it)
-// over the key blocks of 128 in order, with an online softmax in fp32 and exp2. The producer gives
-// its registers to the consumers (setmaxnreg). Stages pass between them on mbarriers: "loaded"
-// (the copy engine counts the bytes in) and "free" (every consumer thread arrives once done).
+// A CTA takes 128 query rows of one (batch, head) (192 at head dim 64) with a producer warpgroup,
+// whose one thread copies Q once and K and V block by block into three shared-memory stages by
+// TMA, and two consumer warpgroups (three at head dim 64), each computing one 64-row block of the
+// definition (each of its 4 warps 16 rows of it) over the key blocks of 128 in order, with an
+// online softmax in fp32 and exp2. The producer gives its registers to the consumers
+// (setmaxnreg). Stages pass between them on mbarriers: "loaded" (the copy engine counts the bytes
+// in) and "free" (every consumer thread arrives once done).
 //
 // The consumers take turns to issue their MMAs (FlashAttention-3's ping-pong); in one turn a
 // consumer issues Q·Kᵀ of block kb and P·V of block kb - 1, so while one computes its softmax the
-// other's two products keep the tensor cores busy. Per consumer and key block: S (64 x 128) = Q·Kᵀ
+// others' products keep the tensor cores busy. Per consumer and key block: S (64 x 128) = Q·Kᵀ
 // by wgmma with Q and K in shared memory, then scaled, masked and soft-maxed in registers while the
 // previous block's P·V runs, and P kept in registers as P·V's A operand for the next turn:
 //   flash  Q·Kᵀ k16 bf16/fp16 -> f32; P·V k16 bf16/fp16 -> f32, straight into acc
@@ -34,17 +35,20 @@ namespace attnreplay::cuda_attention {
 template <Kind kKindT, int kDimT, typename ElementT, PvAccumulation kPvT>
 struct AttentionTile {
   using Elem = ElementT;
-  // A consumer warpgroup per 64-row query block, two taking turns on the tensor cores, and one
-  // producer warpgroup.
-  static constexpr int kConsumers = 2;
+  static constexpr Kind kKind = kKindT;
+  static constexpr int kDim = kDimT;
+  // A consumer warpgroup per 64-row query block, taking turns on the tensor cores, and one
+  // producer warpgroup. Head dim 128: two consumers, each's softmax hidden behind the other's
+  // MMAs. Head dim 64, whose MMAs are half as long and whose softmax is as long: three, so that a
+  // scheduler has more warps to switch to while one waits.
+  static constexpr int kConsumers = kDim == 64 ? 3 : 2;
   static constexpr int kConsumerThreads = 128 * kConsumers;
   static constexpr int kThreads = kConsumerThreads + 128;
   static constexpr int kCtaQ = kBlockQ * kConsumers;
-  // 24 x 128 + 240 x 256 registers fit the 64 K register file; the producer needs few.
-  static constexpr int kProducerRegisters = 24;
-  static constexpr int kConsumerRegisters = 240;
-  static constexpr Kind kKind = kKindT;
-  static constexpr int kDim = kDimT;
+  // The register file (64 K) split: 24 x 128 + 240 x 256, or 32 x 128 + 160 x 384; the producer
+  // needs few.
+  static constexpr int kProducerRegisters = kConsumers == 2 ? 24 : 32;
+  static constexpr int kConsumerRegisters = kConsumers == 2 ? 240 : 160;
   static constexpr PvAccumulation kPv = kPvT;
   static constexpr bool kInt8Scores = kKind == Kind::sage1_int8 || kKind == Kind::sage2_int8_fp8;
   static constexpr bool kFp8Scores = kKind == Kind::fa3_fp8;
@@ -236,26 +240,38 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) attention_kernel(const __gr
   // 4c .. 4c + 3) for e4m3 P. An e4m3 register takes keys 2t, 2t + 1 of two adjacent tiles, so its
   // k order is a permutation of the keys, which the quantizer applied to V's columns as well.
   std::uint32_t pa[Tile::kPvSteps][4];
+  // Between blocks: s holds P of the last block, unpacked, and alpha its α; `pending_stage` is its
+  // stage. The P·V in flight is of the block before, from stage `in_flight_stage` (-1: none).
+  float s[4 * Tile::kScoreTiles];
+  float alpha[2] = {1.0f, 1.0f};
   int pending_stage = 0;
-  float pending_alpha[2] = {1.0f, 1.0f};  // block sums: α of the block after the pending one
+  int in_flight_stage = -1;
+  // Block sums: the fresh accumulator, and the α of the block it belongs to.
   float block_sum[Tile::kBlockSumPv ? kDim / 2 : 1];
+  float block_sum_alpha[2] = {1.0f, 1.0f};
+  if constexpr (Tile::kBlockSumPv) {
+#pragma unroll
+    for (int i = 0; i < kDim / 2; ++i) block_sum[i] = 0.0f;
+  }
 
-  // Turns: each consumer takes key_blocks + 1 turns, one per key block and one for the last P·V,
-  // issues its MMAs in each and passes the turn on. Consumer 0 starts; consumer 1 passes nothing
-  // after its last turn, so every arrival is waited for.
+  // Turns, round the consumers in order: each takes key_blocks + 1 turns, one per key block and
+  // one for the last P·V, issues its MMAs in each and passes the turn to the next (named barrier
+  // 1 + c is consumer c's turn: its sync and the previous one's arrival). Consumer 0 starts; the
+  // last passes nothing after its last turn, so every arrival is waited for.
+  const bool last_consumer = consumer == Tile::kConsumers - 1;
   const int my_turn = 1 + consumer;
-  const int other_turn = 2 - consumer;
+  const int next_turn = 1 + (consumer + 1) % Tile::kConsumers;
   int turns_left = key_blocks + 1;
-  auto take_turn = [&] { named_barrier_sync(my_turn, Tile::kConsumerThreads); };
+  auto take_turn = [&] { named_barrier_sync(my_turn, 256); };
   auto pass_turn = [&] {
-    if (--turns_left > 0 || consumer == 0) named_barrier_arrive(other_turn, Tile::kConsumerThreads);
+    if (--turns_left > 0 || !last_consumer) named_barrier_arrive(next_turn, 256);
   };
-  if (consumer == 1 && key_blocks > 0) named_barrier_arrive(other_turn, Tile::kConsumerThreads);
+  if (last_consumer && key_blocks > 0) named_barrier_arrive(next_turn, 256);
 
   // Issues P·V of the pending block, in a turn after wgmma_fence. fp32+fp16 waits for each
   // 32-key chunk to add it to acc, holding the turn meanwhile.
   auto multiply_p_v = [&] {
-    const std::uint8_t* const sv = sv0 + pending_stage * Tile::kSmemV;
+    const std::uint8_t* const sv = sv0 + in_flight_stage * Tile::kSmemV;
     if constexpr (Tile::kChunkedPv) {
       // V was scaled to 2.25 for this, so that a chunk stays inside fp16's range.
 #pragma unroll
@@ -298,17 +314,53 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) attention_kernel(const __gr
       wgmma_commit();
     }
   };
-  // Once the pending P·V is done: its registers are the kernel's again, its stage is free, and a
-  // block sum joins acc.
-  auto finish_p_v = [&] {
+  // Once the P·V in flight is done: its registers are the kernel's again, its stage is free, and
+  // a block sum joins acc.
+  auto retire_p_v = [&] {
+    wgmma_wait<0>();
     if constexpr (Tile::kBlockSumPv) fence_registers(block_sum);
     fence_registers(acc);
     fence_operand_rows(pa);
-    mbarrier_arrive(&stage_free[pending_stage]);
+    if (in_flight_stage >= 0) mbarrier_arrive(&stage_free[in_flight_stage]);
     if constexpr (Tile::kBlockSumPv) {
 #pragma unroll
-      for (int i = 0; i < kDim / 2; ++i) acc[i] = acc[i] * pending_alpha[(i >> 1) & 1] + block_sum[i];
+      for (int i = 0; i < kDim / 2; ++i) acc[i] = acc[i] * block_sum_alpha[(i >> 1) & 1] + block_sum[i];
     }
+  };
+  // Then acc·α of the last block, and its P into pa for its P·V. This follows the stage's wait
+  // loop in the next block, not the softmax: in the softmax's own basic block, ptxas would hoist
+  // the wait above it, and the P·V in flight would no longer overlap the softmax.
+  auto prepare_p_v = [&] {
+    retire_p_v();
+    if constexpr (Tile::kBlockSumPv) {
+      block_sum_alpha[0] = alpha[0];
+      block_sum_alpha[1] = alpha[1];
+    } else {
+#pragma unroll
+      for (int i = 0; i < kDim / 2; ++i) acc[i] *= alpha[(i >> 1) & 1];
+    }
+    if constexpr (!Tile::kFp8Values) {
+#pragma unroll
+      for (int c = 0; c < Tile::kPvSteps; ++c) {
+        pa[c][0] = pack2<Elem>(s[8 * c + 0], s[8 * c + 1]);
+        pa[c][1] = pack2<Elem>(s[8 * c + 2], s[8 * c + 3]);
+        pa[c][2] = pack2<Elem>(s[8 * c + 4], s[8 * c + 5]);
+        pa[c][3] = pack2<Elem>(s[8 * c + 6], s[8 * c + 7]);
+      }
+    } else {
+      // sage2 scales P by 448 into e4m3's range.
+      constexpr float kPScale = Tile::kKind == Kind::sage2_int8_fp8 ? 448.0f : 1.0f;
+#pragma unroll
+      for (int c = 0; c < Tile::kPvSteps; ++c)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int lo = 4 * (4 * c + 2 * half), hi = lo + 4;  // the two 8-key tiles of this register pair
+          pa[c][2 * half] = pack_e4m3x4(s[lo] * kPScale, s[lo + 1] * kPScale, s[hi] * kPScale, s[hi + 1] * kPScale);
+          pa[c][2 * half + 1] =
+              pack_e4m3x4(s[lo + 2] * kPScale, s[lo + 3] * kPScale, s[hi + 2] * kPScale, s[hi + 3] * kPScale);
+        }
+    }
+    in_flight_stage = pending_stage;
   };
 
   // Key block kb, with (kWithPv) or without the previous block's P·V in the turn: a compile-time
@@ -317,6 +369,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) attention_kernel(const __gr
     constexpr bool kWithPv = decltype(with_pv)::value;
     const int stage = kb % kStages;
     mbarrier_wait(&stage_loaded[stage], (kb / kStages) & 1);
+    if constexpr (kWithPv) prepare_p_v();
     const std::int64_t key0 = static_cast<std::int64_t>(kb) * kBlockK;
     const std::uint8_t* const sk = sk0 + stage * Tile::kSmemK;
 
@@ -342,7 +395,6 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) attention_kernel(const __gr
       fence_registers(scores);
     };
     // S scaled into the log2 domain; s[4 t + e] as acc, t the 8-key tile.
-    float s[4 * Tile::kScoreTiles];
     if constexpr (Tile::kInt8Scores) {
       int si[4 * Tile::kScoreTiles];
       multiply_q_k(si);
@@ -385,7 +437,6 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) attention_kernel(const __gr
     }
 
     // ---- Online softmax (per row: the quad of threads holding it agrees on m) ----
-    float alpha[2];
 #pragma unroll
     for (int rh = 0; rh < 2; ++rh) {
       float block_max = -kInf;
@@ -411,39 +462,6 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) attention_kernel(const __gr
       row_max[rh] = m_new;
     }
 
-    // ---- The last block's P·V done: acc·α, and P of this block into pa ----
-    if constexpr (kWithPv) {
-      wgmma_wait<0>();
-      finish_p_v();
-    }
-    if constexpr (Tile::kBlockSumPv) {
-      pending_alpha[0] = alpha[0];
-      pending_alpha[1] = alpha[1];
-    } else {
-#pragma unroll
-      for (int i = 0; i < kDim / 2; ++i) acc[i] *= alpha[(i >> 1) & 1];
-    }
-    if constexpr (!Tile::kFp8Values) {
-#pragma unroll
-      for (int c = 0; c < Tile::kPvSteps; ++c) {
-        pa[c][0] = pack2<Elem>(s[8 * c + 0], s[8 * c + 1]);
-        pa[c][1] = pack2<Elem>(s[8 * c + 2], s[8 * c + 3]);
-        pa[c][2] = pack2<Elem>(s[8 * c + 4], s[8 * c + 5]);
-        pa[c][3] = pack2<Elem>(s[8 * c + 6], s[8 * c + 7]);
-      }
-    } else {
-      // sage2 scales P by 448 into e4m3's range.
-      constexpr float kPScale = Tile::kKind == Kind::sage2_int8_fp8 ? 448.0f : 1.0f;
-#pragma unroll
-      for (int c = 0; c < Tile::kPvSteps; ++c)
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int lo = 4 * (4 * c + 2 * half), hi = lo + 4;  // the two 8-key tiles of this register pair
-          pa[c][2 * half] = pack_e4m3x4(s[lo] * kPScale, s[lo + 1] * kPScale, s[hi] * kPScale, s[hi + 1] * kPScale);
-          pa[c][2 * half + 1] =
-              pack_e4m3x4(s[lo + 2] * kPScale, s[lo + 3] * kPScale, s[hi + 2] * kPScale, s[hi + 3] * kPScale);
-        }
-    }
     pending_stage = stage;
   };
 
@@ -452,12 +470,15 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) attention_kernel(const __gr
 #pragma unroll 1
     for (int kb = 1; kb < computed_blocks; ++kb) process_block(kb, std::true_type{});
     // The last block's P·V, in a turn of its own.
+    // (A wait that returns at once, this block's copies having landed: it keeps the basic-block
+    // boundary before prepare_p_v that the loop's blocks have.)
+    mbarrier_wait(&stage_loaded[pending_stage], ((computed_blocks - 1) / kStages) & 1);
+    prepare_p_v();
     take_turn();
     wgmma_fence();
     multiply_p_v();
     pass_turn();
-    wgmma_wait<0>();
-    finish_p_v();
+    retire_p_v();
   }
   // Blocks these rows see no key of: freed once loaded (a stage is freed only after its copies
   // have landed), while the turns go round.
