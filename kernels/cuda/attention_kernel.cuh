@@ -173,7 +173,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) attention_kernel(const __gr
   __syncthreads();
 
   if (warpgroup == Tile::kConsumers) {
-    // ---- Producer: one thread issues every copy; a stage is refilled once both consumers are
+    // ---- Producer: one thread issues every copy; a stage is refilled once every consumer is
     // done with the block it held ----
     registers_decrease_to<Tile::kProducerRegisters>();
     if (threadIdx.x % 128 != 0) return;
@@ -208,7 +208,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) attention_kernel(const __gr
   const std::int64_t q0 = q_block * kBlockQ;
   const int row0 = warp * kWarpQ + g;  // this thread's rows in the block: row0 and row0 + 8
   // A consumer computes the blocks whose keys its rows see some of, the first ones; the rest it
-  // only frees (causal: the other consumer's rows see more).
+  // only frees (causal: later consumers' rows see more).
   std::int64_t consumer_key_end = q0 < a.seq_q ? a.seq_kv : 0;
   if (a.causal) consumer_key_end = min(consumer_key_end, min(q0 + kBlockQ, a.seq_q) + a.causal_offset);
   const int computed_blocks =
@@ -261,12 +261,13 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) attention_kernel(const __gr
   const bool last_consumer = consumer == Tile::kConsumers - 1;
   const int my_turn = 1 + consumer;
   const int next_turn = 1 + (consumer + 1) % Tile::kConsumers;
+  constexpr int kTurnThreads = 2 * 128;  // a turn's barrier: the warpgroup taking it, the one passing it
   int turns_left = key_blocks + 1;
-  auto take_turn = [&] { named_barrier_sync(my_turn, 256); };
+  auto take_turn = [&] { named_barrier_sync(my_turn, kTurnThreads); };
   auto pass_turn = [&] {
-    if (--turns_left > 0 || !last_consumer) named_barrier_arrive(next_turn, 256);
+    if (--turns_left > 0 || !last_consumer) named_barrier_arrive(next_turn, kTurnThreads);
   };
-  if (last_consumer && key_blocks > 0) named_barrier_arrive(next_turn, 256);
+  if (last_consumer && key_blocks > 0) named_barrier_arrive(next_turn, kTurnThreads);
 
   // Issues P·V of the pending block, in a turn after wgmma_fence. fp32+fp16 waits for each
   // 32-key chunk to add it to acc, holding the turn meanwhile.
