@@ -299,10 +299,11 @@ void attribute_worst_calls(AuditReport& report, const AuditOptions& options,
   }
 }
 
-void compare_with_random(AuditReport& report, ReplayOptions replay,
+void compare_with_random(AuditReport& report, ReplayOptions replay, int seeds,
                          const std::function<void(const std::string&)>& progress) {
   replay.on_kernel_output = nullptr;
   replay.rerun_command = "attnreplay run";
+  const std::uint64_t base_seed = replay.seed;
   for (ShapeGroup& group : report.shapes) {
     GeneratedCallSpec spec;
     spec.shape = group.shape;
@@ -312,14 +313,18 @@ void compare_with_random(AuditReport& report, ReplayOptions replay,
     // The captured scale when it is not the default one: scores then have the captured spread.
     const double default_scale = 1.0 / std::sqrt(static_cast<double>(group.shape.head_dim_qk));
     if (std::abs(group.scale - default_scale) > 1e-6 * default_scale) spec.scale = group.scale;
-    spec.seed = replay.seed;
-    if (progress) progress(fmt::format("random inputs {}", group.shape.to_string()));
-    try {
-      CallResult result = replay_call(generate_call(spec), replay, generated_call_flags(spec));
-      if (group.any_mask) result.notes.push_back("the captured calls carry a mask; the random call has none");
-      group.random = std::move(result);
-    } catch (const InputError& error) {
-      report.replay.input_errors.push_back(fmt::format("random inputs of {}: {}", group.shape.to_string(), error.what()));
+    for (int i = 0; i < seeds; ++i) {
+      spec.seed = base_seed + static_cast<std::uint64_t>(i);
+      replay.seed = spec.seed;  // rows sampled as `attnreplay run --seed` (its rerun) samples them
+      if (progress) progress(fmt::format("random inputs {}, seed {}", group.shape.to_string(), spec.seed));
+      try {
+        CallResult result = replay_call(generate_call(spec), replay, generated_call_flags(spec));
+        if (group.any_mask) result.notes.push_back("the captured calls carry a mask; the random call has none");
+        group.random.push_back(std::move(result));
+      } catch (const InputError& error) {
+        report.replay.input_errors.push_back(
+            fmt::format("random inputs of {} (seed {}): {}", group.shape.to_string(), spec.seed, error.what()));
+      }
     }
   }
 }
@@ -329,6 +334,7 @@ void compare_with_random(AuditReport& report, ReplayOptions replay,
 void run_audit(const std::vector<std::string>& inputs, const AuditOptions& options, AuditReport& report) {
   report.worst_count = options.worst_count;
   report.random_compare = options.random_compare;
+  report.random_seeds = options.random_compare ? options.random_seeds : 0;
   report.attribute = options.attribute;
   report.cast_inputs = options.cast_inputs;
   report.quant = options.replay.quant;
@@ -394,7 +400,7 @@ void run_audit(const std::vector<std::string>& inputs, const AuditOptions& optio
   if (options.random_compare) {
     ReplayOptions random = options.replay;
     random.refcheck = replay.refcheck;
-    compare_with_random(report, random, options.progress);
+    compare_with_random(report, random, options.random_seeds, options.progress);
   }
 }
 

@@ -59,6 +59,9 @@ struct AuditOptions {
   std::function<bool(std::int64_t)> wanted_calls;  // empty: every call
   int worst_count = 5;
   bool random_compare = false;
+  // Random calls per shape (seeds --seed, --seed + 1, ...): their spread tells a real-tensor
+  // effect from the luck of one draw.
+  int random_seeds = 3;
   bool attribute = false;
   std::optional<DType> cast_inputs;    // captured floating Q, K, V rounded to this dtype first
   // Flags only `audit` takes (" --full-timing"), for the rerun commands of captured calls; the
@@ -96,7 +99,7 @@ struct KernelAudit {
 };
 
 // Calls of one (shape, dtype, causal) and how each kernel did on them, beside (--random-compare)
-// the same kernels on one call of standard normal inputs of that shape.
+// the same kernels on calls of standard normal inputs of that shape, one per seed.
 struct ShapeGroup {
   AttentionShape shape;
   std::string dtype;
@@ -112,14 +115,15 @@ struct ShapeGroup {
     std::optional<double> median_time_s, median_tflops;
   };
   std::vector<KernelSummary> kernels;
-  std::optional<CallResult> random;  // --random-compare
+  std::vector<CallResult> random;  // --random-compare: one call per seed
 };
 
 struct AuditReport {
-  static constexpr int kJsonSchemaVersion = 1;
+  static constexpr int kJsonSchemaVersion = 2;  // 2: several random calls per shape
   Report replay;  // version, argv, environment, stopping rule, the calls, input errors
   int worst_count = 0;
   bool random_compare = false;
+  int random_seeds = 0;
   bool attribute = false;
   std::optional<DType> cast_inputs;
   QuantOptions quant;

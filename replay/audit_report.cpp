@@ -4,6 +4,7 @@
 #include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <ostream>
 
 #include "replay/audit.h"
@@ -83,6 +84,40 @@ nlohmann::json diagnostics_json(const InputDiagnostics& d) {
 nlohmann::json errors_brief(const ErrorStats& e) {
   return {{"rel_l2", json_number(e.rel_l2)}, {"cosine", json_number(e.cosine)}, {"max_abs", json_number(e.max_abs)},
           {"mean_abs", json_number(e.mean_abs)}, {"rmse", json_number(e.rmse)}};
+}
+
+// A kernel's errors on a shape's random calls: each figure's median over the seeds, rel_l2's
+// range, and each call's disposition.
+struct RandomErrors {
+  std::int64_t calls = 0;
+  ErrorStats median;  // rel_l2, cosine, max_abs, mean_abs, rmse: each the median over the calls
+  double rel_l2_min = 0, rel_l2_max = 0;
+  std::vector<std::string> statuses;
+};
+
+std::optional<RandomErrors> random_errors(const ShapeGroup& group, const std::string& kernel) {
+  std::vector<double> rel_l2, cosine, max_abs, mean_abs, rmse;
+  RandomErrors r;
+  for (const CallResult& call : group.random) {
+    const KernelResult* result = kernel_of(call, kernel);
+    if (!result || !result->error) continue;
+    const ErrorStats& e = *result->error;
+    rel_l2.push_back(e.rel_l2), cosine.push_back(e.cosine), max_abs.push_back(e.max_abs);
+    mean_abs.push_back(e.mean_abs), rmse.push_back(e.rmse);
+    r.statuses.emplace_back(disposition_name(result->disposition));
+  }
+  if (rel_l2.empty()) return std::nullopt;
+  r.calls = static_cast<std::int64_t>(rel_l2.size());
+  const Distribution spread = distribution_of(rel_l2);
+  r.median.rel_l2 = spread.median, r.rel_l2_min = spread.min, r.rel_l2_max = spread.max;
+  r.median.cosine = distribution_of(cosine).median, r.median.max_abs = distribution_of(max_abs).median;
+  r.median.mean_abs = distribution_of(mean_abs).median, r.median.rmse = distribution_of(rmse).median;
+  return r;
+}
+
+// Where the captured calls' median rel_l2 lies against the random calls' range.
+const char* against_random_range(double captured, const RandomErrors& r) {
+  return captured > r.rel_l2_max ? "above" : captured < r.rel_l2_min ? "below" : "within";
 }
 
 std::string describe_diagnostics(const InputDiagnostics& d) {
@@ -168,19 +203,24 @@ void print_audit_table(const AuditReport& report, std::ostream& out) {
   }
 
   if (report.random_compare) {
-    out << "captured against random inputs: median rel_l2 over the captured calls of each shape, beside one call of\n"
-           "standard normal inputs of that shape (ratio > 1: the real tensors are harder than random ones)\n";
-    out << fmt::format("  {:<44} {:<9} {:<7} {:>5}  {:<20} {:>10} {:>10} {:>8}\n", "shape", "dtype", "causal", "calls",
-                       "kernel", "captured", "random", "ratio");
+    out << fmt::format(
+        "captured against random inputs: median rel_l2 over the captured calls of each shape, beside {} call(s) of\n"
+        "standard normal inputs of that shape (seeds --seed and on): their median and range; ratio = captured over\n"
+        "random median (> 1: the real tensors are harder than random ones); above/below: outside the random range\n",
+        report.random_seeds);
+    out << fmt::format("  {:<44} {:<9} {:<7} {:>5}  {:<20} {:>10} {:>10} {:>21} {:>8} {:>7}\n", "shape", "dtype", "causal",
+                       "calls", "kernel", "captured", "random", "random range", "ratio", "");
     for (const ShapeGroup& group : report.shapes) {
       bool first = true;
       for (const ShapeGroup::KernelSummary& summary : group.kernels) {
-        const ErrorStats* random = group.random ? error_of(*group.random, summary.kernel) : nullptr;
-        const double ratio = random && random->rel_l2 > 0 ? summary.median_rel_l2 / random->rel_l2 : NAN;
-        out << fmt::format("  {:<44} {:<9} {:<7} {:>5}  {:<20} {:>10} {:>10} {:>8}\n", first ? group.shape.to_string() : "",
-                           first ? group.dtype : "", first ? (group.is_causal ? "yes" : "no") : "",
-                           first ? std::to_string(group.calls.size()) : "", summary.kernel, g(summary.median_rel_l2),
-                           random ? g(random->rel_l2) : "-", g(ratio));
+        const std::optional<RandomErrors> random = random_errors(group, summary.kernel);
+        const double ratio = random && random->median.rel_l2 > 0 ? summary.median_rel_l2 / random->median.rel_l2 : NAN;
+        out << fmt::format("  {:<44} {:<9} {:<7} {:>5}  {:<20} {:>10} {:>10} {:>21} {:>8} {:>7}\n",
+                           first ? group.shape.to_string() : "", first ? group.dtype : "",
+                           first ? (group.is_causal ? "yes" : "no") : "", first ? std::to_string(group.calls.size()) : "",
+                           summary.kernel, g(summary.median_rel_l2), random ? g(random->median.rel_l2) : "-",
+                           random ? fmt::format("{} .. {}", g(random->rel_l2_min), g(random->rel_l2_max)) : "-", g(ratio),
+                           random ? against_random_range(summary.median_rel_l2, *random) : "");
         first = false;
       }
     }
@@ -261,16 +301,21 @@ nlohmann::json audit_to_json(const AuditReport& report) {
                               {"median_max_abs", json_number(s.median_max_abs)},
                               {"median_time_s", s.median_time_s ? json_number(*s.median_time_s) : nlohmann::json()},
                               {"median_tflops", s.median_tflops ? json_number(*s.median_tflops) : nlohmann::json()}};
-      if (group.random) {
-        const KernelResult* random = kernel_of(*group.random, s.kernel);
-        if (random && random->error) {
-          entry["random"] = errors_brief(*random->error);
-          entry["random"]["status"] = disposition_name(random->disposition);
+      if (report.random_compare) {
+        const std::optional<RandomErrors> random = random_errors(group, s.kernel);
+        if (random) {
+          entry["random"] = errors_brief(random->median);
+          entry["random"]["calls"] = random->calls;
+          entry["random"]["rel_l2_min"] = json_number(random->rel_l2_min);
+          entry["random"]["rel_l2_max"] = json_number(random->rel_l2_max);
+          entry["random"]["statuses"] = random->statuses;
           entry["captured_over_random_rel_l2"] =
-              random->error->rel_l2 > 0 ? json_number(s.median_rel_l2 / random->error->rel_l2) : nlohmann::json();
+              random->median.rel_l2 > 0 ? json_number(s.median_rel_l2 / random->median.rel_l2) : nlohmann::json();
+          entry["captured_vs_random_range"] = against_random_range(s.median_rel_l2, *random);
         } else {
           entry["random"] = nullptr;
           entry["captured_over_random_rel_l2"] = nullptr;
+          entry["captured_vs_random_range"] = nullptr;
         }
       }
       summaries.push_back(std::move(entry));
@@ -283,13 +328,17 @@ nlohmann::json audit_to_json(const AuditReport& report) {
                             {"any_mask", group.any_mask},
                             {"calls", group.calls},
                             {"kernels", summaries}};
-    if (group.random) entry["random_call"] = call_to_json(*group.random);
+    if (report.random_compare) {
+      entry["random_calls"] = nlohmann::json::array();
+      for (const CallResult& call : group.random) entry["random_calls"].push_back(call_to_json(call));
+    }
     shapes.push_back(std::move(entry));
   }
 
   nlohmann::json options = {
       {"worst", report.worst_count},
       {"random_compare", report.random_compare},
+      {"random_seeds", report.random_seeds},
       {"attribute", report.attribute},
       {"cast_inputs", report.cast_inputs ? nlohmann::json(dtype_name(*report.cast_inputs)) : nlohmann::json()},
       {"quant_options",

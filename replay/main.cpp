@@ -237,7 +237,8 @@ ReplayOptions replay_options(const RunArgs& a) {
   o.quant = quant_options_from(a);
   // The flags that change results, so that each row's rerun command reproduces it.
   std::string& r = o.rerun_base;
-  if (a.ref_sample_rows > 0) r += fmt::format(" --ref-sample-rows {} --seed {}", a.ref_sample_rows, a.seed);
+  // (The row-sampling seed goes in per call: a generated call's flags carry it already.)
+  if (a.ref_sample_rows > 0) r += fmt::format(" --ref-sample-rows {}", a.ref_sample_rows);
   if (o.refcheck) r += " --refcheck";
   if (a.refcheck_min_cosine) r += " --refcheck-min-cosine " + format_number(*a.refcheck_min_cosine);
   if (a.refcheck_max_rel_l2) r += " --refcheck-max-rel-l2 " + format_number(*a.refcheck_max_rel_l2);
@@ -530,6 +531,7 @@ struct AuditArgs {
   RunArgs run;
   int worst = 5;
   bool random_compare = false;
+  int random_seeds = 3;
   bool attribute = false;
   bool full_timing = false;
   std::string cast_inputs;
@@ -549,6 +551,10 @@ void add_audit_options(CLI::App& app, AuditArgs& a) {
       ->capture_default_str();
   app.add_flag("--random-compare", a.random_compare,
                "also run the kernels on random inputs of each captured shape, beside the captured calls' errors");
+  app.add_option("--random-seeds", a.random_seeds,
+                 "random calls per shape for --random-compare (seeds --seed, --seed + 1, ...): their median and range")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_flag("--attribute", a.attribute,
                "for the worst calls of the emulated quantized kernels: the error with each quantization step, "
                "and input diagnostics (K channel means, INT8 amax spread) for every call");
@@ -592,6 +598,7 @@ int command_audit(const AuditArgs& a, const std::vector<std::string>& argv) {
   }
   options.worst_count = a.worst;
   options.random_compare = a.random_compare;
+  options.random_seeds = a.random_seeds;
   options.attribute = a.attribute;
   if (a.full_timing) options.audit_only_flags = " --full-timing";
   // Progress only where a person watches: scripts and tests read the table and the records.

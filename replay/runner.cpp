@@ -209,8 +209,13 @@ CallResult replay_call(const AttentionCall& captured, const ReplayOptions& optio
     result.notes.push_back(fmt::format("{} (batch, head, row) triples have every key masked; the reference gives 0",
                                        reference.fully_masked_rows));
   }
+  // Sampled rows depend on the seed. A generated call's flags already carry it (as its inputs'
+  // seed, which a run also samples rows with), and a second --seed is a usage error.
+  const std::string seed_flag =
+      options.ref_sample_rows > 0 && call.source != "generated" ? fmt::format(" --seed {}", options.seed) : "";
   auto rerun_for = [&](const std::string& kernel) {
-    return fmt::format("{} {} --kernels {}{}", options.rerun_command, rerun_input, kernel, options.rerun_base);
+    return fmt::format("{} {} --kernels {}{}{}", options.rerun_command, rerun_input, kernel, options.rerun_base,
+                       seed_flag);
   };
 
   for (const Kernel* kernel : select_kernels(options.kernels)) {

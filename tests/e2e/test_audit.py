@@ -72,7 +72,7 @@ def audited(tmp_path_factory):
 
 def test_json_structure(audited):
     result, audit, _ = audited
-    assert audit["schema"] == "attnreplay.audit" and audit["schema_version"] == 1
+    assert audit["schema"] == "attnreplay.audit" and audit["schema_version"] == 2
     assert audit["argv"][1] == "audit"
     for key in ("tool_version", "started_utc", "environment", "stopping_rule", "options", "units", "statistics",
                 "kernels", "shapes", "calls", "input_errors"):
@@ -169,6 +169,7 @@ def test_k_smoothing_is_what_keeps_sage1_accurate_on_outlier_keys(audited, tmp_p
     # ones of their shape (the causal shape holds only outlier calls).
     causal = next(g for g in raw["shapes"] if g["is_causal"])
     assert causal["kernels"][0]["captured_over_random_rel_l2"] > 3
+    assert causal["kernels"][0]["captured_vs_random_range"] == "above"
 
 
 def test_random_comparison_beside_each_shape(audited):
@@ -179,16 +180,27 @@ def test_random_comparison_beside_each_shape(audited):
         assert group["shape"] == {"batch": BATCH, "heads_q": HEADS, "heads_kv": HEADS, "seq_q": SEQ, "seq_kv": SEQ,
                                   "head_dim_qk": DIM, "head_dim_vo": DIM}
         assert group["dtype"] == "bfloat16"
-        random_call = group["random_call"]
-        assert random_call["op"] == "generated" and random_call["is_causal"] == group["is_causal"]
+        # One random call per seed (--seed 0 and on), each rerunnable with its own seed.
+        random_calls = group["random_calls"]
+        assert len(random_calls) == audit["options"]["random_seeds"] == 3
+        for seed, random_call in enumerate(random_calls):
+            assert random_call["op"] == "generated" and random_call["is_causal"] == group["is_causal"]
+            assert all(f"--seed {seed} " in k["rerun"] + " " and k["rerun"].count("--seed") == 1
+                       for k in random_call["kernels"])
         for summary in group["kernels"]:
             captured = [kernel_of(audit["calls"][p], summary["kernel"])["error"]["rel_l2"] for p in group["calls"]]
             assert summary["median_rel_l2"] == pytest.approx(float(np.median(captured)), rel=1e-12)
-            random = kernel_of(random_call, summary["kernel"])["error"]
-            assert summary["random"]["rel_l2"] == random["rel_l2"]
-            if random["rel_l2"] > 0:
+            random = [kernel_of(c, summary["kernel"])["error"]["rel_l2"] for c in random_calls]
+            assert summary["random"]["calls"] == 3
+            assert summary["random"]["rel_l2"] == pytest.approx(float(np.median(random)), rel=1e-12)
+            assert (summary["random"]["rel_l2_min"], summary["random"]["rel_l2_max"]) == (min(random), max(random))
+            expected = ("above" if summary["median_rel_l2"] > max(random) else
+                        "below" if summary["median_rel_l2"] < min(random) else "within")
+            assert summary["captured_vs_random_range"] == expected
+            if np.median(random) > 0:
                 assert summary["captured_over_random_rel_l2"] == pytest.approx(
-                    summary["median_rel_l2"] / random["rel_l2"], rel=1e-12)
+                    summary["median_rel_l2"] / np.median(random), rel=1e-12)
+                assert len(set(random)) == 3, random  # the seeds draw different inputs
             else:
                 assert summary["captured_over_random_rel_l2"] is None  # the reference against itself
 

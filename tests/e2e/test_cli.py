@@ -174,6 +174,19 @@ def test_csv_rerun_commands_reproduce_rows_of_captures(tmp_path):
     assert [(r["call_index"], r["kernel"]) for r in records] == [(str(i), k) for i in range(2) for k in CPU_KERNELS]
 
 
+def test_csv_rerun_commands_reproduce_sampled_rows(tmp_path):
+    # With --ref-sample-rows the rows compared depend on the seed, so the rerun carries it, once: a
+    # generated call's own --seed is the sampling seed too (a second --seed is a usage error).
+    sampled = ["--ref-sample-rows", "4"]
+    records = run_csv_and_reruns(tmp_path, ["--shape", "1,2,32,16", "--seed", "5", *sampled],
+                                 kernels="flash-cpu,sage1-int8-cpu")
+    assert all(r["rerun"].count("--seed") == 1 and "--seed 5" in r["rerun"] for r in records)
+    make_capture(tmp_path / "cap.h5", count=1)
+    records = run_csv_and_reruns(tmp_path, [tmp_path / "cap.h5", "--seed", "7", *sampled],
+                                 kernels="flash-cpu,sage1-int8-cpu")
+    assert all(r["rerun"].count("--seed") == 1 and "--seed 7" in r["rerun"] for r in records)
+
+
 def test_csv_rerun_commands_quote_paths_with_spaces(tmp_path):
     # The rerun command is meant for a shell: an input path with a space must survive shlex.
     folder = tmp_path / "my captures"
