@@ -11,7 +11,8 @@ Writes, into --out (default: <json stem>_plots/ beside the JSON):
   error_by_step.png    the same against the call's step (when the capture recorded steps)
   speed_accuracy_<n>.png  one per captured (shape, dtype, causal): median rel_l2 against median time
                        and against TFLOP/s, one point per kernel (hollow: the same kernel on random
-                       inputs of that shape, when the audit ran with --random-compare)
+                       inputs of that shape, their median and range over the seeds, when the audit
+                       ran with --random-compare)
 
 Errors are drawn on a log scale; a kernel with no error at all (the reference) has nothing to draw
 there and is left out of the error plots. Only the JSON is read: nothing is measured here.
@@ -111,8 +112,12 @@ def plot_speed_accuracy(group, path):
             ax.annotate(summary["kernel"], (x, y), textcoords="offset points", xytext=(5, 4), fontsize="small")
             random = summary.get("random")
             if random and positive(random.get("rel_l2")) == positive(random.get("rel_l2")):
-                ax.scatter([x], [random["rel_l2"]], s=40, facecolors="none",
-                           edgecolors=point.get_facecolor()[0])
+                color = point.get_facecolor()[0]
+                ax.scatter([x], [random["rel_l2"]], s=40, facecolors="none", edgecolors=color)
+                # The random calls' range (one call per seed), when they spread.
+                low, high = positive(random.get("rel_l2_min", 0.0)), positive(random.get("rel_l2_max", 0.0))
+                if low == low and high == high and high > low:
+                    ax.vlines([x], low, high, colors=[color], linewidth=1)
         drawn = True
     if not drawn:
         plt.close(fig)
