@@ -607,38 +607,31 @@ class HeadAttention {
     m = m_new;
 
     const float* v = kv_.values.row(block_start);
-    if (path_ == PvPath::block_fp32) {
-      float* block_acc = st.block_acc.data();
-      std::fill(st.block_acc.begin(), st.block_acc.end(), 0.0f);
-      for (std::int64_t j = 0; j < visible; ++j) {
+    // Σ p_j · V[j, :] over keys [first, last) of the block, added to `sum` in key order, in fp32.
+    auto add_products = [&](float* sum, std::int64_t first, std::int64_t last) {
+      for (std::int64_t j = first; j < last; ++j) {
         const float p = st.p_used[j];
         const float* v_row = v + j * dv;
-        for (std::int64_t c = 0; c < dv; ++c) block_acc[c] += p * v_row[c];
+        for (std::int64_t c = 0; c < dv; ++c) sum[c] += p * v_row[c];
       }
-      for (std::int64_t c = 0; c < dv; ++c) acc[c] = acc[c] * alpha + block_acc[c];
+    };
+    if (path_ == PvPath::block_fp32) {
+      std::fill(st.block_acc.begin(), st.block_acc.end(), 0.0f);
+      add_products(st.block_acc.data(), 0, visible);
+      for (std::int64_t c = 0; c < dv; ++c) acc[c] = acc[c] * alpha + st.block_acc[c];
       return;
     }
     for (std::int64_t c = 0; c < dv; ++c) acc[c] *= alpha;
     if (path_ == PvPath::straight_fp32) {
-      for (std::int64_t j = 0; j < visible; ++j) {
-        const float p = st.p_used[j];
-        const float* v_row = v + j * dv;
-        for (std::int64_t c = 0; c < dv; ++c) acc[c] += p * v_row[c];
-      }
+      add_products(acc, 0, visible);
       return;
     }
     // A fresh fp16 accumulator per 32-key chunk (one k32 MMA): the chunk summed in fp32, rounded
     // to fp16, then added to acc in fp32.
-    float* chunk = st.chunk_acc.data();
     for (std::int64_t chunk_start = 0; chunk_start < visible; chunk_start += kFp16ChunkKeys) {
       std::fill(st.chunk_acc.begin(), st.chunk_acc.end(), 0.0f);
-      const std::int64_t chunk_end = std::min(visible, chunk_start + kFp16ChunkKeys);
-      for (std::int64_t j = chunk_start; j < chunk_end; ++j) {
-        const float p = st.p_used[j];
-        const float* v_row = v + j * dv;
-        for (std::int64_t c = 0; c < dv; ++c) chunk[c] += p * v_row[c];
-      }
-      for (std::int64_t c = 0; c < dv; ++c) acc[c] += round_to_float16(chunk[c]);
+      add_products(st.chunk_acc.data(), chunk_start, std::min(visible, chunk_start + kFp16ChunkKeys));
+      for (std::int64_t c = 0; c < dv; ++c) acc[c] += round_to_float16(st.chunk_acc[c]);
     }
   }
 
