@@ -469,11 +469,6 @@ PreparedAttentionInputs prepare_attention_inputs(const AttentionCall& call, Quan
     } else {
       out.values = std::move(values);
     }
-    if (sage2 && stages.quantize_p) {
-      // P was scaled by 448 into e4m3's range; the dequantization is one factor per channel.
-      if (out.output_factor.empty()) out.output_factor.assign(static_cast<std::size_t>(out.values.cols), 1.0f);
-      for (float& factor : out.output_factor) factor /= kFp8Max;
-    }
   });
   return in;
 }
@@ -486,7 +481,7 @@ enum class PvPath { block_fp32, straight_fp32, block_fp16 };
 // Per-thread working memory for one query block: each row's running max, sum and accumulator.
 struct RowBlockState {
   std::vector<float> m, l, acc;  // acc: (rows, head_dim_vo)
-  std::vector<float> dots, scores, p, p_used, block_acc, chunk_acc, mask_terms;
+  std::vector<float> dots, factors, scores, p_used, block_acc, chunk_acc, mask_terms;
 };
 
 // Scores of one query row against one 128-key block: out[j] = sum_c q[c] * keys[c][j]. The
@@ -521,6 +516,8 @@ class HeadAttention {
     // (fa3), or as sage2's --pv_accum_dtype says.
     const bool sage2_pv = in.kind == QuantizedKind::sage2_int8_fp8 && in.stages.quantize_pv;
     const bool fa3_pv = in.kind == QuantizedKind::fa3_fp8 && in.stages.quantize_pv;
+    // sage2 scales P by 448 into e4m3's range inside exp2, and l with it.
+    if (in.kind == QuantizedKind::sage2_int8_fp8 && in.stages.quantize_p) log2_p_scale_ = kLog2Fp8Max;
     path_ = fa3_pv                                   ? PvPath::block_fp32
             : !sage2_pv                              ? PvPath::straight_fp32
             : in.options.pv_accum == PvAccum::fp32      ? PvPath::straight_fp32
@@ -534,7 +531,7 @@ class HeadAttention {
     st.m.assign(static_cast<std::size_t>(n_rows), -std::numeric_limits<float>::infinity());
     st.l.assign(static_cast<std::size_t>(n_rows), 0.0f);
     st.acc.assign(static_cast<std::size_t>(n_rows * dv), 0.0f);
-    st.dots.resize(kBlockK), st.scores.resize(kBlockK), st.p.resize(kBlockK), st.p_used.resize(kBlockK);
+    st.dots.resize(kBlockK), st.factors.resize(kBlockK), st.scores.resize(kBlockK), st.p_used.resize(kBlockK);
     st.mask_terms.resize(kBlockK);
     st.block_acc.resize(static_cast<std::size_t>(dv)), st.chunk_acc.resize(static_cast<std::size_t>(dv));
     const std::int64_t last_end = key_end(row_end - 1);
@@ -572,7 +569,7 @@ class HeadAttention {
     switch (in_.kind) {
       case QuantizedKind::flash:
       case QuantizedKind::sage1_int8: return round_to_dtype(p, in_.input_dtype);
-      case QuantizedKind::sage2_int8_fp8: return round_to_e4m3(p * kFp8Max);
+      case QuantizedKind::sage2_int8_fp8:  // p is scaled by 448 already (log2_p_scale_)
       case QuantizedKind::fa3_fp8: return round_to_e4m3(p);
     }
     return p;
@@ -588,18 +585,24 @@ class HeadAttention {
     // A mask's term is added to the score in the log2 domain (times log2e); a bool mask hides keys.
     if (mask_) mask_.row(b_, h_, i, block_start, visible, st.mask_terms.data());
     for (std::int64_t j = 0; j < visible; ++j) {
-      float score = per_key_scales_ ? st.dots[j] * (query_.row_scale[static_cast<std::size_t>(i)] *
-                                                    kv_.key_scale[static_cast<std::size_t>(block_start + j)])
-                                    : st.dots[j] * score_factor_;
+      const float factor = per_key_scales_ ? query_.row_scale[static_cast<std::size_t>(i)] *
+                                                 kv_.key_scale[static_cast<std::size_t>(block_start + j)]
+                                           : score_factor_;
+      float score = st.dots[j] * factor;
       if (mask_) score += st.mask_terms[j] * kLog2e;
+      st.factors[j] = factor;
       st.scores[j] = score;
       block_max = std::max(block_max, score);
     }
     const float m_new = std::max(m, block_max);
     const float alpha = m_new == -std::numeric_limits<float>::infinity() ? 1.0f : std::exp2(m - m_new);
+    // Unmasked, the dot product is scaled and m subtracted in one fma, as the kernels do.
+    const float offset = log2_p_scale_ - m_new;
     float row_sum = 0.0f;
     for (std::int64_t j = 0; j < visible; ++j) {
-      const float p = m_new == -std::numeric_limits<float>::infinity() ? 0.0f : std::exp2(st.scores[j] - m_new);
+      const float p = m_new == -std::numeric_limits<float>::infinity() ? 0.0f
+                      : mask_ ? std::exp2(st.scores[j] + offset)
+                              : std::exp2(std::fma(st.dots[j], st.factors[j], offset));
       row_sum += p;
       st.p_used[j] = p_rounded(p);
     }
@@ -644,6 +647,7 @@ class HeadAttention {
   bool per_key_scales_ = false;
   bool exact_in_float_ = true;
   float score_factor_ = 1.0f;
+  float log2_p_scale_ = 0.0f;
   PvPath path_ = PvPath::block_fp32;
 };
 

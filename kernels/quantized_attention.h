@@ -61,6 +61,7 @@ inline constexpr std::int64_t kBlockK = 128;        // keys per block
 inline constexpr std::int64_t kFp16ChunkKeys = 32;  // keys summed in fp32 before an fp16 rounding
 inline constexpr float kInt8Max = 127.0f;
 inline constexpr float kFp8Max = 448.0f;  // largest finite e4m3fn
+inline constexpr float kLog2Fp8Max = 8.80735492205760410f;  // log2(448): sage2's P scale, inside exp2
 // V's per-channel target under --pv_accum_dtype fp32+fp16: P (<= 448) times V (<= 2.25) summed
 // over a 32-key chunk stays within fp16's 65504.
 inline constexpr float kFp16AccumVMax = 2.25f;

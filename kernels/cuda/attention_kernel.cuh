@@ -11,8 +11,8 @@
 // The consumers take turns to issue their MMAs (FlashAttention-3's ping-pong); in one turn a
 // consumer issues Q·Kᵀ of block kb and P·V of block kb - 1, so while one computes its softmax the
 // others' products keep the tensor cores busy. Per consumer and key block: S (64 x 128) = Q·Kᵀ
-// by wgmma with Q and K in shared memory, then scaled, masked and soft-maxed in registers while the
-// previous block's P·V runs, and P kept in registers as P·V's A operand for the next turn:
+// by wgmma with Q and K in shared memory, then masked and soft-maxed in registers (scaled inside
+// exp2's FFMA) while the previous block's P·V runs, and P kept in registers as P·V's A operand for the next turn:
 //   flash  Q·Kᵀ k16 bf16/fp16 -> f32; P·V k16 bf16/fp16 -> f32, straight into acc
 //   sage1  Q·Kᵀ k32 s8 -> s32;        P·V as flash
 //   sage2  Q·Kᵀ as sage1;             P·V k32 e4m3 -> f32 (fp32: into acc; fp32+fp32: a fresh
@@ -59,6 +59,8 @@ struct AttentionTile {
   static constexpr bool kChunkedPv = kKind == Kind::sage2_int8_fp8 && kPv == PvAccumulation::fp32_fp16;
   static constexpr bool kBlockSumPv =
       (kKind == Kind::sage2_int8_fp8 && kPv == PvAccumulation::fp32_fp32) || kKind == Kind::fa3_fp8;
+  // sage2 scales P by 448 into e4m3's range inside exp2: exp2(x + log2 448), and l with it.
+  static constexpr float kLog2PScale = kKind == Kind::sage2_int8_fp8 ? 8.80735492205760410f : 0.0f;
   static constexpr int kQkRowBytes = kDim * (kInt8Scores || kFp8Scores ? 1 : 2);
   // One MMA k-step is 32 bytes of a row: k16 of 16-bit elements, k32 of 8-bit ones.
   static constexpr int kQkSteps = kQkRowBytes / 32;
@@ -349,16 +351,13 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) attention_kernel(const __gr
         pa[c][3] = pack2<Elem>(s[8 * c + 6], s[8 * c + 7]);
       }
     } else {
-      // sage2 scales P by 448 into e4m3's range.
-      constexpr float kPScale = Tile::kKind == Kind::sage2_int8_fp8 ? 448.0f : 1.0f;
 #pragma unroll
       for (int c = 0; c < Tile::kPvSteps; ++c)
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int lo = 4 * (4 * c + 2 * half), hi = lo + 4;  // the two 8-key tiles of this register pair
-          pa[c][2 * half] = pack_e4m3x4(s[lo] * kPScale, s[lo + 1] * kPScale, s[hi] * kPScale, s[hi + 1] * kPScale);
-          pa[c][2 * half + 1] =
-              pack_e4m3x4(s[lo + 2] * kPScale, s[lo + 3] * kPScale, s[hi + 2] * kPScale, s[hi + 3] * kPScale);
+          pa[c][2 * half] = pack_e4m3x4(s[lo], s[lo + 1], s[hi], s[hi + 1]);
+          pa[c][2 * half + 1] = pack_e4m3x4(s[lo + 2], s[lo + 3], s[hi + 2], s[hi + 3]);
         }
     }
     in_flight_stage = pending_stage;
@@ -395,33 +394,34 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) attention_kernel(const __gr
       else wgmma_wait<0>();
       fence_registers(scores);
     };
-    // S scaled into the log2 domain; s[4 t + e] as acc, t the 8-key tile.
+    // Scores stay unscaled until exp2, which takes r·f − m in one FFMA: f is the factor into the
+    // log2 domain, by column parity (keys 2t and 2t + 1; the two differ only for per_thread K
+    // groups). Rounding is monotonic, so the largest r·f is the largest r times f, or the least r
+    // times f where f < 0 (a negative softmax scale; the Sage kinds fold the scale into Q's codes,
+    // so their f is never negative).
+    float factor[2];
     if constexpr (Tile::kInt8Scores) {
       int si[4 * Tile::kScoreTiles];
       multiply_q_k(si);
       const std::int64_t base = head_kv * a.k_groups;
-      float k_scale0, k_scale1;  // by column parity: keys 2t and 2t + 1
       if (a.granularity == Granularity::per_thread) {
-        k_scale0 = a.k_scale[base + kb * 8 + 2 * t4];
-        k_scale1 = a.k_scale[base + kb * 8 + 2 * t4 + 1];
+        factor[0] = q_scale * a.k_scale[base + kb * 8 + 2 * t4];
+        factor[1] = q_scale * a.k_scale[base + kb * 8 + 2 * t4 + 1];
       } else {
-        k_scale0 = k_scale1 = a.k_scale[base + kb];
+        factor[0] = factor[1] = q_scale * a.k_scale[base + kb];
       }
-      const float qk_scale[2] = {q_scale * k_scale0, q_scale * k_scale1};
-      // float(x) without I2F, a quarter-rate conversion on the pipe exp2 uses: for |x| < 2^22
-      // (here |x| <= 127 * 127 * 128 < 2^21), 1.5 * 2^23 + x is a float whose bits are
-      // 0x4B400000 + x, and subtracting 1.5 * 2^23 leaves x exactly.
 #pragma unroll
-      for (int i = 0; i < 4 * Tile::kScoreTiles; ++i)
-        s[i] = (__int_as_float(0x4B400000 + si[i]) - 12582912.0f) * qk_scale[i & 1];
+      for (int i = 0; i < 4 * Tile::kScoreTiles; ++i) s[i] = __int2float_rn(si[i]);  // exact: |x| < 2^21
     } else {
       multiply_q_k(s);
-#pragma unroll
-      for (int i = 0; i < 4 * Tile::kScoreTiles; ++i) s[i] *= score_factor;
+      factor[0] = factor[1] = score_factor;
     }
+    const bool descending = !Tile::kInt8Scores && score_factor < 0.0f;
+    const float hidden_score = descending ? kInf : -kInf;
 
     // ---- Hidden keys: past the end, or (causal) after the row's diagonal ----
-    if (key0 + kBlockK > a.seq_kv || (a.causal && key0 + kBlockK - 1 > q0 + a.causal_offset)) {
+    const bool boundary = key0 + kBlockK > a.seq_kv || (a.causal && key0 + kBlockK - 1 > q0 + a.causal_offset);
+    if (boundary) {
       // Per row, the number of leading keys of this block it sees (0..128): 32-bit compares below.
       int visible[2];
 #pragma unroll
@@ -434,15 +434,28 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) attention_kernel(const __gr
       for (int t = 0; t < Tile::kScoreTiles; ++t)
 #pragma unroll
         for (int e = 0; e < 4; ++e)
-          if (t * 8 + 2 * t4 + (e & 1) >= visible[e >> 1]) s[4 * t + e] = -kInf;
+          if (t * 8 + 2 * t4 + (e & 1) >= visible[e >> 1]) s[4 * t + e] = hidden_score;
     }
 
     // ---- Online softmax (per row: the quad of threads holding it agrees on m) ----
+    float offset[2];  // per row: exp2's argument is r·f + offset
 #pragma unroll
     for (int rh = 0; rh < 2; ++rh) {
-      float block_max = -kInf;
+      float extreme[2] = {hidden_score, hidden_score};  // by column parity
+      if (!descending) {
 #pragma unroll
-      for (int t = 0; t < Tile::kScoreTiles; ++t) block_max = fmaxf(block_max, fmaxf(s[4 * t + 2 * rh], s[4 * t + 2 * rh + 1]));
+        for (int t = 0; t < Tile::kScoreTiles; ++t)
+#pragma unroll
+          for (int parity = 0; parity < 2; ++parity) extreme[parity] = fmaxf(extreme[parity], s[4 * t + 2 * rh + parity]);
+      } else {
+#pragma unroll
+        for (int t = 0; t < Tile::kScoreTiles; ++t)
+#pragma unroll
+          for (int parity = 0; parity < 2; ++parity) extreme[parity] = fminf(extreme[parity], s[4 * t + 2 * rh + parity]);
+      }
+      // A parity with every key hidden gives ±inf · f = −inf, or NaN where f = 0, which fmaxf
+      // passes over.
+      float block_max = fmaxf(extreme[0] * factor[0], extreme[1] * factor[1]);
       block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 1));
       block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 2));
       const float m_new = fmaxf(row_max[rh], block_max);
@@ -451,16 +464,25 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) attention_kernel(const __gr
       // acc and l are still 0.
       const float m_use = m_new == -kInf ? 0.0f : m_new;
       alpha[rh] = exp2_approx(row_max[rh] - m_use);
+      offset[rh] = Tile::kLog2PScale - m_use;
+      row_max[rh] = m_new;
+    }
+#pragma unroll
+    for (int t = 0; t < Tile::kScoreTiles; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[4 * t + e] = exp2_approx(fmaf(s[4 * t + e], factor[e & 1], offset[e >> 1]));
+    // Hidden keys give exp2(−inf) = 0, but NaN (±inf · 0) where f = 0: a zero softmax scale, or
+    // Q or K codes all zero. fmaxf makes that 0 and leaves every other p as it is.
+    if (boundary && (factor[0] == 0.0f || factor[1] == 0.0f)) {
+#pragma unroll
+      for (int i = 0; i < 4 * Tile::kScoreTiles; ++i) s[i] = fmaxf(s[i], 0.0f);
+    }
+#pragma unroll
+    for (int rh = 0; rh < 2; ++rh) {
       float sum = 0.0f;
 #pragma unroll
-      for (int t = 0; t < Tile::kScoreTiles; ++t)
-#pragma unroll
-        for (int e = 2 * rh; e < 2 * rh + 2; ++e) {
-          s[4 * t + e] = exp2_approx(s[4 * t + e] - m_use);
-          sum += s[4 * t + e];
-        }
+      for (int t = 0; t < Tile::kScoreTiles; ++t) sum += s[4 * t + 2 * rh] + s[4 * t + 2 * rh + 1];
       row_sum[rh] = row_sum[rh] * alpha[rh] + sum;  // l sums p unquantized
-      row_max[rh] = m_new;
     }
 
     pending_stage = stage;

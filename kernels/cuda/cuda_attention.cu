@@ -104,7 +104,7 @@ struct Attention::State {
   Options options;
   DeviceBuffer q_in, k_in, v_in;        // as uploaded, in the call's layout
   DeviceBuffer q_work, k_work, v_work;  // what the attention reads, when not the uploads
-  DeviceBuffer q_scale, k_scale, v_scale, v_factor, k_mean;
+  DeviceBuffer q_scale, k_scale, v_scale, k_mean;
   DeviceBuffer q_amax, k_amax, v_amax;
   DeviceBuffer out;
   AttentionArgs args;
@@ -199,9 +199,8 @@ Attention::Attention(Kind kind, const Problem& p, const Options& options, const 
         s.v_work.allocate(bkv * d * static_cast<std::size_t>(k_rows), "V (e4m3)");
         s.v_amax.allocate(bkv * d * sizeof(unsigned), "V amax");
         s.v_scale.allocate(bkv * d * sizeof(float), "V scales");
-        s.v_factor.allocate(bkv * d * sizeof(float), "V dequantization");
         a.v = s.v_work.as();
-        a.v_scale = s.v_factor.as<float>();
+        a.v_scale = s.v_scale.as<float>();
       }
       break;
     }
@@ -258,7 +257,7 @@ void Attention::prepare_inputs(cudaStream_t stream) {
         // Under fp32+fp16, V's amax maps to 2.25 rather than 448: a 32-key chunk of P·V then stays
         // inside fp16's range (docs/quantized.md).
         const float target = s.options.pv_accumulation == PvAccumulation::fp32_fp16 ? 2.25f : 448.0f;
-        fp8_scales(s.v_amax.as<unsigned>(), channels, target, s.v_scale.as<float>(), s.v_factor.as<float>(), stream);
+        fp8_scales(s.v_amax.as<unsigned>(), channels, target, s.v_scale.as<float>(), stream);
         quantize_fp8_values(s.v_view(), s.v_scale.as<float>(), true, s.v_work.as<std::uint8_t>(), a.v_length, stream);
       }
       break;
@@ -269,7 +268,7 @@ void Attention::prepare_inputs(cudaStream_t stream) {
         const int heads = in.batch * in.heads;
         abs_max(in, false, amax.as<unsigned>(), stream);
         if (per_tensor) broadcast_max(amax.as<unsigned>(), heads, stream);
-        fp8_scales(amax.as<unsigned>(), heads, 448.0f, scale.as<float>(), nullptr, stream);
+        fp8_scales(amax.as<unsigned>(), heads, 448.0f, scale.as<float>(), stream);
       };
       scales(s.q_view(), s.q_amax, s.q_scale);
       scales(s.k_view(), s.k_amax, s.k_scale);

@@ -232,13 +232,10 @@ __global__ void broadcast_max_kernel(unsigned* amax, int count) {
   for (int i = static_cast<int>(threadIdx.x); i < count; i += blockDim.x) amax[i] = block_max;
 }
 
-__global__ void fp8_scales_kernel(const unsigned* amax, int count, float target, float* scales,
-                                  float* output_factor) {
+__global__ void fp8_scales_kernel(const unsigned* amax, int count, float target, float* scales) {
   const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
   if (i >= count) return;
-  const float scale = __fdiv_rn(__uint_as_float(amax[i]), target);
-  scales[i] = scale;
-  if (output_factor) output_factor[i] = __fdiv_rn(scale, 448.0f);
+  scales[i] = __fdiv_rn(__uint_as_float(amax[i]), target);
 }
 
 // ---- FP8 ----
@@ -389,10 +386,8 @@ void broadcast_max(unsigned* amax, int count, cudaStream_t stream) {
   ATTNREPLAY_CUDA_CHECK_LAUNCH("broadcast_max_kernel");
 }
 
-void fp8_scales(const unsigned* amax, int count, float target, float* scales, float* output_factor,
-                cudaStream_t stream) {
-  fp8_scales_kernel<<<static_cast<unsigned>(ceil_div(count, 256)), 256, 0, stream>>>(amax, count, target, scales,
-                                                                                    output_factor);
+void fp8_scales(const unsigned* amax, int count, float target, float* scales, cudaStream_t stream) {
+  fp8_scales_kernel<<<static_cast<unsigned>(ceil_div(count, 256)), 256, 0, stream>>>(amax, count, target, scales);
   ATTNREPLAY_CUDA_CHECK_LAUNCH("fp8_scales_kernel");
 }
 

@@ -46,10 +46,8 @@ int int8_groups_per_block(bool is_key, Granularity granularity);
 void abs_max(const InputView& in, bool per_channel, unsigned* amax, cudaStream_t stream);
 // Replaces each of `count` amax values by their maximum (a per-tensor scale).
 void broadcast_max(unsigned* amax, int count, cudaStream_t stream);
-// scale = amax / target (448, or 2.25 for sage2's V under fp32+fp16); output_factor (if not null)
-// = scale / 448, the dequantization of P scaled by 448 times V.
-void fp8_scales(const unsigned* amax, int count, float target, float* scales, float* output_factor,
-                cudaStream_t stream);
+// scale = amax / target (448, or 2.25 for sage2's V under fp32+fp16).
+void fp8_scales(const unsigned* amax, int count, float target, float* scales, cudaStream_t stream);
 
 // e4m3(x / s), s one per (b, h); (batch, heads, rows, head_dim) with rows >= seq zero.
 void quantize_fp8_rows(const InputView& in, const float* head_scales, std::uint8_t* out, std::int64_t rows,

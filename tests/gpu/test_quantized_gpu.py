@@ -99,6 +99,14 @@ def test_cuda_kernel_agrees_with_its_emulation(tmp_path, kernel, flags):
     assert (rows[kernel].get("timing_with_preparation") is not None) == prepares, rows[kernel]
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("scale", ["-0.09", "0"], ids=["negative", "zero"])
+def test_negative_and_zero_softmax_scales(tmp_path, kernel, scale):
+    # The kernels scale scores inside exp2's FFMA and take m from the unscaled ones: a negative
+    # scale takes the least; a zero one must still leave the causal mask's hidden keys at p = 0.
+    check_against_emulation(tmp_path, kernel, "--shape", "1,2,300,64", "--causal", f"--scale={scale}")
+
+
 def test_rows_without_keys_are_zero(tmp_path):
     replay(tmp_path, *SHAPES["rows-without-keys"], "--kernels", ",".join(KERNELS))
     for kernel in KERNELS:

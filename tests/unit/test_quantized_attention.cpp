@@ -321,6 +321,27 @@ TEST_CASE("quantized emulation: with every stage off, each kind is within fp32 r
   }
 }
 
+TEST_CASE("quantized emulation: negative and zero softmax scales", "[quant]") {
+  // The score is scaled inside exp2's fma, and m taken before: under a negative scale the row's
+  // largest score comes from its least dot product; under a zero one every visible key weighs 1.
+  for (const double scale : {-0.2, 0.0}) {
+    GeneratedCase c = generated_cases()[1];  // GQA, causal: rows with hidden keys in partial blocks
+    GeneratedCallSpec spec;
+    spec.shape = c.shape, spec.dtype = c.dtype, spec.is_causal = true, spec.seed = 7, spec.scale = scale;
+    const AttentionCall call = generate_call(spec);
+    const ReferenceOutput reference = reference_attention(call);
+    for (QuantizedKind kind : kAllKinds) {
+      INFO("scale " << scale << ", " << to_string(kind));
+      const ErrorStats exact =
+          compare_to_reference(emulate_attention(call, kind, QuantOptions{}, {false, false, false}), reference);
+      CHECK(exact.rel_l2 <= 1e-6);
+      const ErrorStats quantized = compare_to_reference(emulate_attention(call, kind, QuantOptions{}), reference);
+      CHECK(quantized.nan_count == 0);
+      CHECK(quantized.cosine >= 0.998);
+    }
+  }
+}
+
 TEST_CASE("quantized emulation: each stage adds error only where the kind has that step", "[quant]") {
   const AttentionCall call = generated(generated_cases()[1]);
   const ReferenceOutput reference = reference_attention(call);
