@@ -548,12 +548,11 @@ class HeadAttention {
     for (std::int64_t r = 0; r < n_rows; ++r) {
       float* o = out + (row_begin + r) * dv;
       const float* acc = st.acc.data() + r * dv;
-      const float l = st.l[r];
-      for (std::int64_t c = 0; c < dv; ++c) {
-        // No visible key: 0, as torch's math backend gives.
-        if (l == 0.0f) o[c] = 0.0f;
-        else o[c] = kv_.output_factor.empty() ? acc[c] / l : (acc[c] / l) * kv_.output_factor[c];
-      }
+      // One reciprocal per row, as the kernels compute it; no visible key (l = 0): 0, as torch's
+      // math backend gives.
+      const float inverse_l = st.l[r] == 0.0f ? 0.0f : 1.0f / st.l[r];
+      for (std::int64_t c = 0; c < dv; ++c)
+        o[c] = kv_.output_factor.empty() ? acc[c] * inverse_l : (acc[c] * inverse_l) * kv_.output_factor[c];
     }
   }
 

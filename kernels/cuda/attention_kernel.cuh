@@ -517,7 +517,21 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) attention_kernel(const __gr
     pass_turn();
   }
 
-  // ---- O = acc / l (times V's dequantization), rows with no visible key 0 ----
+  // ---- O = acc · (1 / l) (times V's dequantization), rows with no visible key 0 ----
+  // One division per row rather than per element; V's factors are loaded before the row sums'
+  // shuffles, so that their latency overlaps them.
+  float channel_factor[Tile::kOutTiles][2];  // sage2: V's scale per channel
+  float head_factor = 1.0f;                  // fa3: V's scale
+  if constexpr (Tile::kKind == Kind::sage2_int8_fp8) {
+#pragma unroll
+    for (int dt = 0; dt < Tile::kOutTiles; ++dt) {
+      const float2 f = *reinterpret_cast<const float2*>(a.v_scale + head_kv * kDim + dt * 8 + 2 * t4);
+      channel_factor[dt][0] = f.x;
+      channel_factor[dt][1] = f.y;
+    }
+  } else if constexpr (Tile::kKind == Kind::fa3_fp8) {
+    head_factor = a.v_scale[head_kv];
+  }
 #pragma unroll
   for (int rh = 0; rh < 2; ++rh) {
     row_sum[rh] += __shfl_xor_sync(0xffffffffu, row_sum[rh], 1);
@@ -528,20 +542,19 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) attention_kernel(const __gr
   for (int rh = 0; rh < 2; ++rh) {
     const std::int64_t row = q0 + row0 + rh * 8;
     if (row >= a.seq_q) continue;
-    const float l = row_sum[rh];
+    const float inverse_l = row_sum[rh] == 0.0f ? 0.0f : 1.0f / row_sum[rh];  // acc is 0 there too
 #pragma unroll
     for (int dt = 0; dt < Tile::kOutTiles; ++dt) {
-      const int column = dt * 8 + 2 * t4;
-      float o0 = l == 0.0f ? 0.0f : acc[4 * dt + 2 * rh] / l;
-      float o1 = l == 0.0f ? 0.0f : acc[4 * dt + 2 * rh + 1] / l;
+      float o0 = acc[4 * dt + 2 * rh] * inverse_l;
+      float o1 = acc[4 * dt + 2 * rh + 1] * inverse_l;
       if constexpr (Tile::kKind == Kind::sage2_int8_fp8) {
-        o0 *= a.v_scale[head_kv * kDim + column];
-        o1 *= a.v_scale[head_kv * kDim + column + 1];
+        o0 *= channel_factor[dt][0];
+        o1 *= channel_factor[dt][1];
       } else if constexpr (Tile::kKind == Kind::fa3_fp8) {
-        o0 *= a.v_scale[head_kv];
-        o1 *= a.v_scale[head_kv];
+        o0 *= head_factor;
+        o1 *= head_factor;
       }
-      *reinterpret_cast<std::uint32_t*>(out + row * kDim + column) = pack2<Elem>(o0, o1);
+      *reinterpret_cast<std::uint32_t*>(out + row * kDim + dt * 8 + 2 * t4) = pack2<Elem>(o0, o1);
     }
   }
 }
