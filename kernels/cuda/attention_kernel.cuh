@@ -22,6 +22,7 @@
 // fragment: a thread holds rows g and g + 8 and, in each 8-key tile, keys 2t and 2t + 1
 // (g = lane / 4, t = lane % 4), the INT8 per_thread groups of the definition; and its register A
 // operand is laid out as mma.sync's A fragment, so P goes from one to the other in registers.
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 
@@ -438,24 +439,36 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) attention_kernel(const __gr
     }
 
     // ---- Online softmax (per row: the quad of threads holding it agrees on m) ----
-    float offset[2];  // per row: exp2's argument is r·f + offset
+    // Hidden keys' p: exp2(±inf · f + offset) = 0, but ±inf · 0 is NaN, so where f = 0 (a zero
+    // softmax scale, or Q or K codes all zero) exp2 takes FLT_MIN instead: a visible key's r times
+    // it (below 2^-26 for |r| < 2^100; INT8 and FP8 dot products stay below 2^25) leaves exp2's
+    // result at what f = 0 gives.
+    const float exp_factor[2] = {factor[0] == 0.0f ? FLT_MIN : factor[0], factor[1] == 0.0f ? FLT_MIN : factor[1]};
 #pragma unroll
     for (int rh = 0; rh < 2; ++rh) {
-      float extreme[2] = {hidden_score, hidden_score};  // by column parity
+      // By column parity and tile parity: four independent chains.
+      float extreme[2][2] = {{hidden_score, hidden_score}, {hidden_score, hidden_score}};
       if (!descending) {
 #pragma unroll
         for (int t = 0; t < Tile::kScoreTiles; ++t)
 #pragma unroll
-          for (int parity = 0; parity < 2; ++parity) extreme[parity] = fmaxf(extreme[parity], s[4 * t + 2 * rh + parity]);
+          for (int parity = 0; parity < 2; ++parity)
+            extreme[parity][t & 1] = fmaxf(extreme[parity][t & 1], s[4 * t + 2 * rh + parity]);
       } else {
 #pragma unroll
         for (int t = 0; t < Tile::kScoreTiles; ++t)
 #pragma unroll
-          for (int parity = 0; parity < 2; ++parity) extreme[parity] = fminf(extreme[parity], s[4 * t + 2 * rh + parity]);
+          for (int parity = 0; parity < 2; ++parity)
+            extreme[parity][t & 1] = fminf(extreme[parity][t & 1], s[4 * t + 2 * rh + parity]);
       }
+      float extreme_by_parity[2];
+#pragma unroll
+      for (int parity = 0; parity < 2; ++parity)
+        extreme_by_parity[parity] = descending ? fminf(extreme[parity][0], extreme[parity][1])
+                                               : fmaxf(extreme[parity][0], extreme[parity][1]);
       // A parity with every key hidden gives ±inf · f = −inf, or NaN where f = 0, which fmaxf
       // passes over.
-      float block_max = fmaxf(extreme[0] * factor[0], extreme[1] * factor[1]);
+      float block_max = fmaxf(extreme_by_parity[0] * factor[0], extreme_by_parity[1] * factor[1]);
       block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 1));
       block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 2));
       const float m_new = fmaxf(row_max[rh], block_max);
@@ -464,25 +477,18 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) attention_kernel(const __gr
       // acc and l are still 0.
       const float m_use = m_new == -kInf ? 0.0f : m_new;
       alpha[rh] = exp2_approx(row_max[rh] - m_use);
-      offset[rh] = Tile::kLog2PScale - m_use;
       row_max[rh] = m_new;
-    }
+      const float offset = Tile::kLog2PScale - m_use;  // exp2's argument is r·f + offset
+      float sum[2] = {0.0f, 0.0f};
 #pragma unroll
-    for (int t = 0; t < Tile::kScoreTiles; ++t)
+      for (int t = 0; t < Tile::kScoreTiles; ++t)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s[4 * t + e] = exp2_approx(fmaf(s[4 * t + e], factor[e & 1], offset[e >> 1]));
-    // Hidden keys give exp2(−inf) = 0, but NaN (±inf · 0) where f = 0: a zero softmax scale, or
-    // Q or K codes all zero. fmaxf makes that 0 and leaves every other p as it is.
-    if (boundary && (factor[0] == 0.0f || factor[1] == 0.0f)) {
-#pragma unroll
-      for (int i = 0; i < 4 * Tile::kScoreTiles; ++i) s[i] = fmaxf(s[i], 0.0f);
-    }
-#pragma unroll
-    for (int rh = 0; rh < 2; ++rh) {
-      float sum = 0.0f;
-#pragma unroll
-      for (int t = 0; t < Tile::kScoreTiles; ++t) sum += s[4 * t + 2 * rh] + s[4 * t + 2 * rh + 1];
-      row_sum[rh] = row_sum[rh] * alpha[rh] + sum;  // l sums p unquantized
+        for (int parity = 0; parity < 2; ++parity) {
+          float& x = s[4 * t + 2 * rh + parity];
+          x = exp2_approx(fmaf(x, exp_factor[parity], offset));
+          sum[parity] += x;
+        }
+      row_sum[rh] = row_sum[rh] * alpha[rh] + (sum[0] + sum[1]);  // l sums p unquantized
     }
 
     pending_stage = stage;
