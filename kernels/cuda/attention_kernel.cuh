@@ -12,7 +12,8 @@
 // consumer issues Q·Kᵀ of block kb and P·V of block kb - 1, so while one computes its softmax the
 // others' products keep the tensor cores busy. Per consumer and key block: S (64 x 128) = Q·Kᵀ
 // by wgmma with Q and K in shared memory, then masked and soft-maxed in registers (scaled inside
-// exp2's FFMA) while the previous block's P·V runs, and P kept in registers as P·V's A operand for the next turn:
+// exp2's FFMA) while the previous block's P·V runs, and P kept in registers as P·V's A operand
+// for the next turn:
 //   flash  Q·Kᵀ k16 bf16/fp16 -> f32; P·V k16 bf16/fp16 -> f32, straight into acc
 //   sage1  Q·Kᵀ k32 s8 -> s32;        P·V as flash
 //   sage2  Q·Kᵀ as sage1;             P·V k32 e4m3 -> f32 (fp32: into acc; fp32+fp32: a fresh
