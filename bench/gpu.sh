@@ -12,7 +12,8 @@ LOG="$OUT/gpu.log"
 exec > >(tee -a "$LOG") 2>&1
 status=0
 step() { echo; echo "== $* ($(date -u +%H:%M:%S))"; }
-# GPU_STEPS picks a subset, e.g. GPU_STEPS="tests dobench" (the build always runs).
+# GPU_STEPS picks a subset, e.g. GPU_STEPS="tests dobench" (the build always runs); "peer" and
+# "reference" run only when asked for.
 STEPS="${GPU_STEPS:-tests dobench suite quant capture}"
 wants() { [[ " $STEPS " == *" $1 "* ]]; }
 
@@ -63,6 +64,16 @@ for lib in "$BUILD"/kernels/libattnreplay_cuda_attention.a; do
 done | tee "$OUT/sass.txt"
 # And the compiler's resource report: registers and spills per instantiation.
 bash "$ROOT/bench/kernel_resources.sh" | tee -a "$OUT/sass.txt" || status=1
+fi
+
+if wants peer; then
+step "SageAttention2's own sm90 kernel beside ours (bench/peer_sageattention.py)"
+if [ -d "$ROOT/.peer/SageAttention/csrc" ]; then
+  python3 "$ROOT/bench/peer_sageattention.py" --source "$ROOT/.peer/SageAttention" --build-dir "$BUILD-peer" \
+    --attnreplay "$BIN" --out "$OUT/peer.json" 2>&1 | grep -v "^W[0-9]" | tee "$OUT/peer.txt" || status=1
+else
+  echo "no SageAttention checkout in .peer/SageAttention (bench/README.md says how to get one)"
+fi
 fi
 
 if wants reference; then
