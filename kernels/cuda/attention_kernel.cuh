@@ -1,19 +1,20 @@
 #pragma once
 // The attention kernel of all four kinds (docs/quantized.md), for Hopper's warpgroup MMA (sm_90a).
-// A CTA takes 128 query rows of one (batch, head) (192 at head dim 64) with a producer warpgroup,
-// whose one thread copies Q once and K and V block by block into three shared-memory stages by
-// TMA, and two consumer warpgroups (three at head dim 64), each computing one 64-row block of the
+// A CTA takes 64 query rows of one (batch, head) per consumer warpgroup (two or three, as
+// AttentionTile says) with a producer warpgroup, whose one thread copies Q once and K and V block
+// by block into three shared-memory stages by TMA. Each consumer computes one 64-row block of the
 // definition (each of its 4 warps 16 rows of it) over the key blocks of 128 in order, with an
 // online softmax in fp32 and exp2. The producer gives its registers to the consumers
 // (setmaxnreg). Stages pass between them on mbarriers: "loaded" (the copy engine counts the bytes
 // in) and "free" (every consumer thread arrives once done).
 //
-// The consumers take turns to issue their MMAs (FlashAttention-3's ping-pong); in one turn a
-// consumer issues Q·Kᵀ of block kb and P·V of block kb - 1, so while one computes its softmax the
-// others' products keep the tensor cores busy. Per consumer and key block: S (64 x 128) = Q·Kᵀ
-// by wgmma with Q and K in shared memory, then masked and soft-maxed in registers (scaled inside
-// exp2's FFMA) while the previous block's P·V runs, and P kept in registers as P·V's A operand
-// for the next turn:
+// Overlapped schedule: the consumers take turns to issue their MMAs (FlashAttention-3's
+// ping-pong); in one turn a consumer issues Q·Kᵀ of block kb and P·V of block kb - 1, so while one
+// computes its softmax the others' products keep the tensor cores busy. Serial schedule: each
+// consumer issues P·V right after its softmax and waits for it; three consumers interleave. Per
+// consumer and key block: S (64 x 128) = Q·Kᵀ by wgmma with Q and K in shared memory, then masked
+// and soft-maxed in registers (scaled inside exp2's FFMA), and P kept in registers as P·V's A
+// operand:
 //   flash  Q·Kᵀ k16 bf16/fp16 -> f32; P·V k16 bf16/fp16 -> f32, straight into acc
 //   sage1  Q·Kᵀ k32 s8 -> s32;        P·V as flash
 //   sage2  Q·Kᵀ as sage1;             P·V k32 e4m3 -> f32 (fp32: into acc; fp32+fp32: a fresh
@@ -39,11 +40,19 @@ struct AttentionTile {
   using Elem = ElementT;
   static constexpr Kind kKind = kKindT;
   static constexpr int kDim = kDimT;
-  // A consumer warpgroup per 64-row query block, taking turns on the tensor cores, and one
-  // producer warpgroup. Head dim 128: two consumers, each's softmax hidden behind the other's
-  // MMAs. Head dim 64, whose MMAs are half as long and whose softmax is as long: three, so that a
-  // scheduler has more warps to switch to while one waits.
-  static constexpr int kConsumers = kDim == 64 ? 3 : 2;
+  // A consumer warpgroup per 64-row query block, and one producer warpgroup. Two schedules:
+  // - overlapped (flash at head dim 128; every kind at 64): the consumers take turns on the
+  //   tensor cores, and a turn issues Q·Kᵀ of a block with P·V of the block before, so that a
+  //   consumer's P·V runs under its next softmax. Two consumers at head dim 128, each's softmax
+  //   hidden behind the other's MMAs; three at 64, whose MMAs are half as long.
+  // - serial (the quantized kinds at head dim 128): each consumer issues P·V right after its
+  //   softmax and waits for it, as SageAttention2's Hopper kernel does, which frees the registers
+  //   the overlap holds (the scores of one block and the P·V of another) for a third consumer,
+  //   and the three interleave on their own. On an H100, from 4k keys up: sage2 +8-11 %, fa3
+  //   +3-5 %, sage1 +2-5 % (bench/results/2026-11-23-h100-serial). flash's 16-bit Q and K would
+  //   need more shared memory than a CTA has for a third consumer.
+  static constexpr bool kSerial = kDimT == 128 && kKindT != Kind::flash;
+  static constexpr int kConsumers = kDim == 64 || kSerial ? 3 : 2;
   static constexpr int kConsumerThreads = 128 * kConsumers;
   static constexpr int kThreads = kConsumerThreads + 128;
   static constexpr int kCtaQ = kBlockQ * kConsumers;
@@ -79,6 +88,7 @@ struct AttentionTile {
   static constexpr int kScoreTiles = kBlockK / 8;
   static constexpr int kOutTiles = kDim / 8;
   static_assert(kDim == 64 || kDim == 128, "head dims 64 and 128");
+  static_assert(kSmemBytes <= 227 * 1024, "at most 227 KB of shared memory per CTA on Hopper");
   static_assert(kSmemQ % 1024 == 0 && kSmemK % 1024 == 0 && kSmemV % 1024 == 0, "tiles on 1024-byte boundaries");
 };
 
@@ -258,7 +268,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) attention_kernel(const __gr
     for (int i = 0; i < kDim / 2; ++i) block_sum[i] = 0.0f;
   }
 
-  // Turns, round the consumers in order: each takes key_blocks + 1 turns, one per key block and
+  // Turns (the overlapped schedule), round the consumers in order: each takes key_blocks + 1 turns, one per key block and
   // one for the last P·V, issues its MMAs in each and passes the turn to the next (named barrier
   // 1 + c is consumer c's turn: its sync and the previous one's arrival). Consumer 0 starts; the
   // last passes nothing after its last turn, so every arrival is waited for.
@@ -267,11 +277,14 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) attention_kernel(const __gr
   const int next_turn = 1 + (consumer + 1) % Tile::kConsumers;
   constexpr int kTurnThreads = 2 * 128;  // a turn's barrier: the warpgroup taking it, the one passing it
   int turns_left = key_blocks + 1;
-  auto take_turn = [&] { named_barrier_sync(my_turn, kTurnThreads); };
-  auto pass_turn = [&] {
-    if (--turns_left > 0 || !last_consumer) named_barrier_arrive(next_turn, kTurnThreads);
+  auto take_turn = [&] {
+    if constexpr (!Tile::kSerial) named_barrier_sync(my_turn, kTurnThreads);
   };
-  if (last_consumer && key_blocks > 0) named_barrier_arrive(next_turn, kTurnThreads);
+  auto pass_turn = [&] {
+    if constexpr (!Tile::kSerial)
+      if (--turns_left > 0 || !last_consumer) named_barrier_arrive(next_turn, kTurnThreads);
+  };
+  if (!Tile::kSerial && last_consumer && key_blocks > 0) named_barrier_arrive(next_turn, kTurnThreads);
 
   // Issues P·V of the pending block, in a turn after wgmma_fence. fp32+fp16 waits for each
   // 32-key chunk to add it to acc, holding the turn meanwhile.
@@ -332,18 +345,8 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) attention_kernel(const __gr
       for (int i = 0; i < kDim / 2; ++i) acc[i] = acc[i] * block_sum_alpha[(i >> 1) & 1] + block_sum[i];
     }
   };
-  // Then acc·α of the last block, and its P into pa for its P·V. This follows the stage's wait
-  // loop in the next block, not the softmax: in the softmax's own basic block, ptxas would hoist
-  // the wait above it, and the P·V in flight would no longer overlap the softmax.
-  auto prepare_p_v = [&] {
-    retire_p_v();
-    if constexpr (Tile::kBlockSumPv) {
-      block_sum_alpha[0] = alpha[0];
-      block_sum_alpha[1] = alpha[1];
-    } else {
-#pragma unroll
-      for (int i = 0; i < kDim / 2; ++i) acc[i] *= alpha[(i >> 1) & 1];
-    }
+  // P of the last block, as P·V's A operand.
+  auto pack_p = [&] {
     if constexpr (!Tile::kFp8Values) {
 #pragma unroll
       for (int c = 0; c < Tile::kPvSteps; ++c) {
@@ -362,7 +365,43 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) attention_kernel(const __gr
           pa[c][2 * half + 1] = pack_e4m3x4(s[lo + 2], s[lo + 3], s[hi + 2], s[hi + 3]);
         }
     }
+  };
+  // Then acc·α of the last block, and its P into pa for its P·V. This follows the stage's wait
+  // loop in the next block, not the softmax: in the softmax's own basic block, ptxas would hoist
+  // the wait above it, and the P·V in flight would no longer overlap the softmax.
+  auto prepare_p_v = [&] {
+    retire_p_v();
+    if constexpr (Tile::kBlockSumPv) {
+      block_sum_alpha[0] = alpha[0];
+      block_sum_alpha[1] = alpha[1];
+    } else {
+#pragma unroll
+      for (int i = 0; i < kDim / 2; ++i) acc[i] *= alpha[(i >> 1) & 1];
+    }
+    pack_p();
     in_flight_stage = pending_stage;
+  };
+  // The serial schedule: P·V of the block just soft-maxed, at once and to its end, so that its
+  // registers (the block sum) are free again before the next Q·Kᵀ; three consumers' MMAs
+  // interleave instead.
+  auto multiply_p_v_now = [&] {
+    pack_p();
+    if constexpr (!Tile::kBlockSumPv) {
+#pragma unroll
+      for (int i = 0; i < kDim / 2; ++i) acc[i] *= alpha[(i >> 1) & 1];
+    }
+    in_flight_stage = pending_stage;
+    wgmma_fence();
+    multiply_p_v();
+    wgmma_wait<0>();
+    if constexpr (Tile::kBlockSumPv) fence_registers(block_sum);
+    fence_registers(acc);
+    fence_operand_rows(pa);
+    mbarrier_arrive(&stage_free[in_flight_stage]);
+    if constexpr (Tile::kBlockSumPv) {
+#pragma unroll
+      for (int i = 0; i < kDim / 2; ++i) acc[i] = acc[i] * alpha[(i >> 1) & 1] + block_sum[i];
+    }
   };
 
   // Key block kb, with (kWithPv) or without the previous block's P·V in the turn: a compile-time
@@ -495,7 +534,13 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) attention_kernel(const __gr
     pending_stage = stage;
   };
 
-  if (computed_blocks > 0) {
+  if constexpr (Tile::kSerial) {
+#pragma unroll 1
+    for (int kb = 0; kb < computed_blocks; ++kb) {
+      process_block(kb, std::false_type{});
+      multiply_p_v_now();
+    }
+  } else if (computed_blocks > 0) {
     process_block(0, std::false_type{});
 #pragma unroll 1
     for (int kb = 1; kb < computed_blocks; ++kb) process_block(kb, std::true_type{});
@@ -569,8 +614,12 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) attention_kernel(const __gr
 template <class Tile>
 void launch_attention(const AttentionArgs& a, cudaStream_t stream) {
   // Once per instantiation: more than 48 KB of dynamic shared memory must be asked for.
-  static const cudaError_t configured = cudaFuncSetAttribute(
-      attention_kernel<Tile>, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSmemBytes);
+  static const cudaError_t configured = [] {
+    const cudaError_t error = cudaFuncSetAttribute(attention_kernel<Tile>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                   Tile::kSmemBytes);
+    if (error != cudaSuccess) (void)cudaGetLastError();  // not left for the next launch's check to report
+    return error;
+  }();
   ATTNREPLAY_CUDA_CHECK(configured);
   const dim3 grid(static_cast<unsigned>(ceil_div(a.seq_q, Tile::kCtaQ)), static_cast<unsigned>(a.heads_q),
                   static_cast<unsigned>(a.batch));
