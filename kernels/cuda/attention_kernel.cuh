@@ -268,10 +268,10 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) attention_kernel(const __gr
     for (int i = 0; i < kDim / 2; ++i) block_sum[i] = 0.0f;
   }
 
-  // Turns (the overlapped schedule), round the consumers in order: each takes key_blocks + 1 turns, one per key block and
-  // one for the last P·V, issues its MMAs in each and passes the turn to the next (named barrier
-  // 1 + c is consumer c's turn: its sync and the previous one's arrival). Consumer 0 starts; the
-  // last passes nothing after its last turn, so every arrival is waited for.
+  // Turns (the overlapped schedule), round the consumers in order: each takes key_blocks + 1 turns,
+  // one per key block and one for the last P·V, issues its MMAs in each and passes the turn to the
+  // next (named barrier 1 + c is consumer c's turn: its sync and the previous one's arrival).
+  // Consumer 0 starts; the last passes nothing after its last turn, so every arrival is waited for.
   const bool last_consumer = consumer == Tile::kConsumers - 1;
   const int my_turn = 1 + consumer;
   const int next_turn = 1 + (consumer + 1) % Tile::kConsumers;
