@@ -366,11 +366,9 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) attention_kernel(const __gr
         }
     }
   };
-  // Then acc·α of the last block, and its P into pa for its P·V. This follows the stage's wait
-  // loop in the next block, not the softmax: in the softmax's own basic block, ptxas would hoist
-  // the wait above it, and the P·V in flight would no longer overlap the softmax.
-  auto prepare_p_v = [&] {
-    retire_p_v();
+  // acc·α of the pending block (or, with block sums, its α kept for its sum), and its P into pa,
+  // ready for its P·V.
+  auto stage_p_v = [&] {
     if constexpr (Tile::kBlockSumPv) {
       block_sum_alpha[0] = alpha[0];
       block_sum_alpha[1] = alpha[1];
@@ -381,27 +379,21 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) attention_kernel(const __gr
     pack_p();
     in_flight_stage = pending_stage;
   };
-  // The serial schedule: P·V of the block just soft-maxed, at once and to its end, so that its
+  // Overlapped schedule: the P·V in flight retired, then the last block staged. This follows the
+  // stage's wait loop in the next block, not the softmax: in the softmax's own basic block, ptxas
+  // would hoist the wait above it, and the P·V in flight would no longer overlap the softmax.
+  auto prepare_p_v = [&] {
+    retire_p_v();
+    stage_p_v();
+  };
+  // Serial schedule: P·V of the block just soft-maxed, at once and to its end, so that its
   // registers (the block sum) are free again before the next Q·Kᵀ; three consumers' MMAs
   // interleave instead.
   auto multiply_p_v_now = [&] {
-    pack_p();
-    if constexpr (!Tile::kBlockSumPv) {
-#pragma unroll
-      for (int i = 0; i < kDim / 2; ++i) acc[i] *= alpha[(i >> 1) & 1];
-    }
-    in_flight_stage = pending_stage;
+    stage_p_v();
     wgmma_fence();
     multiply_p_v();
-    wgmma_wait<0>();
-    if constexpr (Tile::kBlockSumPv) fence_registers(block_sum);
-    fence_registers(acc);
-    fence_operand_rows(pa);
-    mbarrier_arrive(&stage_free[in_flight_stage]);
-    if constexpr (Tile::kBlockSumPv) {
-#pragma unroll
-      for (int i = 0; i < kDim / 2; ++i) acc[i] = acc[i] * alpha[(i >> 1) & 1] + block_sum[i];
-    }
+    retire_p_v();
   };
 
   // Key block kb, with (kWithPv) or without the previous block's P·V in the turn: a compile-time
