@@ -6,7 +6,8 @@
 // definition (each of its 4 warps 16 rows of it) over the key blocks of 128 in order, with an
 // online softmax in fp32 and exp2. The producer gives its registers to the consumers
 // (setmaxnreg). Stages pass between them on mbarriers: "loaded" (the copy engine counts the bytes
-// in) and "free" (every consumer thread arrives once done).
+// in) and "free" (every consumer thread arrives once done). A solo CTA (sage2 at head dim 128) is
+// one consumer that copies for itself, three CTAs to an SM.
 //
 // Overlapped schedule: the consumers take turns to issue their MMAs (FlashAttention-3's
 // ping-pong); in one turn a consumer issues Q·Kᵀ of block kb and P·V of block kb - 1, so while one
@@ -40,30 +41,40 @@ struct AttentionTile {
   using Elem = ElementT;
   static constexpr Kind kKind = kKindT;
   static constexpr int kDim = kDimT;
-  // A consumer warpgroup per 64-row query block, and one producer warpgroup. Two schedules:
+  // A consumer warpgroup per 64-row query block, and one producer warpgroup. Three schedules:
   // - overlapped (flash at head dim 128; every kind at 64): the consumers take turns on the
   //   tensor cores, and a turn issues Q·Kᵀ of a block with P·V of the block before, so that a
   //   consumer's P·V runs under its next softmax. Two consumers at head dim 128, each's softmax
   //   hidden behind the other's MMAs; three at 64, whose MMAs are half as long.
-  // - serial (the quantized kinds at head dim 128): each consumer issues P·V right after its
+  // - serial (sage1 and fa3 at head dim 128): each consumer issues P·V right after its
   //   softmax and waits for it, as SageAttention2's Hopper kernel does, which frees the registers
   //   the overlap holds (the scores of one block and the P·V of another) for a third consumer,
   //   and the three interleave on their own. On an H100, from 4k keys up: sage2 +8-11 %, fa3
   //   +3-5 %, sage1 +2-5 % (bench/results/2026-11-23-h100-serial). flash's 16-bit Q and K would
   //   need more shared memory than a CTA has for a third consumer.
-  static constexpr bool kSerial = kDimT == 128 && kKindT != Kind::flash;
-  static constexpr int kConsumers = kDim == 64 || kSerial ? 3 : 2;
+  // - solo (sage2 at head dim 128): the serial schedule in a CTA of one consumer warpgroup and no
+  //   producer, three such CTAs to an SM (168 registers each, as SageAttention2's Hopper kernel
+  //   runs); its first thread copies K once Q·Kᵀ is done with it and V once P·V is, one stage
+  //   each. Every CTA copies its own K and V, three times the L2 reads of the shared-CTA serial
+  //   schedule, but 64-row CTAs fill the last wave of a launch more evenly than 192-row ones: on an
+  //   H100, sage2 +12 % on Flux (4.4 waves of 192-row CTAs), +22 % at 1k keys, +4 % at 4k, even at
+  //   16k. fa3 lost 5-45 % under it (its block sums spill at 168 registers), and sage1's 16-bit
+  //   V would leave room for two CTAs only.
+  static constexpr bool kInt8Scores = kKind == Kind::sage1_int8 || kKind == Kind::sage2_int8_fp8;
+  static constexpr bool kFp8Scores = kKind == Kind::fa3_fp8;
+  static constexpr bool kFp8Values = kKind == Kind::sage2_int8_fp8 || kKind == Kind::fa3_fp8;
+  static constexpr bool kSolo = kKindT == Kind::sage2_int8_fp8 && kDimT == 128;
+  static constexpr bool kSerial = kSolo || (kDimT == 128 && kKindT != Kind::flash);
+  static constexpr int kConsumers = kSolo ? 1 : kDim == 64 || kSerial ? 3 : 2;
   static constexpr int kConsumerThreads = 128 * kConsumers;
-  static constexpr int kThreads = kConsumerThreads + 128;
+  static constexpr int kThreads = kConsumerThreads + (kSolo ? 0 : 128);
+  static constexpr int kCtasPerSm = kSolo ? 3 : 1;
   static constexpr int kCtaQ = kBlockQ * kConsumers;
   // The register file (64 K) split: 24 x 128 + 240 x 256, or 32 x 128 + 160 x 384; the producer
   // needs few.
   static constexpr int kProducerRegisters = kConsumers == 2 ? 24 : 32;
   static constexpr int kConsumerRegisters = kConsumers == 2 ? 240 : 160;
   static constexpr PvAccumulation kPv = kPvT;
-  static constexpr bool kInt8Scores = kKind == Kind::sage1_int8 || kKind == Kind::sage2_int8_fp8;
-  static constexpr bool kFp8Scores = kKind == Kind::fa3_fp8;
-  static constexpr bool kFp8Values = kKind == Kind::sage2_int8_fp8 || kKind == Kind::fa3_fp8;
   // How P·V reaches acc: 16-bit MMAs accumulate in fp32 exactly as the definition does, straight
   // into acc; the FP8 kinds sum each block in a fresh accumulator first (Hopper's FP8 MMA keeps
   // fewer bits than fp32 when it adds), except sage2 asked for fp32 (straight) or fp32+fp16.
@@ -82,13 +93,14 @@ struct AttentionTile {
   static constexpr int kSmemQ = kCtaQ * kQkRowBytes;
   static constexpr int kSmemK = kBlockK * kQkRowBytes;
   static constexpr int kSmemV = kVRows * kVRowBytes;
-  // Three stages of K and V; 1024 spare bytes to align the first tile.
-  static constexpr int kStages = 3;
+  // Three stages of K and V (one each in a solo CTA, three CTAs to an SM); 1024 spare bytes to
+  // align the first tile.
+  static constexpr int kStages = kSolo ? 1 : 3;
   static constexpr int kSmemBytes = kSmemQ + kStages * (kSmemK + kSmemV) + 1024;
   static constexpr int kScoreTiles = kBlockK / 8;
   static constexpr int kOutTiles = kDim / 8;
   static_assert(kDim == 64 || kDim == 128, "head dims 64 and 128");
-  static_assert(kSmemBytes <= 227 * 1024, "at most 227 KB of shared memory per CTA on Hopper");
+  static_assert(kCtasPerSm * (kSmemBytes + 1024) <= 228 * 1024, "at most 228 KB of shared memory per SM on Hopper, 1 KB of it per CTA reserved");
   static_assert(kSmemQ % 1024 == 0 && kSmemK % 1024 == 0 && kSmemV % 1024 == 0, "tiles on 1024-byte boundaries");
 };
 
@@ -112,12 +124,12 @@ inline constexpr int kSwizzleBytes = kRowBytes >= 128 ? 128 : 64;
 // A tile of kRows rows from row `row` of head `head`: one TMA box per 128-byte column block.
 template <int kRows, int kRowBytes>
 __device__ __forceinline__ void load_tile(std::uint8_t* tile, const CUtensorMap& map, std::int64_t row, std::int64_t head,
-                                          std::uint64_t* loaded) {
+                                          std::uint64_t* loaded, bool issue = true) {
   constexpr int kBoxBytes = kRowBytes >= 128 ? 128 : 64;
 #pragma unroll
   for (int block = 0; block < kRowBytes / kBoxBytes; ++block)
     tma_load_3d(tile + block * kRows * kBoxBytes, &map, block * kBoxBytes, static_cast<int>(row), static_cast<int>(head),
-                loaded);
+                loaded, issue);
 }
 
 // The operand of one 32-byte k-step of a K-major tile (Q, K, and e4m3 V): rows first_row.. of it.
@@ -144,7 +156,7 @@ __device__ __forceinline__ void fence_operand_rows(std::uint32_t (&pa)[kSteps][4
 }
 
 template <class Tile>
-__global__ void __launch_bounds__(Tile::kThreads, 1) attention_kernel(const __grid_constant__ AttentionParams params) {
+__global__ void __launch_bounds__(Tile::kThreads, Tile::kCtasPerSm) attention_kernel(const __grid_constant__ AttentionParams params) {
   using Elem = typename Tile::Elem;
   const AttentionArgs& a = params.args;
   constexpr int kDim = Tile::kDim;
@@ -158,6 +170,9 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) attention_kernel(const __gr
   __shared__ std::uint64_t q_loaded;
   __shared__ std::uint64_t stage_loaded[kStages];  // the producer's arrival and the copies' bytes
   __shared__ std::uint64_t stage_free[kStages];    // every consumer thread, once done with the stage
+  // Solo CTAs copy K and V apart, K once Q·Kᵀ is done with it, V once P·V is: stage_loaded is
+  // then K's, this V's, and stage_free unused (the warpgroup syncs instead).
+  __shared__ std::uint64_t values_loaded[Tile::kSolo ? kStages : 1];
 
   // Through a shuffle, so that the compiler knows it uniform in a warp: MMAs issued under a branch
   // it cannot prove uniform are serialized.
@@ -181,12 +196,48 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) attention_kernel(const __gr
     for (int stage = 0; stage < kStages; ++stage) {
       mbarrier_init(&stage_loaded[stage], 1);
       mbarrier_init(&stage_free[stage], Tile::kConsumerThreads);
+      if constexpr (Tile::kSolo) mbarrier_init(&values_loaded[stage], 1);
     }
     fence_mbarrier_init();
   }
   __syncthreads();
 
-  if (warpgroup == Tile::kConsumers) {
+  // Copies by TMA, issued by the threads where `issue` holds: K or V of key block kb into its
+  // stage, the bytes counted on `loaded`.
+  auto copy_keys = [&](int kb, std::uint64_t* loaded, bool issue) {
+    load_tile<kBlockK, Tile::kQkRowBytes>(sk0 + kb % kStages * Tile::kSmemK, params.k_map,
+                                          static_cast<std::int64_t>(kb) * kBlockK, head_kv, loaded, issue);
+  };
+  auto copy_values = [&](int kb, std::uint64_t* loaded, bool issue) {
+    std::uint8_t* const tile = sv0 + kb % kStages * Tile::kSmemV;
+    if constexpr (Tile::kFp8Values) {
+      // (channel, key) rows: the box starts at key kb · 128 of channel 0.
+      tma_load_3d(tile, &params.v_map, kb * kBlockK, 0, static_cast<int>(head_kv), loaded, issue);
+    } else {
+      load_tile<kBlockK, kDim * 2>(tile, params.v_map, static_cast<std::int64_t>(kb) * kBlockK, head_kv, loaded, issue);
+    }
+  };
+  // Solo CTAs copy for themselves, K and V apart, each once the warpgroup is done with the block
+  // its stage held: by the first thread, without a thread-dependent branch, which would cost the
+  // loop its warp-uniform address arithmetic.
+  const bool first_thread = threadIdx.x == 0;
+  auto load_keys = [&](int kb) {
+    mbarrier_arrive_expect_bytes_if(first_thread, &stage_loaded[kb % kStages], Tile::kSmemK);
+    copy_keys(kb, &stage_loaded[kb % kStages], first_thread);
+  };
+  auto load_values = [&](int kb) {
+    mbarrier_arrive_expect_bytes_if(first_thread, &values_loaded[kb % kStages], Tile::kSmemV);
+    copy_values(kb, &values_loaded[kb % kStages], first_thread);
+  };
+
+  if constexpr (Tile::kSolo) {
+    mbarrier_arrive_expect_bytes_if(first_thread, &q_loaded, Tile::kSmemQ);
+    load_tile<kCtaQ, Tile::kQkRowBytes>(sq, params.q_map, cta_q0, head_q, &q_loaded, first_thread);
+    for (int kb = 0; kb < min(kStages, key_blocks); ++kb) {
+      load_keys(kb);
+      load_values(kb);
+    }
+  } else if (warpgroup == Tile::kConsumers) {
     // ---- Producer: one thread issues every copy; a stage is refilled once every consumer is
     // done with the block it held ----
     registers_decrease_to<Tile::kProducerRegisters>();
@@ -198,21 +249,14 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) attention_kernel(const __gr
       const int stage = kb % kStages;
       if (kb >= kStages) mbarrier_wait(&stage_free[stage], (kb / kStages - 1) & 1);
       mbarrier_arrive_expect_bytes(&stage_loaded[stage], Tile::kSmemK + Tile::kSmemV);
-      const std::int64_t first = static_cast<std::int64_t>(kb) * kBlockK;
-      load_tile<kBlockK, Tile::kQkRowBytes>(sk0 + stage * Tile::kSmemK, params.k_map, first, head_kv, &stage_loaded[stage]);
-      if constexpr (Tile::kFp8Values) {
-        // (channel, key) rows: the box starts at key `first` of channel 0.
-        tma_load_3d(sv0 + stage * Tile::kSmemV, &params.v_map, static_cast<int>(first), 0, static_cast<int>(head_kv),
-                    &stage_loaded[stage]);
-      } else {
-        load_tile<kBlockK, kDim * 2>(sv0 + stage * Tile::kSmemV, params.v_map, first, head_kv, &stage_loaded[stage]);
-      }
+      copy_keys(kb, &stage_loaded[stage], true);
+      copy_values(kb, &stage_loaded[stage], true);
     }
     return;  // the copies still in flight complete on the barriers the consumers wait for
   }
 
   // ---- Consumers ----
-  registers_increase_to<Tile::kConsumerRegisters>();
+  if constexpr (!Tile::kSolo) registers_increase_to<Tile::kConsumerRegisters>();
   const int consumer = warpgroup;
   const int warp = static_cast<int>(threadIdx.x) % 128 / 32;  // in the warpgroup
   const int lane = static_cast<int>(threadIdx.x) % 32;
@@ -339,7 +383,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) attention_kernel(const __gr
     if constexpr (Tile::kBlockSumPv) fence_registers(block_sum);
     fence_registers(acc);
     fence_operand_rows(pa);
-    if (in_flight_stage >= 0) mbarrier_arrive(&stage_free[in_flight_stage]);
+    if (!Tile::kSolo && in_flight_stage >= 0) mbarrier_arrive(&stage_free[in_flight_stage]);
     if constexpr (Tile::kBlockSumPv) {
 #pragma unroll
       for (int i = 0; i < kDim / 2; ++i) acc[i] = acc[i] * block_sum_alpha[(i >> 1) & 1] + block_sum[i];
@@ -426,6 +470,13 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) attention_kernel(const __gr
       if constexpr (kWithPv && !Tile::kChunkedPv) wgmma_wait<1>();
       else wgmma_wait<0>();
       fence_registers(scores);
+      if constexpr (Tile::kSolo) {
+        // Done with K, once all four warps are: its stage takes block kb + kStages.
+        if (kb + kStages < key_blocks) {
+          named_barrier_sync(1, 128);
+          load_keys(kb + kStages);
+        }
+      }
     };
     // Scores stay unscaled until exp2, which takes r·f − m in one FFMA: f is the factor into the
     // log2 domain, by column parity (keys 2t and 2t + 1; the two differ only for per_thread K
@@ -530,7 +581,13 @@ __global__ void __launch_bounds__(Tile::kThreads, 1) attention_kernel(const __gr
 #pragma unroll 1
     for (int kb = 0; kb < computed_blocks; ++kb) {
       process_block(kb, std::false_type{});
+      if constexpr (Tile::kSolo) mbarrier_wait(&values_loaded[kb % kStages], (kb / kStages) & 1);
       multiply_p_v_now();
+      if constexpr (Tile::kSolo)
+        if (kb + kStages < key_blocks) {
+          named_barrier_sync(1, 128);
+          load_values(kb + kStages);
+        }
     }
   } else if (computed_blocks > 0) {
     process_block(0, std::false_type{});
@@ -609,8 +666,16 @@ void launch_attention(const AttentionArgs& a, cudaStream_t stream) {
   static const cudaError_t configured = [] {
     const cudaError_t error = cudaFuncSetAttribute(attention_kernel<Tile>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                    Tile::kSmemBytes);
-    if (error != cudaSuccess) (void)cudaGetLastError();  // not left for the next launch's check to report
-    return error;
+    if (error != cudaSuccess) {
+      (void)cudaGetLastError();  // not left for the next launch's check to report
+      return error;
+    }
+    // Solo CTAs share an SM three ways: all of its shared memory as such, none as L1.
+    const cudaError_t carveout = cudaFuncSetAttribute(attention_kernel<Tile>,
+                                                      cudaFuncAttributePreferredSharedMemoryCarveout,
+                                                      cudaSharedmemCarveoutMaxShared);
+    if (carveout != cudaSuccess) (void)cudaGetLastError();
+    return carveout;
   }();
   ATTNREPLAY_CUDA_CHECK(configured);
   const dim3 grid(static_cast<unsigned>(ceil_div(a.seq_q, Tile::kCtaQ)), static_cast<unsigned>(a.heads_q),

@@ -89,6 +89,15 @@ __device__ __forceinline__ void mbarrier_arrive_expect_bytes(std::uint64_t* barr
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(shared_address(barrier)), "r"(bytes)
                : "memory");
 }
+// The same by the threads where `issue` holds, without a branch: code under a branch that only
+// some threads of a warp take keeps the compiler from proving what follows warp-uniform.
+__device__ __forceinline__ void mbarrier_arrive_expect_bytes_if(bool issue, std::uint64_t* barrier, int bytes) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.u32 p, %2, 0;\n@p mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n}\n" ::"r"(
+          shared_address(barrier)),
+      "r"(bytes), "r"(static_cast<std::uint32_t>(issue))
+      : "memory");
+}
 // Waits for the completion of the phase of `barrier` whose parity is `parity`.
 __device__ __forceinline__ void mbarrier_wait(std::uint64_t* barrier, int parity) {
   std::uint32_t done = 0;
@@ -108,12 +117,14 @@ __device__ __forceinline__ void fence_mbarrier_init() { asm volatile("fence.mbar
 // One box of a 3-D tensor map (a CUtensorMap in kernel parameters, constant or global memory)
 // at coordinates (x, y, z) into shared memory; its bytes count towards `barrier`'s phase. Boxes
 // reaching past the tensor's bounds are filled with zeros.
+// Issued by the threads where `issue` holds (branch-free, as mbarrier_arrive_expect_bytes_if).
 __device__ __forceinline__ void tma_load_3d(void* shared, const void* tensor_map, int x, int y, int z,
-                                            std::uint64_t* barrier) {
+                                            std::uint64_t* barrier, bool issue = true) {
   asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(
+      "{\n.reg .pred p;\nsetp.ne.u32 p, %6, 0;\n"
+      "@p cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n}\n" ::"r"(
           shared_address(shared)),
-      "l"(tensor_map), "r"(x), "r"(y), "r"(z), "r"(shared_address(barrier))
+      "l"(tensor_map), "r"(x), "r"(y), "r"(z), "r"(shared_address(barrier)), "r"(static_cast<std::uint32_t>(issue))
       : "memory");
 }
 
