@@ -42,7 +42,7 @@ struct AttentionTile {
   static constexpr Kind kKind = kKindT;
   static constexpr int kDim = kDimT;
   // A consumer warpgroup per 64-row query block, and one producer warpgroup. Three schedules:
-  // - overlapped (flash at head dim 128; every kind at 64): the consumers take turns on the
+  // - overlapped (flash at head dim 128; all but sage2 at 64): the consumers take turns on the
   //   tensor cores, and a turn issues Q·Kᵀ of a block with P·V of the block before, so that a
   //   consumer's P·V runs under its next softmax. Two consumers at head dim 128, each's softmax
   //   hidden behind the other's MMAs; three at 64, whose MMAs are half as long.
@@ -52,23 +52,26 @@ struct AttentionTile {
   //   and the three interleave on their own. On an H100, from 4k keys up: sage2 +8-11 %, fa3
   //   +3-5 %, sage1 +2-5 % (bench/results/2026-11-23-h100-serial). flash's 16-bit Q and K would
   //   need more shared memory than a CTA has for a third consumer.
-  // - solo (sage2 at head dim 128): the serial schedule in a CTA of one consumer warpgroup and no
-  //   producer, three such CTAs to an SM (168 registers each, as SageAttention2's Hopper kernel
-  //   runs); its first thread copies K once Q·Kᵀ is done with it and V once P·V is, one stage
-  //   each. Every CTA copies its own K and V, three times the L2 reads of the shared-CTA serial
-  //   schedule, but 64-row CTAs fill the last wave of a launch more evenly than 192-row ones: on an
-  //   H100, sage2 +12 % on Flux (4.4 waves of 192-row CTAs), +22 % at 1k keys, +4 % at 4k, even at
-  //   16k. fa3 lost 5-45 % under it (its block sums spill at 168 registers), and sage1's 16-bit
-  //   V would leave room for two CTAs only.
+  // - solo (sage2): the serial schedule in a CTA of one consumer warpgroup and no producer, three
+  //   such CTAs to an SM at head dim 128 (168 registers each, as SageAttention2's Hopper kernel
+  //   runs), four at 64 (128 registers); its first thread copies K once Q·Kᵀ is done with it and
+  //   V once P·V is, one stage each. Every CTA copies its own K and V, three times the L2 reads
+  //   of the shared-CTA serial schedule, but 64-row CTAs fill the last wave of a launch more
+  //   evenly than 192-row ones. On an H100 (bench/results/2026-11-23-h100-solo), against the
+  //   shared-CTA schedules: +12 % on Flux (4.4 waves of 192-row CTAs), +22 % at 1k keys, +4 % at
+  //   4k, even at 16k; at head dim 64 +5 % on CogVideoX and +16 % at 4250 keys (three CTAs: -3 %,
+  //   +6 %). The other kinds lost under it: fa3 5-45 % at head dim 128 (its block sums spill at
+  //   168 registers); at 64, on CogVideoX, fa3, sage1 and flash 5-17 % (at most +3 % at 4250
+  //   keys); sage1's 16-bit V would leave room for only two CTAs at 128.
   static constexpr bool kInt8Scores = kKind == Kind::sage1_int8 || kKind == Kind::sage2_int8_fp8;
   static constexpr bool kFp8Scores = kKind == Kind::fa3_fp8;
   static constexpr bool kFp8Values = kKind == Kind::sage2_int8_fp8 || kKind == Kind::fa3_fp8;
-  static constexpr bool kSolo = kKindT == Kind::sage2_int8_fp8 && kDimT == 128;
+  static constexpr bool kSolo = kKindT == Kind::sage2_int8_fp8;
   static constexpr bool kSerial = kSolo || (kDimT == 128 && kKindT != Kind::flash);
   static constexpr int kConsumers = kSolo ? 1 : kDim == 64 || kSerial ? 3 : 2;
   static constexpr int kConsumerThreads = 128 * kConsumers;
   static constexpr int kThreads = kConsumerThreads + (kSolo ? 0 : 128);
-  static constexpr int kCtasPerSm = kSolo ? 3 : 1;
+  static constexpr int kCtasPerSm = kSolo ? (kDimT == 64 ? 4 : 3) : 1;
   static constexpr int kCtaQ = kBlockQ * kConsumers;
   // The register file (64 K) split: 24 x 128 + 240 x 256, or 32 x 128 + 160 x 384; the producer
   // needs few.
