@@ -6,8 +6,8 @@
 // definition (each of its 4 warps 16 rows of it) over the key blocks of 128 in order, with an
 // online softmax in fp32 and exp2. The producer gives its registers to the consumers
 // (setmaxnreg). Stages pass between them on mbarriers: "loaded" (the copy engine counts the bytes
-// in) and "free" (every consumer thread arrives once done). A solo CTA (sage2 at head dim 128) is
-// one consumer that copies for itself, three CTAs to an SM.
+// in) and "free" (every consumer thread arrives once done). A solo CTA (sage2) is one consumer
+// that copies for itself, three or four CTAs to an SM.
 //
 // Overlapped schedule: the consumers take turns to issue their MMAs (FlashAttention-3's
 // ping-pong); in one turn a consumer issues Q·Kᵀ of block kb and P·V of block kb - 1, so while one
@@ -673,7 +673,7 @@ void launch_attention(const AttentionArgs& a, cudaStream_t stream) {
       (void)cudaGetLastError();  // not left for the next launch's check to report
       return error;
     }
-    // Solo CTAs share an SM three ways: all of its shared memory as such, none as L1.
+    // All of an SM's shared memory as such, none as L1: solo CTAs share an SM three or four ways.
     const cudaError_t carveout = cudaFuncSetAttribute(attention_kernel<Tile>,
                                                       cudaFuncAttributePreferredSharedMemoryCarveout,
                                                       cudaSharedmemCarveoutMaxShared);
