@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The compiler's resource report for attnreplay's own attention kernels: registers, spills and
 # shared memory per instantiation (kind, head dim, element type, P·V accumulation), for sm_90a.
-# The registers are those a thread starts with (the launch bounds' share); the producer warpgroup
-# then gives registers back and the consumers take them (setmaxnreg: 240 each at head dim 128,
-# 160 at 64), and spills are counted over the whole kernel.
+# The registers are those a thread starts with (the launch bounds' share). Where a CTA has a producer
+# warpgroup, it then gives registers back and the consumers take them (setmaxnreg: 240 each with
+# two consumers, flash at head dim 128; 160 with three); sage2's solo CTAs keep theirs (168 at head
+# dim 128, 128 at 64). Spills are counted over the whole kernel.
 # Needs only nvcc, so it runs on the CPU machine as well: bash bench/kernel_resources.sh
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -205,8 +205,12 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kCtasPerSm) attention_ke
   }
   __syncthreads();
 
-  // Copies by TMA, issued by the threads where `issue` holds: K or V of key block kb into its
+  // Copies by TMA, issued by the threads where `issue` holds: Q; K or V of key block kb into its
   // stage, the bytes counted on `loaded`.
+  auto load_q = [&](bool issue) {
+    mbarrier_arrive_expect_bytes(&q_loaded, Tile::kSmemQ, issue);
+    load_tile<kCtaQ, Tile::kQkRowBytes>(sq, params.q_map, cta_q0, head_q, &q_loaded, issue);
+  };
   auto copy_keys = [&](int kb, std::uint64_t* loaded, bool issue) {
     load_tile<kBlockK, Tile::kQkRowBytes>(sk0 + kb % kStages * Tile::kSmemK, params.k_map,
                                           static_cast<std::int64_t>(kb) * kBlockK, head_kv, loaded, issue);
@@ -225,17 +229,16 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kCtasPerSm) attention_ke
   // loop its warp-uniform address arithmetic.
   const bool first_thread = threadIdx.x == 0;
   auto load_keys = [&](int kb) {
-    mbarrier_arrive_expect_bytes_if(first_thread, &stage_loaded[kb % kStages], Tile::kSmemK);
+    mbarrier_arrive_expect_bytes(&stage_loaded[kb % kStages], Tile::kSmemK, first_thread);
     copy_keys(kb, &stage_loaded[kb % kStages], first_thread);
   };
   auto load_values = [&](int kb) {
-    mbarrier_arrive_expect_bytes_if(first_thread, &values_loaded[kb % kStages], Tile::kSmemV);
+    mbarrier_arrive_expect_bytes(&values_loaded[kb % kStages], Tile::kSmemV, first_thread);
     copy_values(kb, &values_loaded[kb % kStages], first_thread);
   };
 
   if constexpr (Tile::kSolo) {
-    mbarrier_arrive_expect_bytes_if(first_thread, &q_loaded, Tile::kSmemQ);
-    load_tile<kCtaQ, Tile::kQkRowBytes>(sq, params.q_map, cta_q0, head_q, &q_loaded, first_thread);
+    load_q(first_thread);
     for (int kb = 0; kb < min(kStages, key_blocks); ++kb) {
       load_keys(kb);
       load_values(kb);
@@ -245,8 +248,7 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kCtasPerSm) attention_ke
     // done with the block it held ----
     registers_decrease_to<Tile::kProducerRegisters>();
     if (threadIdx.x % 128 != 0) return;
-    mbarrier_arrive_expect_bytes(&q_loaded, Tile::kSmemQ);
-    load_tile<kCtaQ, Tile::kQkRowBytes>(sq, params.q_map, cta_q0, head_q, &q_loaded);
+    load_q(true);
 #pragma unroll 1
     for (int kb = 0; kb < key_blocks; ++kb) {
       const int stage = kb % kStages;

@@ -84,14 +84,10 @@ __device__ __forceinline__ void mbarrier_init(std::uint64_t* barrier, int count)
 __device__ __forceinline__ void mbarrier_arrive(std::uint64_t* barrier) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(shared_address(barrier)) : "memory");
 }
-// One arrival on `barrier`, whose phase now also waits for `bytes` of asynchronous copies.
-__device__ __forceinline__ void mbarrier_arrive_expect_bytes(std::uint64_t* barrier, int bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(shared_address(barrier)), "r"(bytes)
-               : "memory");
-}
-// The same by the threads where `issue` holds, without a branch: code under a branch that only
-// some threads of a warp take keeps the compiler from proving what follows warp-uniform.
-__device__ __forceinline__ void mbarrier_arrive_expect_bytes_if(bool issue, std::uint64_t* barrier, int bytes) {
+// One arrival on `barrier`, whose phase now also waits for `bytes` of asynchronous copies; by the
+// threads where `issue` holds, without a branch: code under a branch that only some threads of a
+// warp take keeps the compiler from proving what follows warp-uniform.
+__device__ __forceinline__ void mbarrier_arrive_expect_bytes(std::uint64_t* barrier, int bytes, bool issue = true) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.u32 p, %2, 0;\n@p mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n}\n" ::"r"(
           shared_address(barrier)),
@@ -117,7 +113,7 @@ __device__ __forceinline__ void fence_mbarrier_init() { asm volatile("fence.mbar
 // One box of a 3-D tensor map (a CUtensorMap in kernel parameters, constant or global memory)
 // at coordinates (x, y, z) into shared memory; its bytes count towards `barrier`'s phase. Boxes
 // reaching past the tensor's bounds are filled with zeros.
-// Issued by the threads where `issue` holds (branch-free, as mbarrier_arrive_expect_bytes_if).
+// Issued by the threads where `issue` holds (branch-free, as mbarrier_arrive_expect_bytes).
 __device__ __forceinline__ void tma_load_3d(void* shared, const void* tensor_map, int x, int y, int z,
                                             std::uint64_t* barrier, bool issue = true) {
   asm volatile(
