@@ -277,6 +277,16 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kCtasPerSm) attention_ke
   const int computed_blocks =
       consumer_key_end <= 0 ? 0 : min(key_blocks, static_cast<int>((consumer_key_end + kBlockK - 1) / kBlockK));
 
+  // The first key block with keys that some row of the block does not see, past the end or
+  // (causal) past a row's diagonal; both grow with kb. Causal: key0 + 127 > q0 + offset, i.e.
+  // kb · 128 >= q0 + offset - 126.
+  std::int64_t first_masked = a.seq_kv / kBlockK;
+  if (a.causal) {
+    const std::int64_t first_key = q0 + a.causal_offset - (kBlockK - 2);
+    first_masked = min(first_masked, first_key <= 0 ? std::int64_t{0} : (first_key + kBlockK - 1) / kBlockK);
+  }
+  const int first_masked_block = static_cast<int>(min(first_masked, static_cast<std::int64_t>(key_blocks)));
+
   // Sage: the scale of this thread's query group (rows row0 and row0 + 8 share it under every
   // granularity). fa3: Q's and K's scales with the softmax scale, one factor for every score.
   float q_scale = 1.0f;
@@ -290,13 +300,26 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kCtasPerSm) attention_ke
     }
   }
   if constexpr (Tile::kFp8Scores) score_factor = a.q_scale[head_q] * a.k_scale[head_kv] * a.score_scale;
+  // Sage: the next key block's scales for this thread's columns 2t and 2t + 1 are k_scales[0] and
+  // k_scales[second]; a block moves it on by step (per_thread: a group per column parity in each
+  // block of 8 groups; otherwise one per block). Carried through the loop rather than derived
+  // from kb, which ptxas would redo in every block.
+  const float* k_scales = nullptr;
+  int k_scale_step = 0;
+  int k_scale_second = 0;
+  if constexpr (Tile::kInt8Scores) {
+    const bool per_thread = a.granularity == Granularity::per_thread;
+    k_scales = a.k_scale + head_kv * a.k_groups + (per_thread ? 2 * t4 : 0);
+    k_scale_step = per_thread ? 8 : 1;
+    k_scale_second = per_thread ? 1 : 0;
+  }
   mbarrier_wait(&q_loaded, 0);
 
   // O's accumulator, m64n{kDim}: acc[4 dt + e] is row row0 + 8 (e / 2), column 8 dt + 2 t4 + e % 2.
   float acc[kDim / 2];
 #pragma unroll
   for (int i = 0; i < kDim / 2; ++i) acc[i] = 0.0f;
-  float row_max[2] = {-kInf, -kInf};
+  float row_max[2] = {-FLT_MAX, -FLT_MAX};  // finite: see the softmax
   float row_sum[2] = {0.0f, 0.0f};  // this thread's share of l; the quad's four add up at the end
   // P of the block whose P·V is still to be issued (in the next turn), as the A operand of each
   // k-step: pa[c] is k16 chunk c (tiles 2c, 2c + 1) for 16-bit P, or k32 chunk c (tiles
@@ -450,6 +473,14 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kCtasPerSm) attention_ke
   auto process_block = [&](int kb, auto with_pv) {
     constexpr bool kWithPv = decltype(with_pv)::value;
     const int stage = kb % kStages;
+    // Sage: K's scales before the wait for K, so that their load's latency passes under it and
+    // under Q·Kᵀ rather than stalling the softmax.
+    float k_scale[2];
+    if constexpr (Tile::kInt8Scores) {
+      k_scale[0] = k_scales[0];
+      k_scale[1] = k_scales[k_scale_second];
+      k_scales += k_scale_step;
+    }
     mbarrier_wait(&stage_loaded[stage], (kb / kStages) & 1);
     if constexpr (kWithPv) prepare_p_v();
     const std::int64_t key0 = static_cast<std::int64_t>(kb) * kBlockK;
@@ -492,13 +523,8 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kCtasPerSm) attention_ke
     if constexpr (Tile::kInt8Scores) {
       int si[4 * Tile::kScoreTiles];
       multiply_q_k(si);
-      const std::int64_t base = head_kv * a.k_groups;
-      if (a.granularity == Granularity::per_thread) {
-        factor[0] = q_scale * a.k_scale[base + kb * 8 + 2 * t4];
-        factor[1] = q_scale * a.k_scale[base + kb * 8 + 2 * t4 + 1];
-      } else {
-        factor[0] = factor[1] = q_scale * a.k_scale[base + kb];
-      }
+      factor[0] = q_scale * k_scale[0];
+      factor[1] = q_scale * k_scale[1];
 #pragma unroll
       for (int i = 0; i < 4 * Tile::kScoreTiles; ++i) s[i] = __int2float_rn(si[i]);  // exact: |x| < 2^21
     } else {
@@ -509,8 +535,7 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kCtasPerSm) attention_ke
     const float hidden_score = descending ? kInf : -kInf;
 
     // ---- Hidden keys: past the end, or (causal) after the row's diagonal ----
-    const bool boundary = key0 + kBlockK > a.seq_kv || (a.causal && key0 + kBlockK - 1 > q0 + a.causal_offset);
-    if (boundary) {
+    if (kb >= first_masked_block) {
       // Per row, the number of leading keys of this block it sees (0..128): 32-bit compares below.
       int visible[2];
 #pragma unroll
@@ -534,17 +559,17 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kCtasPerSm) attention_ke
     const float exp_factor[2] = {factor[0] == 0.0f ? FLT_MIN : factor[0], factor[1] == 0.0f ? FLT_MIN : factor[1]};
 #pragma unroll
     for (int rh = 0; rh < 2; ++rh) {
-      // By column parity and tile parity: four independent chains.
-      float extreme[2][2] = {{hidden_score, hidden_score}, {hidden_score, hidden_score}};
+      // By column parity and tile parity: four independent chains, from tiles 0 and 1.
+      float extreme[2][2] = {{s[2 * rh], s[4 + 2 * rh]}, {s[2 * rh + 1], s[4 + 2 * rh + 1]}};
       if (!descending) {
 #pragma unroll
-        for (int t = 0; t < Tile::kScoreTiles; ++t)
+        for (int t = 2; t < Tile::kScoreTiles; ++t)
 #pragma unroll
           for (int parity = 0; parity < 2; ++parity)
             extreme[parity][t & 1] = fmaxf(extreme[parity][t & 1], s[4 * t + 2 * rh + parity]);
       } else {
 #pragma unroll
-        for (int t = 0; t < Tile::kScoreTiles; ++t)
+        for (int t = 2; t < Tile::kScoreTiles; ++t)
 #pragma unroll
           for (int parity = 0; parity < 2; ++parity)
             extreme[parity][t & 1] = fminf(extreme[parity][t & 1], s[4 * t + 2 * rh + parity]);
@@ -559,22 +584,20 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kCtasPerSm) attention_ke
       float block_max = fmaxf(extreme_by_parity[0] * factor[0], extreme_by_parity[1] * factor[1]);
       block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 1));
       block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 2));
+      // m starts at -FLT_MAX, not -inf, so that it is finite while every key so far is hidden:
+      // exp2 then gives p = 0 for the -inf scores without a branch (and α = 1, acc and l being 0).
       const float m_new = fmaxf(row_max[rh], block_max);
-      // Every key hidden so far (m_new = -inf): exp2 against 0 gives p = 0 for the -inf scores,
-      // without a branch; α is then 0 rather than the definition's 1, which changes nothing, as
-      // acc and l are still 0.
-      const float m_use = m_new == -kInf ? 0.0f : m_new;
-      alpha[rh] = exp2_approx(row_max[rh] - m_use);
+      alpha[rh] = exp2_approx(row_max[rh] - m_new);
       row_max[rh] = m_new;
-      const float offset = Tile::kLog2PScale - m_use;  // exp2's argument is r·f + offset
-      float sum[2] = {0.0f, 0.0f};
+      const float offset = Tile::kLog2PScale - m_new;  // exp2's argument is r·f + offset
+      float sum[2];
 #pragma unroll
       for (int t = 0; t < Tile::kScoreTiles; ++t)
 #pragma unroll
         for (int parity = 0; parity < 2; ++parity) {
           float& x = s[4 * t + 2 * rh + parity];
           x = exp2_approx(fmaf(x, exp_factor[parity], offset));
-          sum[parity] += x;
+          sum[parity] = t == 0 ? x : sum[parity] + x;
         }
       row_sum[rh] = row_sum[rh] * alpha[rh] + (sum[0] + sum[1]);  // l sums p unquantized
     }
