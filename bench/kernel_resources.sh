@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The compiler's resource report for attnreplay's own attention kernels: registers, spills and
-# shared memory per instantiation (kind, head dim, element type, P·V accumulation), for sm_90a.
+# shared memory per instantiation (kind, head dim, element type, P·V accumulation, Sage K scale
+# granularity), for sm_90a.
 # The registers are those a thread starts with (the launch bounds' share). Where a CTA has a producer
 # warpgroup, it then gives registers back and the consumers take them (setmaxnreg: 240 each with
 # two consumers, flash at head dim 128; 160 with three); sage2's solo CTAs keep theirs (168 at head
@@ -20,10 +21,11 @@ kinds = ["flash", "sage1-int8", "sage2-int8-fp8", "fa3-fp8"]
 accumulations = ["fp32", "fp32+fp32", "fp32+fp16"]
 name = None
 for line in sys.stdin:
-    m = re.search(r"AttentionTileILNS0_4KindE(\d)ELi(\d+)E(?:6__half|13__nv_bfloat16)LNS0_14PvAccumulationE(\d)", line)
+    m = re.search(r"AttentionTileILNS0_4KindE(\d)ELi(\d+)E(?:6__half|13__nv_bfloat16)LNS0_14PvAccumulationE(\d)ELb(\d)", line)
     if "Compiling entry function" in line and m:
         element = "bf16" if "bfloat16" in line else "fp16"
-        name = f"{kinds[int(m.group(1))]:15} d{m.group(2):4} {element} {accumulations[int(m.group(3))]:9}"
+        k_scales = "K per_thread" if m.group(4) == "1" else ""
+        name = f"{kinds[int(m.group(1))]:15} d{m.group(2):4} {element} {accumulations[int(m.group(3))]:9} {k_scales:12}"
     m = re.search(r"(\d+) bytes spill stores", line)
     if m and name:
         spills = m.group(1)

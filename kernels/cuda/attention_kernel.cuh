@@ -36,7 +36,7 @@
 
 namespace attnreplay::cuda_attention {
 
-template <Kind kKindT, int kDimT, typename ElementT, PvAccumulation kPvT>
+template <Kind kKindT, int kDimT, typename ElementT, PvAccumulation kPvT, bool kPerThreadKT = false>
 struct AttentionTile {
   using Elem = ElementT;
   static constexpr Kind kKind = kKindT;
@@ -78,6 +78,12 @@ struct AttentionTile {
   static constexpr int kProducerRegisters = kConsumers == 2 ? 24 : 32;
   static constexpr int kConsumerRegisters = kConsumers == 2 ? 240 : 160;
   static constexpr PvAccumulation kPv = kPvT;
+  // Sage: K's scales per_thread (keys 2t and 2t + 1 of a block in groups of their own, two
+  // factors) or one per block (per_warp, per_block). A compile-time choice: with one factor the
+  // loop is 8-10 instructions shorter than when the choice was made at run time and, on an
+  // H100, 1-3 % faster (bench/results/2026-11-23-h100-softmax).
+  static constexpr bool kPerThreadK = kPerThreadKT;
+  static_assert(!kPerThreadK || kInt8Scores, "per_thread K scales are the Sage kinds'");
   // How P·V reaches acc: 16-bit MMAs accumulate in fp32 exactly as the definition does, straight
   // into acc; the FP8 kinds sum each block in a fresh accumulator first (Hopper's FP8 MMA keeps
   // fewer bits than fp32 when it adds), except sage2 asked for fp32 (straight) or fp32+fp16.
@@ -300,19 +306,13 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kCtasPerSm) attention_ke
     }
   }
   if constexpr (Tile::kFp8Scores) score_factor = a.q_scale[head_q] * a.k_scale[head_kv] * a.score_scale;
-  // Sage: the next key block's scales for this thread's columns 2t and 2t + 1 are k_scales[0] and
-  // k_scales[second]; a block moves it on by step (per_thread: a group per column parity in each
-  // block of 8 groups; otherwise one per block). Carried through the loop rather than derived
-  // from kb, which ptxas would redo in every block.
+  // Sage: the next key block's scale for this thread's columns 2t and 2t + 1 is k_scales[0]
+  // (per_thread: k_scales[0] and [1], a group per column parity in each block of 8 groups); a
+  // block moves it on by kKScaleStep. Carried through the loop rather than derived from kb,
+  // which ptxas would redo in every block.
   const float* k_scales = nullptr;
-  int k_scale_step = 0;
-  int k_scale_second = 0;
-  if constexpr (Tile::kInt8Scores) {
-    const bool per_thread = a.granularity == Granularity::per_thread;
-    k_scales = a.k_scale + head_kv * a.k_groups + (per_thread ? 2 * t4 : 0);
-    k_scale_step = per_thread ? 8 : 1;
-    k_scale_second = per_thread ? 1 : 0;
-  }
+  constexpr int kKScaleStep = Tile::kPerThreadK ? 8 : 1;
+  if constexpr (Tile::kInt8Scores) k_scales = a.k_scale + head_kv * a.k_groups + (Tile::kPerThreadK ? 2 * t4 : 0);
   mbarrier_wait(&q_loaded, 0);
 
   // O's accumulator, m64n{kDim}: acc[4 dt + e] is row row0 + 8 (e / 2), column 8 dt + 2 t4 + e % 2.
@@ -478,8 +478,8 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kCtasPerSm) attention_ke
     float k_scale[2];
     if constexpr (Tile::kInt8Scores) {
       k_scale[0] = k_scales[0];
-      k_scale[1] = k_scales[k_scale_second];
-      k_scales += k_scale_step;
+      k_scale[1] = Tile::kPerThreadK ? k_scales[1] : k_scale[0];
+      k_scales += kKScaleStep;
     }
     mbarrier_wait(&stage_loaded[stage], (kb / kStages) & 1);
     if constexpr (kWithPv) prepare_p_v();
@@ -524,7 +524,7 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kCtasPerSm) attention_ke
       int si[4 * Tile::kScoreTiles];
       multiply_q_k(si);
       factor[0] = q_scale * k_scale[0];
-      factor[1] = q_scale * k_scale[1];
+      factor[1] = Tile::kPerThreadK ? q_scale * k_scale[1] : factor[0];
 #pragma unroll
       for (int i = 0; i < 4 * Tile::kScoreTiles; ++i) s[i] = __int2float_rn(si[i]);  // exact: |x| < 2^21
     } else {
@@ -556,7 +556,9 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kCtasPerSm) attention_ke
     // softmax scale, or Q or K codes all zero) exp2 takes FLT_MIN instead: a visible key's r times
     // it (below 2^-26 for |r| < 2^100; INT8 and FP8 dot products stay below 2^25) leaves exp2's
     // result at what f = 0 gives.
-    const float exp_factor[2] = {factor[0] == 0.0f ? FLT_MIN : factor[0], factor[1] == 0.0f ? FLT_MIN : factor[1]};
+    float exp_factor[2];
+    exp_factor[0] = factor[0] == 0.0f ? FLT_MIN : factor[0];
+    exp_factor[1] = !Tile::kPerThreadK ? exp_factor[0] : factor[1] == 0.0f ? FLT_MIN : factor[1];
 #pragma unroll
     for (int rh = 0; rh < 2; ++rh) {
       // By column parity and tile parity: four independent chains, from tiles 0 and 1.
@@ -580,8 +582,14 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kCtasPerSm) attention_ke
         extreme_by_parity[parity] = descending ? fminf(extreme[parity][0], extreme[parity][1])
                                                : fmaxf(extreme[parity][0], extreme[parity][1]);
       // A parity with every key hidden gives ±inf · f = −inf, or NaN where f = 0, which fmaxf
-      // passes over.
-      float block_max = fmaxf(extreme_by_parity[0] * factor[0], extreme_by_parity[1] * factor[1]);
+      // passes over. With one factor for both parities, the extremes combine first.
+      float block_max;
+      if constexpr (Tile::kPerThreadK) {
+        block_max = fmaxf(extreme_by_parity[0] * factor[0], extreme_by_parity[1] * factor[1]);
+      } else {
+        block_max = (descending ? fminf(extreme_by_parity[0], extreme_by_parity[1])
+                                : fmaxf(extreme_by_parity[0], extreme_by_parity[1])) * factor[0];
+      }
       block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 1));
       block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 2));
       // m starts at -FLT_MAX, not -inf, so that it is finite while every key so far is hidden:
@@ -721,16 +729,23 @@ void launch_attention(const AttentionArgs& a, cudaStream_t stream) {
   ATTNREPLAY_CUDA_CHECK_LAUNCH("attention_kernel");
 }
 
-// Picks the instantiation for the call's head dim and element type.
-template <Kind kKind, PvAccumulation kPv>
-void dispatch_attention(const AttentionArgs& a, cudaStream_t stream) {
+// Picks the instantiation for the call's head dim, element type and (Sage) K scale granularity.
+template <Kind kKind, PvAccumulation kPv, bool kPerThreadK>
+void dispatch_head_dim(const AttentionArgs& a, cudaStream_t stream) {
   const bool bf16 = a.element == Element::bf16;
-  if (a.head_dim == 64 && bf16) return launch_attention<AttentionTile<kKind, 64, __nv_bfloat16, kPv>>(a, stream);
-  if (a.head_dim == 64) return launch_attention<AttentionTile<kKind, 64, __half, kPv>>(a, stream);
-  if (a.head_dim == 128 && bf16) return launch_attention<AttentionTile<kKind, 128, __nv_bfloat16, kPv>>(a, stream);
-  if (a.head_dim == 128) return launch_attention<AttentionTile<kKind, 128, __half, kPv>>(a, stream);
+  if (a.head_dim == 64 && bf16) return launch_attention<AttentionTile<kKind, 64, __nv_bfloat16, kPv, kPerThreadK>>(a, stream);
+  if (a.head_dim == 64) return launch_attention<AttentionTile<kKind, 64, __half, kPv, kPerThreadK>>(a, stream);
+  if (a.head_dim == 128 && bf16) return launch_attention<AttentionTile<kKind, 128, __nv_bfloat16, kPv, kPerThreadK>>(a, stream);
+  if (a.head_dim == 128) return launch_attention<AttentionTile<kKind, 128, __half, kPv, kPerThreadK>>(a, stream);
   throw std::invalid_argument("attention kernel: head dim " + std::to_string(a.head_dim) + " (64 or 128 only)");
 }
 
+template <Kind kKind, PvAccumulation kPv>
+void dispatch_attention(const AttentionArgs& a, cudaStream_t stream) {
+  if constexpr (kKind == Kind::sage1_int8 || kKind == Kind::sage2_int8_fp8) {
+    if (a.granularity == Granularity::per_thread) return dispatch_head_dim<kKind, kPv, true>(a, stream);
+  }
+  dispatch_head_dim<kKind, kPv, false>(a, stream);
+}
 
 }  // namespace attnreplay::cuda_attention
