@@ -73,6 +73,15 @@ struct AttentionTile {
   static constexpr int kThreads = kConsumerThreads + (kSolo ? 0 : 128);
   static constexpr int kCtasPerSm = kSolo ? (kDimT == 64 ? 4 : 3) : 1;
   static constexpr int kCtaQ = kBlockQ * kConsumers;
+  // Solo: whether the wait for V comes after the softmax (see parity_after), or where ptxas puts
+  // it, at the softmax's start. On an H100 (bench/results/2026-11-23-h100-late-values): at head
+  // dim 64, where the softmax is short and V more often still on its way, +1-2 %; at 128, -1-2 %
+  // (four more instructions, and the wait then waits for the row sums).
+  static constexpr bool kValuesWaitAfterSoftmax = kSolo && kDimT == 64;
+  // Serial: whether the blocks without hidden keys run in a loop of their own, without the masking
+  // test. Solo at head dim 64: 19 instructions fewer a block (ptxas keeps more of the addressing
+  // in uniform registers); at 128, 14 more (and a spill).
+  static constexpr bool kSeparateMaskedLoop = kSolo && kDimT == 64;
   // The register file (64 K) split: 24 x 128 + 240 x 256, or 32 x 128 + 160 x 384; the producer
   // needs few.
   static constexpr int kProducerRegisters = kConsumers == 2 ? 24 : 32;
@@ -235,12 +244,14 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kCtasPerSm) attention_ke
   // loop its warp-uniform address arithmetic.
   const bool first_thread = threadIdx.x == 0;
   auto load_keys = [&](int kb) {
-    mbarrier_arrive_expect_bytes(&stage_loaded[kb % kStages], Tile::kSmemK, first_thread);
-    copy_keys(kb, &stage_loaded[kb % kStages], first_thread);
+    const bool issue = first_thread && kb < key_blocks;
+    mbarrier_arrive_expect_bytes(&stage_loaded[kb % kStages], Tile::kSmemK, issue);
+    copy_keys(kb, &stage_loaded[kb % kStages], issue);
   };
   auto load_values = [&](int kb) {
-    mbarrier_arrive_expect_bytes(&values_loaded[kb % kStages], Tile::kSmemV, first_thread);
-    copy_values(kb, &values_loaded[kb % kStages], first_thread);
+    const bool issue = first_thread && kb < key_blocks;
+    mbarrier_arrive_expect_bytes(&values_loaded[kb % kStages], Tile::kSmemV, issue);
+    copy_values(kb, &values_loaded[kb % kStages], issue);
   };
 
   if constexpr (Tile::kSolo) {
@@ -461,21 +472,24 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kCtasPerSm) attention_ke
   // Serial schedule: P·V of the block just soft-maxed, at once and to its end, so that its
   // registers (the block sum) are free again before the next Q·Kᵀ; three consumers' MMAs
   // interleave instead.
-  auto multiply_p_v_now = [&] {
+  auto multiply_p_v_now = [&](auto&& before_mma) {
     stage_p_v();
+    before_mma();
     wgmma_fence();
     multiply_p_v();
     retire_p_v();
   };
 
   // Key block kb, with (kWithPv) or without the previous block's P·V in the turn: a compile-time
-  // choice, as MMAs issued under a runtime condition are serialized.
-  auto process_block = [&](int kb, auto with_pv) {
+  // choice, as MMAs issued under a runtime condition are serialized. kMayMask: whether kb may be
+  // at or past first_masked_block (else its masking test is left out).
+  auto process_block = [&](int kb, auto with_pv, auto may_mask) {
     constexpr bool kWithPv = decltype(with_pv)::value;
+    constexpr bool kMayMask = decltype(may_mask)::value;
     const int stage = kb % kStages;
     // Sage: K's scales before the wait for K, so that their load's latency passes under it and
     // under Q·Kᵀ rather than stalling the softmax.
-    float k_scale[2];
+    [[maybe_unused]] float k_scale[2];  // the Sage kinds'
     if constexpr (Tile::kInt8Scores) {
       k_scale[0] = k_scales[0];
       k_scale[1] = Tile::kPerThreadK ? k_scales[1] : k_scale[0];
@@ -507,11 +521,10 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kCtasPerSm) attention_ke
       else wgmma_wait<0>();
       fence_registers(scores);
       if constexpr (Tile::kSolo) {
-        // Done with K, once all four warps are: its stage takes block kb + kStages.
-        if (kb + kStages < key_blocks) {
-          named_barrier_sync(1, 128);
-          load_keys(kb + kStages);
-        }
+        // Done with K, once all four warps are: its stage takes block kb + kStages, if any (a
+        // predicate, not a branch: one instruction fewer a block).
+        named_barrier_sync(1, 128);
+        load_keys(kb + kStages);
       }
     };
     // Scores stay unscaled until exp2, which takes r·f − m in one FFMA: f is the factor into the
@@ -535,7 +548,7 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kCtasPerSm) attention_ke
     const float hidden_score = descending ? kInf : -kInf;
 
     // ---- Hidden keys: past the end, or (causal) after the row's diagonal ----
-    if (kb >= first_masked_block) {
+    if (kMayMask && kb >= first_masked_block) {
       // Per row, the number of leading keys of this block it sees (0..128): 32-bit compares below.
       int visible[2];
 #pragma unroll
@@ -614,21 +627,35 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kCtasPerSm) attention_ke
   };
 
   if constexpr (Tile::kSerial) {
+    auto serial_block = [&](int kb, auto may_mask) {
+      // Solo: V's copy waited for before P·V, or once P is packed, after the softmax.
+      auto wait_for_values = [&] {
+        int parity = (kb / kStages) & 1;
+        if constexpr (Tile::kValuesWaitAfterSoftmax) parity = parity_after(parity, row_sum[0], row_sum[1]);
+        mbarrier_wait(&values_loaded[kb % kStages], parity);
+      };
+      process_block(kb, std::false_type{}, may_mask);
+      if constexpr (Tile::kSolo && !Tile::kValuesWaitAfterSoftmax) wait_for_values();
+      multiply_p_v_now([&] {
+        if constexpr (Tile::kValuesWaitAfterSoftmax) wait_for_values();
+      });
+      if constexpr (Tile::kSolo) {
+        named_barrier_sync(1, 128);
+        load_values(kb + kStages);
+      }
+    };
+    // The blocks before the first with hidden keys in a loop of their own, without its test
+    // (where Tile says).
+    const int unmasked_blocks = Tile::kSeparateMaskedLoop ? min(first_masked_block, computed_blocks) : 0;
+    int kb = 0;
 #pragma unroll 1
-    for (int kb = 0; kb < computed_blocks; ++kb) {
-      process_block(kb, std::false_type{});
-      if constexpr (Tile::kSolo) mbarrier_wait(&values_loaded[kb % kStages], (kb / kStages) & 1);
-      multiply_p_v_now();
-      if constexpr (Tile::kSolo)
-        if (kb + kStages < key_blocks) {
-          named_barrier_sync(1, 128);
-          load_values(kb + kStages);
-        }
-    }
+    for (; kb < unmasked_blocks; ++kb) serial_block(kb, std::false_type{});
+#pragma unroll 1
+    for (; kb < computed_blocks; ++kb) serial_block(kb, std::true_type{});
   } else if (computed_blocks > 0) {
-    process_block(0, std::false_type{});
+    process_block(0, std::false_type{}, std::true_type{});
 #pragma unroll 1
-    for (int kb = 1; kb < computed_blocks; ++kb) process_block(kb, std::true_type{});
+    for (int kb = 1; kb < computed_blocks; ++kb) process_block(kb, std::true_type{}, std::true_type{});
     // The last block's P·V, in a turn of its own.
     // (A wait that returns at once, this block's copies having landed: it keeps the basic-block
     // boundary before prepare_p_v that the loop's blocks have.)

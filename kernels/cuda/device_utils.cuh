@@ -105,6 +105,15 @@ __device__ __forceinline__ void mbarrier_wait(std::uint64_t* barrier, int parity
         : "memory");
   } while (done == 0);
 }
+// `parity` (0 or 1), in a form that depends on `a` and `b` as far as ptxas can tell: a wait given
+// it is issued after they are computed. ptxas otherwise issues a wait's first try_wait as early as
+// it can, and a try_wait that finds its phase incomplete may suspend the warp there, the work
+// scheduled after it undone.
+__device__ __forceinline__ int parity_after(int parity, float a, float b) {
+  std::uint32_t at_least_one;  // (bits of a) ^ (bits of b), with its lowest bit set
+  asm("{\n.reg .b32 x;\nxor.b32 x, %1, %2;\nor.b32 %0, x, 1;\n}\n" : "=r"(at_least_one) : "f"(a), "f"(b));
+  return static_cast<int>(min(static_cast<std::uint32_t>(parity), at_least_one));
+}
 // Makes initialized mbarriers visible to the copy engine (TMA), which completes their phases.
 __device__ __forceinline__ void fence_mbarrier_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
 
