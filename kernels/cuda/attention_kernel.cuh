@@ -256,7 +256,7 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kCtasPerSm) attention_ke
 
   if constexpr (Tile::kSolo) {
     load_q(first_thread);
-    for (int kb = 0; kb < min(kStages, key_blocks); ++kb) {
+    for (int kb = 0; kb < kStages; ++kb) {  // blocks past key_blocks: load_* issue nothing
       load_keys(kb);
       load_values(kb);
     }
