@@ -26,6 +26,14 @@ if compgen -G "$ROOT/.whl/*.whl" > /dev/null; then
     && export PYTHONPATH=/tmp/site
 fi
 
+# SageAttention's extension compiles for about two minutes: beside attnreplay's build, not after it.
+PEER_SOURCE="$ROOT/.peer/SageAttention"
+if wants peer && [ -d "$PEER_SOURCE/csrc" ]; then
+  python3 "$ROOT/bench/peer_sageattention.py" --source "$PEER_SOURCE" --build-dir "$BUILD-peer" --build-only \
+    > /tmp/peer-build.log 2>&1 &
+  PEER_BUILD=$!
+fi
+
 step "build"
 cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython3_EXECUTABLE="$(command -v python3)" \
   -DCMAKE_CUDA_ARCHITECTURES=90a > "$OUT/cmake.log" 2>&1 || { tail -40 "$OUT/cmake.log"; exit 1; }
@@ -68,8 +76,10 @@ fi
 
 if wants peer; then
 step "SageAttention2's own sm90 kernel beside ours (bench/peer_sageattention.py)"
-if [ -d "$ROOT/.peer/SageAttention/csrc" ]; then
-  python3 "$ROOT/bench/peer_sageattention.py" --source "$ROOT/.peer/SageAttention" --build-dir "$BUILD-peer" \
+if [ -n "${PEER_BUILD:-}" ]; then
+  # Only this pid: a bare `wait` would also wait for the tee that the log goes through.
+  wait "$PEER_BUILD" || { tail -30 /tmp/peer-build.log; status=1; }
+  python3 "$ROOT/bench/peer_sageattention.py" --source "$PEER_SOURCE" --build-dir "$BUILD-peer" \
     --attnreplay "$BIN" --out "$OUT/peer.json" 2>&1 | grep -v "^W[0-9]" | tee "$OUT/peer.txt" || status=1
 else
   echo "no SageAttention checkout in .peer/SageAttention (bench/README.md says how to get one)"

@@ -108,6 +108,16 @@ double EventClock::probe_sm_mhz() {
 
 void device_synchronize() { ATTNREPLAY_CUDA_CHECK(cudaDeviceSynchronize()); }
 
+std::string pci_bus_id() {
+  int device = 0;
+  char id[32] = {};
+  if (cudaGetDevice(&device) != cudaSuccess || cudaDeviceGetPCIBusId(id, sizeof(id), device) != cudaSuccess) {
+    cudaGetLastError();
+    return {};
+  }
+  return id;
+}
+
 std::map<std::string, std::string> describe_device() {
   std::map<std::string, std::string> v;
   if (!device_present()) return v;

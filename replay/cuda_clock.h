@@ -40,6 +40,9 @@ class EventClock {
   double rated_mhz_ = 0;
 };
 
+// The current device's PCI bus id ("0000:00:06.0"), which NVML finds it by; empty if unknown.
+std::string pci_bus_id();
+
 // GPU name, compute capability, SM count, memory, L2, clocks, driver and runtime versions.
 std::map<std::string, std::string> describe_device();
 

@@ -6,6 +6,7 @@
 
 #include "replay/cuda_clock.h"
 #include "replay/cuda_timers.h"
+#include "replay/nvml_monitor.h"
 
 namespace attnreplay {
 namespace {
@@ -55,8 +56,22 @@ std::unique_ptr<SampleTimer> make_cuda_timer(const CudaTimerOptions& options) {
   throw std::logic_error(fmt::format("make_cuda_timer: unknown timing method {}", static_cast<int>(options.method)));
 }
 
+namespace {
+
+const NvmlMonitorResult& nvml_monitor() {
+  static const NvmlMonitorResult result = make_nvml_monitor(cuda_clock::pci_bus_id());
+  return result;
+}
+
+}  // namespace
+
+ClockMonitor* gpu_clock_monitor() { return nvml_monitor().monitor.get(); }
+
+std::string gpu_clock_monitor_description() { return nvml_monitor().description; }
+
 void describe_cuda_device(Environment& environment) {
   for (auto& [key, value] : cuda_clock::describe_device()) environment.values[key] = value;
+  if (cuda_device_present()) environment.values["gpu_clock_monitor"] = gpu_clock_monitor_description();
 }
 
 }  // namespace attnreplay

@@ -26,7 +26,13 @@ struct CudaTimerOptions {
 // cannot work here (CUPTI not loadable, or graphs without libtorch's CUDA part).
 std::unique_ptr<SampleTimer> make_cuda_timer(const CudaTimerOptions& options);
 
-// GPU name, SM count, clocks, memory, L2, driver and runtime versions; empty without a GPU.
+// The NVML clock monitor of the current GPU (replay/nvml_monitor.h), made on first use; null where
+// NVML cannot be used, and gpu_clock_monitor_description() says why.
+ClockMonitor* gpu_clock_monitor();
+std::string gpu_clock_monitor_description();
+
+// GPU name, SM count, clocks, memory, L2, driver and runtime versions, and the clock monitor;
+// empty without a GPU.
 void describe_cuda_device(Environment& environment);
 
 }  // namespace attnreplay

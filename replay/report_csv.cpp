@@ -45,6 +45,8 @@ const std::vector<Column>& columns() {
       {"median_s_with_preparation", "/timing_with_preparation/median_s", true},
       {"samples", "/timing/samples", true},
       {"discarded_samples", "/timing/discarded_samples", true},
+      {"sm_clock_mhz", "/timing/sm_clock_median_mhz", true},
+      {"power_w", "/timing/power_median_w", true},
       {"tflops", "/tflops", true},
       {"gbytes_per_s", "/gbytes_per_s", true},
       {"matrix_ceiling_fraction", "/matrix_ceiling_fraction", true},

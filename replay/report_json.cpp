@@ -8,6 +8,9 @@ namespace {
 // JSON has no NaN or Infinity: such values are written as null.
 nlohmann::json number(double value) { return std::isfinite(value) ? nlohmann::json(value) : nlohmann::json(); }
 
+// A clock or power of 0 was not read (CPU kernels, no NVML): null.
+nlohmann::json clock(double reading) { return reading > 0 ? number(reading) : nlohmann::json(); }
+
 nlohmann::json timing_json(const TimingSummary& t) {
   return {{"method", t.method},         {"cache", t.cache},
           {"warmup_runs", t.warmup_runs}, {"samples", t.samples},
@@ -15,7 +18,12 @@ nlohmann::json timing_json(const TimingSummary& t) {
           {"min_s", number(t.min_s)},   {"max_s", number(t.max_s)},
           {"mean_s", number(t.mean_s)}, {"stdev_rel", number(t.stdev_rel)},
           {"measured_s", number(t.measured_s)}, {"stop_reason", t.stop_reason},
-          {"runs_per_sample", t.runs_per_sample}};
+          {"runs_per_sample", t.runs_per_sample},
+          {"sm_clock_median_mhz", clock(t.sm_clock_median_mhz)},
+          {"sm_clock_min_mhz", clock(t.sm_clock_min_mhz)},
+          {"sm_clock_max_mhz", clock(t.sm_clock_max_mhz)},
+          {"power_median_w", clock(t.power_median_w)},
+          {"power_capped_fraction", t.sm_clock_median_mhz > 0 ? number(t.power_capped_fraction) : nlohmann::json()}};
 }
 
 nlohmann::json moments_json(const TensorMoments& m) {

@@ -29,13 +29,15 @@ void print_call_table(const CallResult& call, std::ostream& out) {
                      call.is_causal ? std::string(causal_alignment_name(call.causal_alignment)) + "  " : std::string(),
                      si(call.work.flops, "FLOP"), si(call.work.bytes, "B"), call.work.arithmetic_intensity(),
                      call.reference_sampled ? fmt::format("  (errors on {} sampled query rows)", call.reference_rows) : "");
-  out << fmt::format("  {:<18} {:<13} {:>10} {:>6} {:>9} {:>9} {:>6} {:>10} {:>10} {:>12}\n", "kernel", "status",
-                     "median ms", "±%", "TFLOP/s", "GB/s", "%peak", "max_abs", "rel_l2", "cosine");
+  out << fmt::format("  {:<18} {:<13} {:>10} {:>6} {:>9} {:>9} {:>6} {:>6} {:>10} {:>10} {:>12}\n", "kernel",
+                     "status", "median ms", "±%", "TFLOP/s", "GB/s", "%peak", "MHz", "max_abs", "rel_l2", "cosine");
   std::vector<std::string> footnotes;
   for (const KernelResult& k : call.kernels) {
-    std::string time = "-", spread = "-", tflops = "-", gbps = "-";
+    std::string time = "-", spread = "-", tflops = "-", gbps = "-", clock = "-";
     if (k.timing) {
       time = fmt::format("{:.4g}", k.timing->median_s * 1e3);
+      // The SM clock during the samples: at a power limit it sits well under the rated one.
+      if (k.timing->sm_clock_median_mhz > 0) clock = fmt::format("{:.0f}", k.timing->sm_clock_median_mhz);
       spread = fmt::format("{:.2g}", k.timing->stdev_rel * 100);
       tflops = g(k.tflops(), 4);
       gbps = g(k.gbytes_per_s(), 4);
@@ -54,8 +56,9 @@ void print_call_table(const CallResult& call, std::ostream& out) {
     if (k.matrix_ceiling_fraction || k.copy_ceiling_fraction) {
       peak = fmt::format("{:.0f}", 100 * std::max(k.matrix_ceiling_fraction.value_or(0), k.copy_ceiling_fraction.value_or(0)));
     }
-    out << fmt::format("  {:<18} {:<13} {:>10} {:>6} {:>9} {:>9} {:>6} {:>10} {:>10} {:>12}\n", k.kernel,
-                       disposition_name(k.disposition), time, spread, tflops, gbps, peak, max_abs, rel_l2, cosine);
+    out << fmt::format("  {:<18} {:<13} {:>10} {:>6} {:>9} {:>9} {:>6} {:>6} {:>10} {:>10} {:>12}\n", k.kernel,
+                       disposition_name(k.disposition), time, spread, tflops, gbps, peak, clock, max_abs, rel_l2,
+                       cosine);
     // The default methods go without saying; the others are named beside their figures.
     if (k.timing && k.timing->method != "cpu-steady-clock" &&
         (k.timing->method != "cuda-event" || k.timing->cache != "cold-l2")) {

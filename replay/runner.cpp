@@ -163,6 +163,15 @@ SampleTimer& timer_for(const KernelDescription& kernel, const ReplayOptions& opt
   throw std::runtime_error("CUDA timing is not available in this build");
 }
 
+// What reads the clocks while a kernel's samples run: NVML for GPU kernels, where it loads.
+ClockMonitor* monitor_for(const KernelDescription& kernel) {
+#ifdef ATTNREPLAY_HAVE_CUDA
+  if (kernel.device == "cuda") return gpu_clock_monitor();
+#endif
+  static_cast<void>(kernel);
+  return nullptr;
+}
+
 }  // namespace
 
 ReferenceOutput reference_for(const AttentionCall& call, const ReplayOptions& options) {
@@ -238,11 +247,12 @@ CallResult replay_call(const AttentionCall& captured, const ReplayOptions& optio
       const bool on_gpu = kernel->description().device == "cuda";
       const StoppingRule& rule = on_gpu ? options.stopping_gpu : options.stopping;
       SampleTimer& timer = timer_for(kernel->description(), options);
-      k.timing = measure(*prepared, timer, rule);
+      ClockMonitor* monitor = monitor_for(kernel->description());
+      k.timing = measure(*prepared, timer, rule, monitor);
       if (prepared->has_preparation()) {
         WithPreparation with_preparation(*prepared);
         try {
-          k.timing_with_preparation = measure(with_preparation, timer, rule);
+          k.timing_with_preparation = measure(with_preparation, timer, rule, monitor);
         } catch (const std::exception& error) {
           throw std::runtime_error(fmt::format("timing with its input preparation: {}", error.what()));
         }

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <numeric>
+#include <utility>
 
 namespace attnreplay {
 
@@ -50,6 +51,17 @@ TimingSummary summarize_samples(std::vector<double> seconds) {
   return summary;
 }
 
+void summarize_clocks(const ClockReadings& readings, TimingSummary& summary) {
+  if (!readings.sm_mhz.empty()) {
+    const TimingSummary clocks = summarize_samples(readings.sm_mhz);
+    summary.sm_clock_median_mhz = clocks.median_s;
+    summary.sm_clock_min_mhz = clocks.min_s;
+    summary.sm_clock_max_mhz = clocks.max_s;
+    summary.power_capped_fraction = static_cast<double>(readings.power_capped) / static_cast<double>(readings.sm_mhz.size());
+  }
+  if (!readings.power_w.empty()) summary.power_median_w = summarize_samples(readings.power_w).median_s;
+}
+
 bool noise_settled(const std::vector<double>& noise_history, std::size_t window) {
   if (noise_history.size() < window) return false;
   const auto begin = noise_history.end() - static_cast<std::ptrdiff_t>(window);
@@ -58,7 +70,7 @@ bool noise_settled(const std::vector<double>& noise_history, std::size_t window)
   return latest > 0 && (*high - *low) < 0.05 * latest;
 }
 
-TimingSummary measure(PreparedKernel& kernel, SampleTimer& timer, const StoppingRule& rule) {
+TimingSummary measure(PreparedKernel& kernel, SampleTimer& timer, const StoppingRule& rule, ClockMonitor* monitor) {
   for (int i = 0; i < rule.warmup_runs; ++i) {
     kernel.run();
     kernel.synchronize();
@@ -68,6 +80,15 @@ TimingSummary measure(PreparedKernel& kernel, SampleTimer& timer, const Stopping
     ~EndKernel() { timer.end_kernel(); }
   } end_kernel{timer};
   timer.begin_kernel(kernel);
+  // Stopped when sampling ends, a throwing sample included; only a finished loop keeps the readings.
+  struct StopMonitor {
+    ClockMonitor* monitor;
+    ~StopMonitor() {
+      if (monitor) monitor->stop();
+    }
+    ClockReadings take() { return std::exchange(monitor, nullptr)->stop(); }
+  } stop_monitor{monitor};
+  if (monitor) monitor->start();
   const int runs_per_sample = std::max(timer.runs_per_sample(), 1);
   std::vector<double> samples;
   std::vector<double> noise_history;
@@ -105,7 +126,9 @@ TimingSummary measure(PreparedKernel& kernel, SampleTimer& timer, const Stopping
       break;
     }
   }
+  const ClockReadings readings = monitor ? stop_monitor.take() : ClockReadings{};
   TimingSummary summary = summarize_samples(samples);
+  summarize_clocks(readings, summary);
   summary.method = timer.method();
   summary.cache = timer.cache();
   summary.warmup_runs = rule.warmup_runs;

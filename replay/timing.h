@@ -37,6 +37,29 @@ struct TimingSummary {
   std::string stop_reason;  // "converged", "noise-settled", "timeout", "max-samples"
   // Runs each sample averages over: 1, or K for CUDA-graph samples (one replay of K runs).
   int runs_per_sample = 1;
+  // What the driver reported while the samples ran (replay/nvml_monitor.h); 0 where nothing was
+  // read (CPU kernels, no NVML). Under a long matrix-heavy load a board sits at its power limit,
+  // well under its rated clock, and time scales with the clock: compare kernels at like clocks.
+  double sm_clock_median_mhz = 0, sm_clock_min_mhz = 0, sm_clock_max_mhz = 0;
+  double power_median_w = 0;
+  double power_capped_fraction = 0;  // of the readings, those with the power cap holding the clock down
+};
+
+// The clocks and power a ClockMonitor read while one kernel's samples ran.
+struct ClockReadings {
+  std::vector<double> sm_mhz;
+  std::vector<double> power_w;
+  int power_capped = 0;  // readings taken while the power cap held the clock down
+};
+
+// Reads the GPU's clock and power in the background while measure() samples a kernel. The clock
+// probe after each sample (the throttle guard's) cannot stand in: the clock recovers within
+// microseconds once the load stops, so the probe reads 1.8 GHz where the kernel ran at 1.6.
+class ClockMonitor {
+ public:
+  virtual ~ClockMonitor() = default;
+  virtual void start() = 0;
+  virtual ClockReadings stop() noexcept = 0;
 };
 
 class SampleTimer {
@@ -65,10 +88,14 @@ class CpuClockTimer final : public SampleTimer {
 
 // Pure statistics of a sample set, shared by measure() and its tests.
 TimingSummary summarize_samples(std::vector<double> seconds);
+// The readings' median, min and max clock, median power and capped share, into `summary`.
+void summarize_clocks(const ClockReadings& readings, TimingSummary& summary);
 // True when the last `window` noise values vary by under 5 % of the latest: more samples would
 // not make the estimate better.
 bool noise_settled(const std::vector<double>& noise_history, std::size_t window = 16);
 
-TimingSummary measure(PreparedKernel& kernel, SampleTimer& timer, const StoppingRule& rule);
+// `monitor`, when given, reads the clocks over the samples (after the warm-up).
+TimingSummary measure(PreparedKernel& kernel, SampleTimer& timer, const StoppingRule& rule,
+                      ClockMonitor* monitor = nullptr);
 
 }  // namespace attnreplay

@@ -28,16 +28,18 @@ CSV_HEADER = [
     "source", "call_index", "case_tag", "op", "backend", "batch", "heads_q", "heads_kv", "seq_q", "seq_kv",
     "head_dim_qk", "head_dim_vo", "dtype", "layout", "is_causal", "causal_alignment", "mask", "scale", "flops",
     "bytes", "arithmetic_intensity", "kernel", "status", "reason", "time_method", "cache", "median_s", "min_s",
-    "max_s", "stdev_rel", "median_s_with_preparation", "samples", "discarded_samples", "tflops", "gbytes_per_s", "matrix_ceiling_fraction",
+    "max_s", "stdev_rel", "median_s_with_preparation", "samples", "discarded_samples", "sm_clock_mhz", "power_w",
+    "tflops", "gbytes_per_s", "matrix_ceiling_fraction",
     "copy_ceiling_fraction", "max_abs", "mean_abs", "mse",
     "rmse", "std_abs", "rel_l1", "rel_l2", "cosine", "nan_count", "inf_count", "rows_compared", "sampled", "rerun",
 ]
 
-TABLE_COLUMNS = ["kernel", "status", "median ms", "±%", "TFLOP/s", "GB/s", "%peak", "max_abs", "rel_l2", "cosine"]
+TABLE_COLUMNS = ["kernel", "status", "median ms", "±%", "TFLOP/s", "GB/s", "%peak", "MHz", "max_abs", "rel_l2",
+                 "cosine"]
 
 
 def table_rows(stdout):
-    """{kernel: [status, median ms, ±%, TFLOP/s, GB/s, %peak, max_abs, rel_l2, cosine]} of the printed table."""
+    """{kernel: [status, median ms, ±%, TFLOP/s, GB/s, %peak, MHz, max_abs, rel_l2, cosine]} of the printed table."""
     lines = stdout.splitlines()
     header = next(i for i, line in enumerate(lines) if line.split()[:2] == ["kernel", "status"])
     assert re.sub(r"\s+", " ", lines[header].strip()) == " ".join(TABLE_COLUMNS)
@@ -64,8 +66,9 @@ def test_table_shows_every_cpu_kernel_with_speed_and_error(big_run):
     rows = table_rows(result.stdout)
     assert set(CPU_KERNELS) <= set(rows), result.stdout
     for kernel in CPU_KERNELS:
-        status, median_ms, spread, tflops, gbps, peak, max_abs, rel_l2, cosine = rows[kernel]
+        status, median_ms, spread, tflops, gbps, peak, clock, max_abs, rel_l2, cosine = rows[kernel]
         assert status == "passed", result.stdout
+        assert (peak, clock) == ("-", "-")  # GPU figures: no ceiling, no SM clock on the CPU
         for text in (median_ms, spread, tflops, gbps, max_abs, rel_l2, cosine):
             assert math.isfinite(float(text)), (kernel, text)
         assert float(median_ms) > 0 and float(tflops) > 0 and float(gbps) > 0

@@ -185,6 +185,16 @@ def test_graph_and_cupti_timing_agree_with_cuda_events(tmp_path):
         assert (graph[name]["timing"]["method"], graph[name]["timing"]["cache"]) == ("cuda-graph", "hot-l2")
         assert (cupti[name]["timing"]["method"], cupti[name]["timing"]["cache"]) == ("cupti", "cold-l2")
         assert graph[name]["timing"]["runs_per_sample"] >= 1
+        # Every method reads the driver's clock and power while it samples: real figures, the clock
+        # under the rated one (cudaDevAttrClockRate, the most it boosts to).
+        environment = json.loads((tmp_path / "r.json").read_text())["environment"]
+        assert environment["gpu_clock_monitor"] == "nvml", environment
+        rated = float(environment["gpu_sm_clock_rated_mhz"])
+        for method in (cold, hot, graph, cupti):
+            t = method[name]["timing"]
+            assert 0.2 * rated < t["sm_clock_min_mhz"] <= t["sm_clock_median_mhz"] <= t["sm_clock_max_mhz"], t
+            assert t["sm_clock_max_mhz"] <= rated, (t, rated)
+            assert 50 < t["power_median_w"] < 2000 and 0 <= t["power_capped_fraction"] <= 1, t
         assert "--timing graph" in graph[name]["rerun"] and "--timing cupti" in cupti[name]["rerun"]
         assert "--timing" not in cold[name]["rerun"]
         # A graph also removes the gaps between the kernels one call launches: torch-cudnn's graph

@@ -143,6 +143,7 @@ TEST_CASE("report csv: header is csv_columns(), one row per kernel with every fi
   CHECK(measured[column("median_s")] == "0.002");
   CHECK(measured[column("samples")] == "12");
   CHECK(measured[column("discarded_samples")] == "1");
+  CHECK(measured[column("sm_clock_mhz")].empty());  // a CPU kernel: no clock measured
   CHECK(measured[column("nan_count")] == "3");
   CHECK(measured[column("rel_l1")].empty());    // infinity
   CHECK(measured[column("mean_abs")].empty());  // NaN
@@ -244,4 +245,47 @@ TEST_CASE("report table: each kernel, its status, the reason and notes are shown
   });
   REQUIRE(declined != lines.end());
   CHECK_THAT(*declined, ContainsSubstring(" - "));
+}
+
+TEST_CASE("report: the SM clock of a GPU kernel's samples in the JSON, the CSV and the table") {
+  Report report = sample_report();
+  TimingSummary& timing = *report.calls[0].kernels[0].timing;
+  timing.method = "cuda-event";
+  timing.cache = "cold-l2";
+  timing.sm_clock_median_mhz = 1605;
+  timing.sm_clock_min_mhz = 1335;
+  timing.sm_clock_max_mhz = 1980;
+  const nlohmann::json json = report_to_json(report);
+  const auto& json_timing = json.at("calls")[0].at("kernels")[0].at("timing");
+  CHECK(json_timing.at("sm_clock_median_mhz") == 1605.0);
+  CHECK(json_timing.at("sm_clock_min_mhz") == 1335.0);
+  CHECK(json_timing.at("sm_clock_max_mhz") == 1980.0);
+  // Unmeasured (CPU) clocks are null, not 0.
+  CHECK(report_to_json(sample_report()).at("calls")[0].at("kernels")[0].at("timing").at("sm_clock_median_mhz").is_null());
+
+  std::ostringstream csv;
+  write_csv(report, csv);
+  CHECK(split_csv_line(lines_of(csv.str())[1])[column("sm_clock_mhz")] == "1605.0");
+
+  std::ostringstream table;
+  print_table(report, table);
+  const auto lines = lines_of(table.str());
+  const auto header = std::find_if(lines.begin(), lines.end(), [](const std::string& l) { return l.find("median ms") != std::string::npos; });
+  const auto row = std::find_if(lines.begin(), lines.end(), [](const std::string& l) { return l.find("torch-math-cpu") != std::string::npos; });
+  REQUIRE(header != lines.end());
+  REQUIRE(row != lines.end());
+  // The clock is the field under the MHz heading ("median ms" is one field of the row, two words).
+  const auto words = [](const std::string& line) {
+    std::vector<std::string> out;
+    std::istringstream in(line);
+    for (std::string word; in >> word;) out.push_back(word);
+    return out;
+  };
+  const auto heading = words(*header);
+  const auto fields = words(*row);
+  const auto mhz = std::find(heading.begin(), heading.end(), "MHz");
+  REQUIRE(mhz != heading.end());
+  const auto at = static_cast<std::size_t>(mhz - heading.begin()) - 1;
+  REQUIRE(at < fields.size());
+  CHECK(fields[at] == "1605");
 }

@@ -316,3 +316,68 @@ TEST_CASE("timing: samples of K runs count K times toward min_time, and say so")
   CHECK(t.measured_s == 0.5);  // GPU time sampled, all runs counted
   CHECK(kernel.runs == 32);
 }
+
+namespace {
+
+// Hands measure() fixed readings and records when it was started and stopped.
+class FixedMonitor final : public ClockMonitor {
+ public:
+  explicit FixedMonitor(const CountingKernel& kernel) : kernel_(kernel) {}
+  void start() override {
+    ++starts;
+    runs_at_start = kernel_.runs;
+  }
+  ClockReadings stop() noexcept override {
+    ++stops;
+    return {{1600, 1590, 1980, 1610}, {699, 701, 300, 700}, 3};
+  }
+  int starts = 0, stops = 0, runs_at_start = -1;
+
+ private:
+  const CountingKernel& kernel_;
+};
+
+}  // namespace
+
+TEST_CASE("timing: summarize_clocks gives median, min and max clock, median power and the capped share") {
+  TimingSummary t;
+  summarize_clocks({{1600, 1590, 1980, 1610}, {699, 701, 300, 700}, 3}, t);
+  CHECK(t.sm_clock_median_mhz == 1605.0);
+  CHECK(t.sm_clock_min_mhz == 1590.0);
+  CHECK(t.sm_clock_max_mhz == 1980.0);
+  CHECK(t.power_median_w == 699.5);
+  CHECK(t.power_capped_fraction == 0.75);
+
+  TimingSummary none;  // nothing read: zeros, which the JSON writes as null
+  summarize_clocks({}, none);
+  CHECK(none.sm_clock_median_mhz == 0.0);
+  CHECK(none.power_median_w == 0.0);
+  CHECK(none.power_capped_fraction == 0.0);
+}
+
+TEST_CASE("timing: measure() reads the clocks over the samples, after the warm-up, and stops on a throw") {
+  CountingKernel kernel;
+  FixedMonitor monitor(kernel);
+  ScriptedTimer timer([](int) { return 1e-3; });
+  StoppingRule rule;
+  rule.warmup_runs = 2;
+  rule.min_samples = 3;
+  rule.min_time_s = 0;
+  const TimingSummary t = measure(kernel, timer, rule, &monitor);
+  CHECK(monitor.starts == 1);
+  CHECK(monitor.stops == 1);
+  CHECK(monitor.runs_at_start == 2);  // after the warm-up runs
+  CHECK(t.sm_clock_median_mhz == 1605.0);
+  CHECK(t.power_median_w == 699.5);
+  CHECK(t.power_capped_fraction == 0.75);
+
+  // Without a monitor, nothing is read.
+  CHECK(measure(kernel, timer, rule).sm_clock_median_mhz == 0.0);
+
+  KernelScopedTimer failing(1);
+  failing.throw_at = 0;
+  FixedMonitor stopped(kernel);
+  CHECK_THROWS_WITH(measure(kernel, failing, rule, &stopped), "sample failed");
+  CHECK(stopped.starts == 1);
+  CHECK(stopped.stops == 1);
+}
