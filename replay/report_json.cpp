@@ -9,7 +9,7 @@ namespace {
 nlohmann::json number(double value) { return std::isfinite(value) ? nlohmann::json(value) : nlohmann::json(); }
 
 // A clock or power of 0 was not read (CPU kernels, no NVML): null.
-nlohmann::json clock(double reading) { return reading > 0 ? number(reading) : nlohmann::json(); }
+nlohmann::json reading_or_null(double reading) { return reading > 0 ? number(reading) : nlohmann::json(); }
 
 nlohmann::json timing_json(const TimingSummary& t) {
   return {{"method", t.method},         {"cache", t.cache},
@@ -19,10 +19,10 @@ nlohmann::json timing_json(const TimingSummary& t) {
           {"mean_s", number(t.mean_s)}, {"stdev_rel", number(t.stdev_rel)},
           {"measured_s", number(t.measured_s)}, {"stop_reason", t.stop_reason},
           {"runs_per_sample", t.runs_per_sample},
-          {"sm_clock_median_mhz", clock(t.sm_clock_median_mhz)},
-          {"sm_clock_min_mhz", clock(t.sm_clock_min_mhz)},
-          {"sm_clock_max_mhz", clock(t.sm_clock_max_mhz)},
-          {"power_median_w", clock(t.power_median_w)},
+          {"sm_clock_median_mhz", reading_or_null(t.sm_clock_median_mhz)},
+          {"sm_clock_min_mhz", reading_or_null(t.sm_clock_min_mhz)},
+          {"sm_clock_max_mhz", reading_or_null(t.sm_clock_max_mhz)},
+          {"power_median_w", reading_or_null(t.power_median_w)},
           {"power_capped_fraction", t.sm_clock_median_mhz > 0 ? number(t.power_capped_fraction) : nlohmann::json()}};
 }
 
