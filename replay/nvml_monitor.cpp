@@ -53,8 +53,7 @@ class NvmlMonitor final : public ClockMonitor {
   }
 
   void start() override {
-    stop();
-    readings_ = {};
+    stop();  // also empties readings_
     thread_ = std::jthread([this](std::stop_token stop) { sample_until(stop); });
   }
 
