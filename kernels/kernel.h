@@ -2,6 +2,7 @@
 // One interface for every attention kernel: the exact reference, torch's SDPA backends, our own
 // CUDA kernels, and whatever the user's environment provides. A kernel says whether it can run a
 // call (and why not), prepares its inputs once, then runs as often as the timer asks.
+#include <map>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -53,6 +54,18 @@ class KernelNotSupported : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Thrown by a kernel whose failure has more to say than one line (a plug-in's Python traceback):
+// the row's reason is what(), and `detail` goes to the JSON only, where it cannot flood the table.
+class KernelFailure : public std::runtime_error {
+ public:
+  KernelFailure(const std::string& message, std::string detail)
+      : std::runtime_error(message), detail_(std::move(detail)) {}
+  const std::string& detail() const { return detail_; }
+
+ private:
+  std::string detail_;
+};
+
 class Kernel {
  public:
   virtual ~Kernel() = default;
@@ -63,16 +76,36 @@ class Kernel {
   const std::string& name() const { return description().name; }
 };
 
-// Kernels register themselves from their own file: adding one touches no central list.
+// Kernels register themselves from their own file: adding one touches no central list. Plug-ins
+// (a shared library, a Python file) register the same way while the registry knows their source.
 class KernelRegistry {
  public:
   static KernelRegistry& instance();
   bool add(std::unique_ptr<Kernel> kernel);
   const std::vector<std::unique_ptr<Kernel>>& kernels() const { return kernels_; }
   const Kernel* find(std::string_view name) const;
+  // Where a kernel came from: "built-in", or the plug-in file that registered it.
+  std::string source_of(std::string_view name) const;
+  // Plug-in registrations refused since the last call (a name already taken), each naming its file.
+  std::vector<std::string> take_rejected();
+
+  // Kernels added while one lives are recorded as coming from `source`.
+  class SourceScope {
+   public:
+    explicit SourceScope(std::string source);
+    ~SourceScope();
+    SourceScope(const SourceScope&) = delete;
+    SourceScope& operator=(const SourceScope&) = delete;
+
+   private:
+    std::string previous_;
+  };
 
  private:
   std::vector<std::unique_ptr<Kernel>> kernels_;
+  std::map<std::string, std::string, std::less<>> sources_;
+  std::string loading_source_;
+  std::vector<std::string> rejected_;
 };
 
 // Use at namespace scope in a kernel's file: ATTNREPLAY_REGISTER_KERNEL(MyKernel);

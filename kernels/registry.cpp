@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <utility>
 
 #include "formats/errors.h"
 #include "kernels/kernel.h"
@@ -11,7 +12,15 @@ KernelRegistry& KernelRegistry::instance() {
 }
 
 bool KernelRegistry::add(std::unique_ptr<Kernel> kernel) {
-  ATTNREPLAY_ASSERT(!find(kernel->name()), "kernel '" + kernel->name() + "' registered twice");
+  // A plug-in may reuse a name by mistake, from a static initializer where a throw would end the
+  // process: it is refused and the loader reports it. Built-ins never do.
+  if (find(kernel->name())) {
+    ATTNREPLAY_ASSERT(!loading_source_.empty(), "kernel '" + kernel->name() + "' registered twice");
+    rejected_.push_back(fmt::format("{}: kernel '{}' is already registered by {}", loading_source_, kernel->name(),
+                                    source_of(kernel->name())));
+    return false;
+  }
+  if (!loading_source_.empty()) sources_[kernel->name()] = loading_source_;
   kernels_.push_back(std::move(kernel));
   // Registration order depends on link order; listing order should not.
   std::sort(kernels_.begin(), kernels_.end(), [](const auto& a, const auto& b) {
@@ -27,5 +36,17 @@ const Kernel* KernelRegistry::find(std::string_view name) const {
   }
   return nullptr;
 }
+
+std::vector<std::string> KernelRegistry::take_rejected() { return std::exchange(rejected_, {}); }
+
+std::string KernelRegistry::source_of(std::string_view name) const {
+  const auto found = sources_.find(name);
+  return found == sources_.end() ? "built-in" : found->second;
+}
+
+KernelRegistry::SourceScope::SourceScope(std::string source)
+    : previous_(std::exchange(instance().loading_source_, std::move(source))) {}
+
+KernelRegistry::SourceScope::~SourceScope() { instance().loading_source_ = std::move(previous_); }
 
 }  // namespace attnreplay

@@ -14,6 +14,7 @@
 #include "formats/errors.h"
 #include "formats/torch_tensor.h"
 #include "kernels/kernel.h"
+#include "kernels/torch_inputs.h"
 
 namespace attnreplay {
 namespace {
@@ -24,24 +25,6 @@ struct TorchInputs {
   bool is_causal = false;
   bool enable_gqa = false;
 };
-
-// Q, K, V and the mask as the model passed them (its strides restored), on `device`, Q/K/V as
-// BHSD views (BSHD calls are transposed views, which cost nothing).
-struct ModelInputs {
-  at::Tensor q, k, v;
-  std::optional<at::Tensor> mask;
-};
-
-ModelInputs model_inputs(const AttentionCall& call, at::Device device) {
-  auto bhsd = [&](const HostTensor& tensor) {
-    at::Tensor t = torch_from_host_tensor(tensor).to(device);  // .to keeps dense strides
-    if (t.dim() == 3) t = t.unsqueeze(1);
-    return call.layout == Layout::bshd ? t.transpose(1, 2) : t;
-  };
-  ModelInputs in{bhsd(call.q), bhsd(call.k), bhsd(call.v), std::nullopt};
-  if (call.mask) in.mask = torch_from_host_tensor(*call.mask).to(device);
-  return in;
-}
 
 // What a backend takes, made on the device from the model's inputs: bottom-right causality as an
 // explicit mask (torch's is_causal is top-left), K/V expanded for GQA when the backend cannot

@@ -13,6 +13,7 @@
 #include "formats/capture_source.h"
 #include "formats/errors.h"
 #include "kernels/kernel.h"
+#include "kernels/plugins.h"
 #include "kernels/quantized_attention.h"
 #include "replay/audit.h"
 #include "replay/environment.h"
@@ -299,11 +300,38 @@ struct Output {
   Ceilings ceilings;
 };
 
+// The plug-ins this command loaded: the flags that load them again (for every rerun command) and
+// the ones that failed, which are input errors of the run (exit 1) while the other kernels run.
+struct LoadedPlugins {
+  std::string rerun_flags;
+  std::vector<std::string> errors;
+};
+
+void add_plugin_options(CLI::App& app, PluginFiles& files) {
+  app.add_option("--kernel-module", files.modules,
+                 "a Python file or module of plug-in kernels (docs/plugins.md); repeatable; also "
+                 "$ATTNREPLAY_KERNEL_MODULES, ':'-separated");
+  app.add_option("--kernel-library", files.libraries,
+                 "a shared library of C++/CUDA plug-in kernels (docs/plugins.md); repeatable; also "
+                 "$ATTNREPLAY_KERNEL_LIBRARIES");
+}
+
+LoadedPlugins load_plugin_files(const PluginFiles& given, bool with_adapters) {
+  const PluginFiles files = with_environment_plugins(given);
+  LoadedPlugins loaded;
+  loaded.errors = load_plugins(files, with_adapters);
+  for (const auto& module : files.modules) loaded.rerun_flags += " --kernel-module " + shell_quote(module);
+  for (const auto& library : files.libraries) loaded.rerun_flags += " --kernel-library " + shell_quote(library);
+  return loaded;
+}
+
 // Runs one set of run flags into `report`. Problems with inputs are recorded, each prefixed with
 // `place` (a test-list line) when given; bad flags throw.
-void run_one(const RunArgs& a, Report& report, const Output& output, const std::string& place = {}) {
+void run_one(const RunArgs& a, Report& report, const Output& output, const LoadedPlugins& plugins,
+             const std::string& place = {}) {
   ReplayOptions options = replay_options(a);
   options.ceilings = output.ceilings;
+  options.rerun_base += plugins.rerun_flags;
   auto show = [&output](const CallResult& call) {
     if (!output.quiet) print_call_table(call, std::cout), std::cout.flush();
   };
@@ -369,9 +397,10 @@ void print_summary(const Report& report) {
 }
 
 int command_run(const RunArgs& args, const std::string& testlist, const std::string& json_path,
-                const std::string& csv_path, Output output, bool measure_gpu_ceilings,
+                const std::string& csv_path, Output output, bool measure_gpu_ceilings, const LoadedPlugins& plugins,
                 const std::vector<std::string>& argv) {
   Report report;
+  report.input_errors = plugins.errors;
   report.tool_version = tool_version();
   report.argv = argv;
   report.started_utc = now_utc();
@@ -422,7 +451,7 @@ int command_run(const RunArgs& args, const std::string& testlist, const std::str
         add_run_options(parser, line_args);
         parser.parse(line, false);
         if (line_args.case_tag.empty()) line_args.case_tag = where;
-        run_one(line_args, report, output, where);
+        run_one(line_args, report, output, plugins, where);
       } catch (const CLI::Error& error) {
         report.input_errors.push_back(fmt::format("{}: {}", where, error.what()));
       } catch (const InputError& error) {
@@ -435,7 +464,7 @@ int command_run(const RunArgs& args, const std::string& testlist, const std::str
       throw UsageError("nothing to replay: give capture files or folders, --shape, or --testlist");
     }
     try {
-      run_one(args, report, output);
+      run_one(args, report, output, plugins);
     } catch (const InputError& error) {
       report.input_errors.push_back(error.what());
     }
@@ -518,12 +547,19 @@ int command_convert(const std::string& from, const std::string& to) {
   return status;
 }
 
-int command_kernels() {
-  for (const auto& kernel : KernelRegistry::instance().kernels()) {
+int command_kernels(const LoadedPlugins& plugins) {
+  const auto& registry = KernelRegistry::instance();
+  for (const auto& kernel : registry.kernels()) {
     const auto& d = kernel->description();
     std::cout << fmt::format("{:<20} {:<5} {}\n", d.name, d.device, d.summary);
+    const std::string source = registry.source_of(d.name);
+    if (source != "built-in") std::cout << fmt::format("{:<26} from {}\n", "", source);
   }
-  return kExitOk;
+  const auto unavailable = unavailable_plugin_kernels();
+  if (!unavailable.empty()) std::cout << "\nunavailable here:\n";
+  for (const auto& [name, reason] : unavailable) std::cout << fmt::format("{:<20} {}\n", name, reason);
+  for (const std::string& error : plugins.errors) std::cerr << "error: " << error << '\n';
+  return plugins.errors.empty() ? kExitOk : kExitFailures;
 }
 
 // The flags of `audit`: the ones it shares with `run`, defined by the same code, and its own.
@@ -566,8 +602,9 @@ void add_audit_options(CLI::App& app, AuditArgs& a) {
   app.add_flag("-q,--quiet", a.quiet, "print only the summary line");
 }
 
-int command_audit(const AuditArgs& a, const std::vector<std::string>& argv) {
+int command_audit(const AuditArgs& a, const LoadedPlugins& plugins, const std::vector<std::string>& argv) {
   AuditReport report;
+  report.replay.input_errors = plugins.errors;
   report.replay.tool_version = tool_version();
   report.replay.argv = argv;
   report.replay.started_utc = now_utc();
@@ -579,6 +616,7 @@ int command_audit(const AuditArgs& a, const std::vector<std::string>& argv) {
   // Bad flags are usage errors (exit 2), found before any work.
   try {
     options.replay = replay_options(a.run);
+    options.replay.rerun_base += plugins.rerun_flags;
     if (!a.full_timing) {
       options.replay.stopping = audit_stopping_rule(/*gpu=*/false);
       options.replay.stopping_gpu = audit_stopping_rule(/*gpu=*/true);
@@ -645,6 +683,8 @@ int main(int argc, char** argv) {
   run->add_option("--csv", csv_path, "write one row per call and kernel");
   run->add_flag("-q,--quiet", output.quiet, "print only the summary");
   bool no_ceilings = false;
+  PluginFiles plugin_files;
+  add_plugin_options(*run, plugin_files);
   run->add_flag("--no-ceilings", no_ceilings, "skip measuring the GPU's matrix and copy ceilings at start-up");
 
   std::vector<std::string> info_inputs;
@@ -656,12 +696,14 @@ int main(int argc, char** argv) {
   convert->add_option("from", convert_from, "capture to read")->required();
   convert->add_option("to", convert_to, "capture to write: .h5, .pt, or a folder ending in '/'")->required();
 
-  CLI::App* kernels = app.add_subcommand("kernels", "list the registered kernels");
+  CLI::App* kernels = app.add_subcommand("kernels", "list the kernels: built-in, plug-ins, and the library adapters");
+  add_plugin_options(*kernels, plugin_files);
 
   AuditArgs audit_args;
   CLI::App* audit = app.add_subcommand(
       "audit", "accuracy of kernels over a whole capture: error distributions, worst calls, verdicts");
   add_audit_options(*audit, audit_args);
+  add_plugin_options(*audit, plugin_files);
 
   try {
     app.parse(argc, argv);
@@ -670,14 +712,20 @@ int main(int argc, char** argv) {
     return code == 0 ? 0 : kExitUsage;
   }
   try {
+    // Before any kernel name is checked: plug-ins add names. The library adapters load where the
+    // selection may want them (Python starts only then).
+    const bool with_adapters = *kernels || (*run && (selection_needs_python(run_args.kernels) || !testlist.empty())) ||
+                               (*audit && selection_needs_python(audit_args.run.kernels));
+    const LoadedPlugins plugins =
+        *run || *kernels || *audit ? load_plugin_files(plugin_files, with_adapters) : LoadedPlugins{};
     if (*run) {
-      return command_run(run_args, testlist, json_path, csv_path, output, !no_ceilings,
+      return command_run(run_args, testlist, json_path, csv_path, output, !no_ceilings, plugins,
                          std::vector<std::string>(argv, argv + argc));
     }
     if (*info) return command_info(info_inputs);
     if (*convert) return command_convert(convert_from, convert_to);
-    if (*kernels) return command_kernels();
-    if (*audit) return command_audit(audit_args, std::vector<std::string>(argv, argv + argc));
+    if (*kernels) return command_kernels(plugins);
+    if (*audit) return command_audit(audit_args, plugins, std::vector<std::string>(argv, argv + argc));
   } catch (const UsageError& error) {
     std::cerr << "error: " << error.what() << '\n';
     return kExitUsage;

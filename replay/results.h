@@ -26,8 +26,11 @@ std::string_view disposition_name(Disposition disposition);
 
 struct KernelResult {
   std::string kernel;
+  std::string source = "built-in";  // or the plug-in file that registered the kernel
   Disposition disposition = Disposition::not_verified;
   std::string reason;
+  // More than the reason's one line, for the JSON only: a plug-in's Python traceback.
+  std::string detail;
   std::optional<TimingSummary> timing;  // absent for the model's own captured output
   // The kernel with its input preparation (GQA expansion, mask conversion, quantization), for
   // kernels that need any: what a user pays, beside the kernel-only figure peers quote.

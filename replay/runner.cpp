@@ -230,6 +230,7 @@ CallResult replay_call(const AttentionCall& captured, const ReplayOptions& optio
   for (const Kernel* kernel : select_kernels(options.kernels)) {
     KernelResult k;
     k.kernel = kernel->name();
+    k.source = KernelRegistry::instance().source_of(k.kernel);
     k.work = result.work;
     k.rerun = rerun_for(k.kernel);
     std::optional<std::string> unsupported = kernel->unsupported_reason(call);
@@ -283,6 +284,7 @@ CallResult replay_call(const AttentionCall& captured, const ReplayOptions& optio
     } catch (const std::exception& error) {
       k.disposition = Disposition::failed;
       k.reason = error.what();
+      if (const auto* failure = dynamic_cast<const KernelFailure*>(&error)) k.detail = failure->detail();
       k.timing.reset();
       k.error.reset();
     }

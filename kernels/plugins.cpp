@@ -1,0 +1,61 @@
+#include "kernels/plugins.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <sstream>
+
+#include "formats/errors.h"
+#include "kernels/kernel.h"
+#include "kernels/kernel_library.h"
+#include "kernels/python/python_kernels.h"
+
+namespace attnreplay {
+namespace {
+
+void append_unique(std::vector<std::string>& to, const std::string& item) {
+  if (!item.empty() && std::find(to.begin(), to.end(), item) == to.end()) to.push_back(item);
+}
+
+void append_environment_list(std::vector<std::string>& to, const char* variable) {
+  const char* value = std::getenv(variable);
+  if (!value) return;
+  std::stringstream stream(value);
+  for (std::string item; std::getline(stream, item, ':');) append_unique(to, item);
+}
+
+}  // namespace
+
+PluginFiles with_environment_plugins(PluginFiles given) {
+  PluginFiles files;
+  for (const auto& module : given.modules) append_unique(files.modules, module);
+  for (const auto& library : given.libraries) append_unique(files.libraries, library);
+  append_environment_list(files.modules, "ATTNREPLAY_KERNEL_MODULES");
+  append_environment_list(files.libraries, "ATTNREPLAY_KERNEL_LIBRARIES");
+  return files;
+}
+
+bool selection_needs_python(const std::vector<std::string>& kernel_names) {
+  return std::any_of(kernel_names.begin(), kernel_names.end(), [](const std::string& name) {
+    return name == "all" || !KernelRegistry::instance().find(name);
+  });
+}
+
+std::vector<std::string> load_plugins(const PluginFiles& files, bool with_adapters) {
+  std::vector<std::string> errors;
+  for (const std::string& library : files.libraries) {
+    try {
+      load_kernel_library(library);
+    } catch (const InputError& error) {
+      errors.push_back(error.what());
+    }
+  }
+  if (!files.modules.empty() || with_adapters) {
+    PythonKernelsLoaded loaded = load_python_kernels(files.modules, with_adapters);
+    errors.insert(errors.end(), loaded.errors.begin(), loaded.errors.end());
+  }
+  return errors;
+}
+
+std::vector<std::pair<std::string, std::string>> unavailable_plugin_kernels() { return unavailable_python_kernels(); }
+
+}  // namespace attnreplay

@@ -1,0 +1,32 @@
+#pragma once
+// The plug-ins a command loads: Python kernel modules (--kernel-module, $ATTNREPLAY_KERNEL_MODULES)
+// and C++ kernel libraries (--kernel-library, $ATTNREPLAY_KERNEL_LIBRARIES), plus the adapters of
+// the attention libraries installed here. One place decides what loads and when.
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace attnreplay {
+
+struct PluginFiles {
+  std::vector<std::string> modules;    // Python files or importable module names
+  std::vector<std::string> libraries;  // shared libraries of C++ kernels
+};
+
+// `given` plus the environment's lists (':'-separated), each once.
+PluginFiles with_environment_plugins(PluginFiles given);
+
+// True when `kernel_names` (as --kernels takes them) may name a kernel that only Python defines:
+// "all", or a name no built-in kernel has. Starting Python costs a second or two, so a run of
+// built-in kernels alone does without it.
+bool selection_needs_python(const std::vector<std::string>& kernel_names);
+
+// Loads the files, and the library adapters when `with_adapters`; returns what failed, each naming
+// its file. The kernels that did load are registered.
+std::vector<std::string> load_plugins(const PluginFiles& files, bool with_adapters);
+
+// Kernels the library adapters cannot offer here, with why (their package does not import):
+// (name, reason).
+std::vector<std::pair<std::string, std::string>> unavailable_plugin_kernels();
+
+}  // namespace attnreplay

@@ -1,0 +1,385 @@
+"""attnreplay's plug-in kernel API, version 1 (docs/plugins.md).
+
+A plug-in is a Python file or importable module that registers kernels here; `attnreplay run
+--kernel-module FILE` loads it into the attnreplay process, which then times and judges its
+kernels exactly as it does its built-in ones, on the same tensors, CUDA context and stream.
+
+    import attnreplay_plugin as ar
+
+    class MyKernel(ar.Kernel):
+        name = "my-flash"
+        summary = "my Triton flash attention"
+        layout = "bhsd"                      # what run() gets: (b, h, s, d) contiguous
+        causal_alignments = ("top_left",)    # the causal diagonals it computes
+
+        def run(self, inputs):               # -> the output, in `layout`, on `device`
+            return my_flash(inputs.q, inputs.k, inputs.v, causal=inputs.spec.is_causal,
+                            scale=inputs.spec.scale)
+
+    ar.register(MyKernel())
+
+A kernel's capabilities are data (the class attributes below); a call outside them is reported
+`not_supported` with the reason, and `supports(spec)` adds any check of its own. `prepare(inputs)`,
+when overridden, is the kernel's input preparation (quantization, a layout change): it is timed
+alone with `run()` and `run()` is timed alone, as for the built-in kernels.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import os
+import sys
+import traceback
+from typing import Any, Callable, Optional, Sequence
+
+API_VERSION = 1
+
+LAYOUTS = ("bhsd", "bshd")
+CAUSAL_ALIGNMENTS = ("top_left", "bottom_right")
+MASK_KINDS = ("bool", "float")
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantOptions:
+    """The run's quantization flags (docs/quantized.md), for kernels that map them."""
+
+    quant_gran: str = "per_warp"         # per_block, per_warp, per_thread
+    k_smooth: bool = True                # False under --no_k_smooth
+    pv_accum_dtype: str = "fp32+fp32"    # fp32, fp32+fp32, fp32+fp16
+    fp8_scale: str = "per_head"          # per_tensor, per_head
+
+
+@dataclasses.dataclass(frozen=True)
+class CallSpec:
+    """One attention call without its tensors: what supports() decides on.
+
+    Dims are the call's own (heads_kv < heads_q for GQA, whatever the kernel is given). `layout`
+    is the layout the kernel receives its tensors in, `model_layout` the one the model used.
+    """
+
+    index: int
+    op: str
+    dtype: str                 # torch's name: "bfloat16", "float16", "float32", ...
+    device: str                # where the kernel's tensors are: "cpu" or "cuda"
+    layout: str
+    model_layout: str
+    batch: int
+    heads_q: int
+    heads_kv: int
+    seq_q: int
+    seq_kv: int
+    head_dim_qk: int
+    head_dim_vo: int
+    is_causal: bool
+    causal_alignment: str      # "top_left" (torch SDPA) or "bottom_right" (flash-attn)
+    scale: float               # always set: the call's, or 1/sqrt(head_dim_qk)
+    mask_kind: Optional[str]   # None, "bool" (True = may attend) or "float" (added to the scores)
+    mask_shape: Optional[tuple]
+    metadata: dict
+    quant: QuantOptions
+
+    @property
+    def torch_dtype(self):
+        import torch
+        return getattr(torch, self.dtype)
+
+    @property
+    def is_gqa(self) -> bool:
+        return self.heads_q != self.heads_kv
+
+
+@dataclasses.dataclass
+class Inputs:
+    """The tensors of one call, as the kernel asked for them: q, k, v contiguous in its layout on
+    its device (K and V with heads_q heads unless the kernel takes GQA natively), and the mask as
+    the model passed it, broadcastable to (batch, heads_q, seq_q, seq_kv)."""
+
+    q: Any
+    k: Any
+    v: Any
+    mask: Any
+    spec: CallSpec
+
+
+class Kernel:
+    """Base class of a plug-in kernel. Override the attributes that differ, and run()."""
+
+    name: str = ""
+    summary: str = ""
+    device: str = "cuda"                       # "cuda" or "cpu"
+    layout: str = "bhsd"                       # what run() gets and returns: "bhsd" or "bshd"
+    dtypes: Sequence[str] = ("float16", "bfloat16")
+    head_dims: Optional[Sequence[int]] = None  # head_dim_qk values taken; None: any
+    different_vo: bool = False                 # head_dim_vo may differ from head_dim_qk
+    native_gqa: bool = False                   # K, V with fewer heads taken as they are
+    masks: Sequence[str] = ()                  # mask kinds taken ("bool", "float"); (): none
+    causal_alignments: Sequence[str] = CAUSAL_ALIGNMENTS  # causal diagonals computed; (): not causal
+    reduced_precision: Optional[str] = None    # "int8", "float8_e4m3fn": --refcheck's thresholds
+    output_dtype: Optional[str] = None         # None: the inputs' dtype
+
+    def supports(self, spec: CallSpec) -> Optional[str]:
+        """None when the kernel can run the call, else the reason, which the user reads."""
+        return None
+
+    def prepare(self, inputs: Inputs) -> Any:
+        """Input preparation (timed as such when overridden); what it returns is run()'s argument."""
+        return inputs
+
+    def run(self, prepared: Any):
+        """Computes the attention output: (batch, heads_q, seq_q, head_dim_vo) in `layout`."""
+        raise NotImplementedError(f"{type(self).__name__}.run")
+
+    # -- what attnreplay calls --------------------------------------------------------------
+
+    def decline_reason(self, spec: CallSpec) -> Optional[str]:
+        """The capability checks over the class attributes, then supports()."""
+        if spec.dtype not in self.dtypes:
+            return f"dtype {spec.dtype} is not supported (takes {', '.join(self.dtypes)})"
+        if self.head_dims is not None and spec.head_dim_qk not in self.head_dims:
+            return f"head_dim {spec.head_dim_qk} is not supported (takes {', '.join(map(str, self.head_dims))})"
+        if spec.head_dim_vo != spec.head_dim_qk and not self.different_vo:
+            return f"head_dim_vo {spec.head_dim_vo} != head_dim_qk {spec.head_dim_qk} is not supported"
+        if spec.mask_kind is not None and spec.mask_kind not in self.masks:
+            return f"{spec.mask_kind} masks are not supported"
+        # Equal lengths put both diagonals in the same place.
+        if spec.is_causal:
+            if not self.causal_alignments:
+                return "causal attention is not supported"
+            if spec.causal_alignment not in self.causal_alignments and spec.seq_q != spec.seq_kv:
+                return (f"causal with {spec.causal_alignment} alignment and seq_q {spec.seq_q} != seq_kv "
+                        f"{spec.seq_kv} is not supported (computes {', '.join(self.causal_alignments)})")
+        return self.supports(spec)
+
+    def has_preparation(self) -> bool:
+        return type(self).prepare is not Kernel.prepare
+
+
+def kernel(name: str, **capabilities) -> Callable:
+    """Registers a function `fn(inputs) -> output` as a kernel without preparation:
+
+        @ar.kernel("torch-sdpa-plugin", device="cpu", dtypes=("float32",))
+        def sdpa(inputs): ...
+    """
+
+    def wrap(fn: Callable) -> Callable:
+        attributes = {"name": name, "summary": capabilities.pop("summary", fn.__doc__ or ""), **capabilities}
+        unknown = [key for key in attributes if not hasattr(Kernel, key)]
+        if unknown:
+            raise TypeError(f"attnreplay_plugin.kernel: unknown capabilities {unknown}")
+        function_kernel = type(fn.__name__, (Kernel,), {**attributes, "run": lambda self, inputs: fn(inputs)})
+        register(function_kernel())
+        return fn
+
+    return wrap
+
+
+@dataclasses.dataclass
+class _Entry:
+    kernel: Kernel
+    source: str
+
+
+_registered: list = []
+_unavailable: dict = {}    # name -> reason its package did not import
+_loading_source = "<python>"
+
+
+def register(k: Kernel) -> Kernel:
+    """Adds a kernel instance; its name must be new."""
+    if not isinstance(k, Kernel):
+        raise TypeError(f"attnreplay_plugin.register: expected a Kernel instance, got {type(k).__name__}")
+    _check_capabilities(k)
+    if any(entry.kernel.name == k.name for entry in _registered):
+        raise ValueError(f"attnreplay_plugin.register: kernel '{k.name}' is registered twice")
+    _registered.append(_Entry(k, _loading_source))
+    _unavailable.pop(k.name, None)
+    return k
+
+
+def unavailable(name: str, reason: str) -> None:
+    """Says that kernel `name` cannot run here and why (its package does not import, say);
+    `attnreplay kernels` lists it."""
+    if not any(entry.kernel.name == name for entry in _registered):
+        _unavailable[name] = reason
+
+
+def optional_import(module: str, kernels: Sequence[str]):
+    """The module, or None after marking `kernels` unavailable with the import error."""
+    try:
+        return importlib.import_module(module)
+    except Exception as error:  # a broken install raises more than ImportError
+        for name in kernels:
+            unavailable(name, f"{module} does not import: {type(error).__name__}: {error}")
+        return None
+
+
+def _check_capabilities(k: Kernel) -> None:
+    problems = []
+    if not k.name or not isinstance(k.name, str) or any(c.isspace() or c == "," for c in k.name):
+        problems.append(f"name {k.name!r} must be a non-empty word without commas")
+    if k.device not in ("cpu", "cuda"):
+        problems.append(f"device {k.device!r} must be 'cpu' or 'cuda'")
+    if k.layout not in LAYOUTS:
+        problems.append(f"layout {k.layout!r} must be one of {LAYOUTS}")
+    if any(m not in MASK_KINDS for m in k.masks):
+        problems.append(f"masks {tuple(k.masks)!r} must be among {MASK_KINDS}")
+    if any(a not in CAUSAL_ALIGNMENTS for a in k.causal_alignments):
+        problems.append(f"causal_alignments {tuple(k.causal_alignments)!r} must be among {CAUSAL_ALIGNMENTS}")
+    if problems:
+        raise ValueError(f"kernel {k.name!r}: " + "; ".join(problems))
+
+
+# -- the host side: what attnreplay's embedded interpreter calls ------------------------------
+
+
+def _load(target: str) -> list:
+    """Imports a plug-in file or module; returns the names it registered."""
+    global _loading_source
+    before = len(_registered)
+    if target.endswith(".py") or os.sep in target:
+        path = os.path.abspath(target)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"no such file")
+        module_name = "attnreplay_plugin_" + os.path.splitext(os.path.basename(path))[0].replace("-", "_")
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        # A plug-in file imports its neighbours as a script would.
+        folder = os.path.dirname(path)
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
+        _loading_source = path
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            sys.modules.pop(module_name, None)
+            del _registered[before:]
+            raise
+        finally:
+            _loading_source = "<python>"
+    else:
+        try:
+            found = importlib.util.find_spec(target)
+        except (ImportError, ValueError):
+            found = None
+        _loading_source = found.origin if found and found.origin else target
+        try:
+            importlib.import_module(target)
+        except BaseException:
+            del _registered[before:]
+            raise
+        finally:
+            _loading_source = "<python>"
+    return [entry.kernel.name for entry in _registered[before:]]
+
+
+def _load_adapters(folder: str) -> list:
+    """Imports every adapter in `folder` (one file each); returns (file, error) for those that
+    failed for a reason other than their package being absent (which they report themselves)."""
+    if not os.path.isdir(folder):
+        return [(folder, "the adapters' folder is missing from this installation")]
+    failures = []
+    for file in sorted(os.listdir(folder)):
+        if file.endswith(".py") and not file.startswith("_"):
+            try:
+                _load(os.path.join(folder, file))
+            except Exception as error:
+                failures.append((os.path.join(folder, file), _describe(error)[0]))
+    return failures
+
+
+def _entries():
+    return [(e.kernel, e.source) for e in _registered]
+
+
+def _unavailable_kernels():
+    return sorted(_unavailable.items())
+
+
+def _describe(error: BaseException, trace=None):
+    """(one line for the table, the traceback for the JSON)."""
+    if trace is not None and error.__traceback__ is None:
+        error = error.with_traceback(trace)
+    message = str(error).strip().splitlines()
+    line = f"{type(error).__name__}: {message[0]}" if message else type(error).__name__
+    if len(message) > 1:
+        line += " ..."
+    return line, "".join(traceback.format_exception(type(error), error, error.__traceback__))
+
+
+def _make_spec(kernel_: Kernel, fields: dict) -> CallSpec:
+    fields = dict(fields)
+    fields["quant"] = QuantOptions(**fields["quant"])
+    fields["layout"] = kernel_.layout
+    fields["device"] = kernel_.device
+    if fields.get("mask_shape") is not None:
+        fields["mask_shape"] = tuple(fields["mask_shape"])
+    return CallSpec(**fields)
+
+
+class _Prepared:
+    """One kernel bound to one call: the inputs made once, prepare() and run() as the timer asks,
+    and the checks that keep a broken plug-in from passing or from spoiling the next kernel."""
+
+    def __init__(self, kernel_: Kernel, spec: CallSpec, q, k, v, mask):
+        import torch
+
+        self.kernel = kernel_
+        self.spec = spec
+        # q, k, v come as (b, h, s, d) views of the model's tensors on the kernel's device.
+        if not kernel_.native_gqa and spec.is_gqa:
+            group = spec.heads_q // spec.heads_kv
+            k = k.repeat_interleave(group, dim=1)
+            v = v.repeat_interleave(group, dim=1)
+        if kernel_.layout == "bshd":
+            q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        q, k, v = (t.contiguous() for t in (q, k, v))
+        self.inputs = Inputs(q, k, v, mask, spec)
+        self._originals = {name: t.clone() for name, t in (("q", q), ("k", k), ("v", v), ("mask", mask))
+                           if isinstance(t, torch.Tensor)}
+        self.prepared = kernel_.prepare(self.inputs)
+        self.out = None
+
+    def prepare_inputs(self):
+        self.prepared = self.kernel.prepare(self.inputs)
+
+    def run(self):
+        self.out = self.kernel.run(self.prepared)
+
+    def problem(self) -> Optional[str]:
+        """Why the last output cannot be judged, or None."""
+        import torch
+
+        for name, original in self._originals.items():
+            current = getattr(self.inputs, name)
+            if current is None or not torch.equal(current, original):
+                return f"the kernel wrote into its input '{name}'"
+        out, spec = self.out, self.spec
+        if not isinstance(out, torch.Tensor):
+            return f"run() returned {type(out).__name__}, expected a torch.Tensor"
+        if self.kernel.layout == "bhsd":
+            expected = (spec.batch, spec.heads_q, spec.seq_q, spec.head_dim_vo)
+        else:
+            expected = (spec.batch, spec.seq_q, spec.heads_q, spec.head_dim_vo)
+        if tuple(out.shape) != expected:
+            return (f"run() returned shape {tuple(out.shape)}, expected {expected} "
+                    f"({'batch, heads_q, seq_q, head_dim_vo' if self.kernel.layout == 'bhsd' else 'batch, seq_q, heads_q, head_dim_vo'})")
+        want_dtype = self.kernel.output_dtype or spec.dtype
+        if out.dtype != getattr(torch, want_dtype):
+            return f"run() returned dtype {str(out.dtype).replace('torch.', '')}, expected {want_dtype}"
+        if out.device.type != self.kernel.device:
+            return f"run() returned a tensor on {out.device}, expected {self.kernel.device}"
+        return None
+
+    def restore_inputs(self):
+        """Puts back inputs a kernel overwrote, so that its own later runs see the call's."""
+        for name, original in self._originals.items():
+            setattr(self.inputs, name, original.clone())
+
+    def output_bhsd(self):
+        out = self.out
+        if self.kernel.layout == "bshd":
+            out = out.transpose(1, 2)
+        return out.contiguous()

@@ -1,0 +1,371 @@
+// Python plug-in kernels (docs/plugins.md). The interpreter is embedded rather than attnreplay
+// being an extension module of it, so that `attnreplay` stays one program whatever the kernels:
+// the interpreter starts only when a Python kernel is asked for, imports the torch whose libtorch
+// this program already runs on, and from then on a Python kernel is handed the very tensors,
+// CUDA context and current stream that the built-in kernels use. Nothing crosses a process.
+#include "kernels/python/python_kernels.h"
+
+#include <torch/csrc/utils/pybind.h>
+
+#include <ATen/ATen.h>
+#include <ATen/detail/CUDAHooksInterface.h>
+#include <c10/core/GradMode.h>
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <set>
+
+#include "formats/errors.h"
+#include "formats/torch_tensor.h"
+#include "kernels/kernel.h"
+#include "kernels/quantized_attention.h"
+#include "kernels/torch_inputs.h"
+
+namespace attnreplay {
+namespace {
+namespace fs = std::filesystem;
+namespace py = pybind11;
+
+// Where attnreplay_plugin.py and the adapters are: beside an installed binary, else the source tree
+// it was built from.
+struct PythonDirs {
+  std::string api, adapters;
+};
+
+PythonDirs python_dirs() {
+  std::error_code error;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", error);
+  if (!error) {
+    const fs::path share = exe.parent_path().parent_path() / "share" / "attnreplay";
+    if (fs::exists(share / "python" / "attnreplay_plugin.py")) {
+      return {(share / "python").string(), (share / "adapters").string()};
+    }
+  }
+  return {ATTNREPLAY_SOURCE_DIR "/kernels/python", ATTNREPLAY_SOURCE_DIR "/kernels/adapters"};
+}
+
+std::string python_executable() {
+  const char* chosen = std::getenv("ATTNREPLAY_PYTHON");
+  return chosen && *chosen ? chosen : ATTNREPLAY_PYTHON_EXECUTABLE;
+}
+
+struct Interpreter {
+  std::string error;    // why Python is not running; empty when it is
+  py::object plugin;    // the attnreplay_plugin module
+  PythonDirs dirs;
+  bool adapters_loaded = false;
+  std::set<std::string> registered;  // Python kernels already in the registry
+};
+
+void start(Interpreter& it) {
+  it.dirs = python_dirs();
+  const std::string python = python_executable();
+  PyConfig config;
+  PyConfig_InitPythonConfig(&config);
+  config.parse_argv = 0;
+  config.install_signal_handlers = 0;  // Ctrl-C stays attnreplay's
+  // The interpreter finds its prefix and the venv's site-packages from this path, as the
+  // executable itself would.
+  PyStatus status = PyConfig_SetBytesString(&config, &config.program_name, python.c_str());
+  char program[] = "attnreplay";
+  char* argv[] = {program};
+  if (!PyStatus_Exception(status)) status = PyConfig_SetBytesArgv(&config, 1, argv);
+  if (!PyStatus_Exception(status)) status = Py_InitializeFromConfig(&config);
+  PyConfig_Clear(&config);
+  if (PyStatus_Exception(status)) {
+    it.error = fmt::format("Python ({}) did not start: {}", python, status.err_msg ? status.err_msg : "unknown error");
+    return;
+  }
+  try {
+    // Its torch must be the one this program links: another version's Python part on this
+    // libtorch would not even fail cleanly.
+    const std::string torch_version =
+        py::module_::import("importlib.metadata").attr("version")("torch").cast<std::string>();
+    if (torch_version != ATTNREPLAY_TORCH_VERSION) {
+      it.error = fmt::format("the Python at {} has torch {}, but attnreplay was built with torch {} "
+                             "(set ATTNREPLAY_PYTHON to a Python with that torch)",
+                             python, torch_version, ATTNREPLAY_TORCH_VERSION);
+    } else {
+      py::module_::import("sys").attr("path").attr("insert")(0, it.dirs.api);
+      py::module_::import("torch");
+      it.plugin = py::module_::import("attnreplay_plugin");
+    }
+  } catch (py::error_already_set& error) {
+    it.error = fmt::format("Python ({}) started, but {}", python, error.what());
+  }
+  // The GIL is taken for each call into Python, so that Python's own threads run meanwhile.
+  PyEval_SaveThread();
+}
+
+// Never finalized: kernels in the registry hold Python objects until the process ends.
+Interpreter& interpreter() {
+  static Interpreter* it = [] {
+    auto* started = new Interpreter;
+    start(*started);
+    return started;
+  }();
+  return *it;
+}
+
+// A Python exception as a failed row: one line for the table, the traceback for the JSON.
+[[noreturn]] void throw_failure(py::error_already_set& error, std::string_view during) {
+  std::string line = error.what(), traceback;
+  try {
+    py::tuple described = interpreter().plugin.attr("_describe")(error.value(), error.trace());
+    line = described[0].cast<std::string>();
+    traceback = described[1].cast<std::string>();
+  } catch (py::error_already_set&) {
+  }
+  throw KernelFailure(fmt::format("{}: {}", during, line), traceback);
+}
+
+bool have_cuda() { return at::detail::getCUDAHooks().hasCUDA(); }
+
+py::dict spec_fields(const AttentionCall& call) {
+  const AttentionShape s = call.shape();
+  const QuantOptions quant = quant_options();
+  py::dict fields;
+  fields["index"] = call.call_index;
+  fields["op"] = call.op;
+  fields["dtype"] = std::string(dtype_name(call.q.dtype));
+  fields["model_layout"] = std::string(layout_name(call.layout));
+  fields["batch"] = s.batch;
+  fields["heads_q"] = s.heads_q;
+  fields["heads_kv"] = s.heads_kv;
+  fields["seq_q"] = s.seq_q;
+  fields["seq_kv"] = s.seq_kv;
+  fields["head_dim_qk"] = s.head_dim_qk;
+  fields["head_dim_vo"] = s.head_dim_vo;
+  fields["is_causal"] = call.is_causal;
+  fields["causal_alignment"] = std::string(causal_alignment_name(call.causal_alignment));
+  fields["scale"] = call.softmax_scale();
+  fields["mask_kind"] = call.mask ? py::cast(call.mask->dtype == DType::boolean ? "bool" : "float") : py::none();
+  fields["mask_shape"] = call.mask ? py::cast(call.mask->shape) : py::none();
+  fields["metadata"] = call.metadata;
+  py::dict q;
+  q["quant_gran"] = std::string(to_string(quant.quant_gran));
+  q["k_smooth"] = quant.k_smooth;
+  q["pv_accum_dtype"] = std::string(to_string(quant.pv_accum));
+  q["fp8_scale"] = std::string(to_string(quant.fp8_scale));
+  fields["quant"] = q;
+  return fields;
+}
+
+class PythonKernel final : public Kernel {
+ public:
+  PythonKernel(py::object kernel, const std::string& source) : kernel_(std::move(kernel)) {
+    description_.name = kernel_.attr("name").cast<std::string>();
+    const std::string summary = py::str(kernel_.attr("summary")).cast<std::string>();
+    description_.summary = summary.empty() ? "Python plug-in kernel" : summary;
+    description_.device = kernel_.attr("device").cast<std::string>();
+    const py::object reduced = kernel_.attr("reduced_precision");
+    if (!reduced.is_none()) {
+      const std::string name = reduced.cast<std::string>();
+      description_.reduced_precision = parse_dtype(name);
+      if (!description_.reduced_precision) {
+        throw InputError(fmt::format("{}: kernel '{}': reduced_precision '{}' is not a dtype", source,
+                                     description_.name, name));
+      }
+    }
+  }
+  // The interpreter outlives static destruction unfinalized; the reference is left to it.
+  ~PythonKernel() override { kernel_.release(); }
+
+  const KernelDescription& description() const override { return description_; }
+  std::optional<std::string> unsupported_reason(const AttentionCall&) const override {
+    // The kernel's own checks run in prepare(): they may raise, which is a failure, not a no.
+    if (description_.device == "cuda" && !have_cuda()) return "no CUDA device";
+    return std::nullopt;
+  }
+  std::unique_ptr<PreparedKernel> prepare(const AttentionCall& call) const override;
+  const py::object& object() const { return kernel_; }
+
+ private:
+  py::object kernel_;
+  KernelDescription description_;
+};
+
+class PythonPrepared final : public PreparedKernel {
+ public:
+  PythonPrepared(const PythonKernel& kernel, const AttentionCall& call)
+      : on_gpu_(kernel.description().device == "cuda") {
+    c10::AutoGradMode no_grad(false);
+    py::gil_scoped_acquire gil;
+    try {
+      bind(kernel, call);
+    } catch (...) {
+      // Members outlive `gil` while the exception unwinds: drop them while it is held.
+      run_ = py::object();
+      prepared_ = py::object();
+      throw;
+    }
+  }
+
+  void bind(const PythonKernel& kernel, const AttentionCall& call) {
+    const py::object& plugin = interpreter().plugin;
+    py::object spec;
+    try {
+      spec = plugin.attr("_make_spec")(kernel.object(), spec_fields(call));
+    } catch (py::error_already_set& error) {
+      throw_failure(error, "describing the call");
+    }
+    py::object reason;
+    try {
+      reason = kernel.object().attr("decline_reason")(spec);
+    } catch (py::error_already_set& error) {
+      throw_failure(error, "supports()");
+    }
+    if (!reason.is_none()) throw KernelNotSupported(py::str(reason).cast<std::string>());
+    has_preparation_ = kernel.object().attr("has_preparation")().cast<bool>();
+    const ModelInputs in = model_inputs(call, on_gpu_ ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU));
+    try {
+      prepared_ = plugin.attr("_Prepared")(kernel.object(), spec, in.q, in.k, in.v,
+                                           in.mask ? py::cast(*in.mask) : py::none());
+    } catch (py::error_already_set& error) {
+      throw_failure(error, has_preparation_ ? "prepare()" : "setting up the inputs");
+    }
+    run_ = prepared_.attr("run");
+    // One checked run before any timing: a broken plug-in fails here, not after its samples.
+    run_locked();
+    if (on_gpu_) at::detail::getCUDAHooks().deviceSynchronize(0);
+    throw_if_problem();
+  }
+
+  ~PythonPrepared() override {
+    py::gil_scoped_acquire gil;
+    run_ = py::object();
+    prepared_ = py::object();
+  }
+
+  void run() override {
+    c10::AutoGradMode no_grad(false);
+    py::gil_scoped_acquire gil;
+    run_locked();
+  }
+  bool has_preparation() const override { return has_preparation_; }
+  void prepare_inputs() override {
+    c10::AutoGradMode no_grad(false);
+    py::gil_scoped_acquire gil;
+    try {
+      prepared_.attr("prepare_inputs")();
+    } catch (py::error_already_set& error) {
+      throw_failure(error, "prepare()");
+    }
+  }
+  void synchronize() override {
+    if (on_gpu_) at::detail::getCUDAHooks().deviceSynchronize(0);
+  }
+  // torch's ops and Triton's launches queue on torch's current stream.
+  bool runs_on_current_stream() const override { return on_gpu_; }
+  HostTensor output() override {
+    py::gil_scoped_acquire gil;
+    throw_if_problem();
+    at::Tensor out;
+    try {
+      out = prepared_.attr("output_bhsd")().cast<at::Tensor>();
+    } catch (py::error_already_set& error) {
+      throw_failure(error, "reading the output");
+    }
+    return host_tensor_from_torch(out);
+  }
+
+ private:
+  void run_locked() {
+    try {
+      run_();
+    } catch (py::error_already_set& error) {
+      throw_failure(error, "run()");
+    }
+  }
+  // A wrong output, or inputs the kernel wrote into (put back, so nothing after sees them).
+  void throw_if_problem() {
+    py::object problem;
+    try {
+      problem = prepared_.attr("problem")();
+    } catch (py::error_already_set& error) {
+      throw_failure(error, "checking the output");
+    }
+    if (problem.is_none()) return;
+    const std::string reason = py::str(problem).cast<std::string>();
+    prepared_.attr("restore_inputs")();
+    throw KernelFailure(reason, "");
+  }
+
+  bool on_gpu_;
+  bool has_preparation_ = false;
+  py::object prepared_;
+  py::object run_;  // prepared_.run, looked up once
+};
+
+std::unique_ptr<PreparedKernel> PythonKernel::prepare(const AttentionCall& call) const {
+  return std::make_unique<PythonPrepared>(*this, call);
+}
+
+std::vector<std::pair<std::string, std::string>>& unavailable_list() {
+  static std::vector<std::pair<std::string, std::string>> list;
+  return list;
+}
+
+}  // namespace
+
+PythonKernelsLoaded load_python_kernels(const std::vector<std::string>& modules, bool with_adapters) {
+  PythonKernelsLoaded loaded;
+  Interpreter& it = interpreter();
+  if (!it.error.empty()) {
+    for (const std::string& module : modules) loaded.errors.push_back(fmt::format("{}: not loaded: {}", module, it.error));
+    if (with_adapters) unavailable_list() = {{"(library adapters)", it.error}};
+    return loaded;
+  }
+  py::gil_scoped_acquire gil;
+  if (with_adapters && !it.adapters_loaded) {
+    it.adapters_loaded = true;
+    // An adapter whose package is absent says so itself; one that breaks otherwise is listed too.
+    try {
+      for (const auto& failure : it.plugin.attr("_load_adapters")(it.dirs.adapters)) {
+        const auto pair = failure.cast<std::pair<std::string, std::string>>();
+        unavailable_list().emplace_back(fs::path(pair.first).stem().string(), pair.first + ": " + pair.second);
+      }
+    } catch (py::error_already_set& error) {
+      unavailable_list().emplace_back("(library adapters)", error.what());
+    }
+  }
+  for (const std::string& module : modules) {
+    try {
+      const auto names = it.plugin.attr("_load")(module).cast<std::vector<std::string>>();
+      if (names.empty()) loaded.errors.push_back(fmt::format("{}: registered no kernel", module));
+    } catch (py::error_already_set& error) {
+      std::string line = error.what();
+      try {
+        line = it.plugin.attr("_describe")(error.value(), error.trace()).cast<py::tuple>()[0].cast<std::string>();
+      } catch (py::error_already_set&) {
+      }
+      loaded.errors.push_back(fmt::format("{}: does not load: {}", module, line));
+    }
+  }
+  for (const auto& entry : it.plugin.attr("_entries")()) {
+    const auto pair = entry.cast<py::tuple>();
+    const py::object kernel = pair[0];
+    const std::string source = pair[1].cast<std::string>();
+    const std::string name = kernel.attr("name").cast<std::string>();
+    if (!it.registered.insert(name).second) continue;
+    try {
+      KernelRegistry::SourceScope scope(source);
+      KernelRegistry::instance().add(std::make_unique<PythonKernel>(kernel, source));
+    } catch (const InputError& error) {
+      loaded.errors.push_back(error.what());
+    }
+  }
+  for (std::string& error : KernelRegistry::instance().take_rejected()) loaded.errors.push_back(std::move(error));
+  for (const auto& item : it.plugin.attr("_unavailable_kernels")()) {
+    const auto pair = item.cast<std::pair<std::string, std::string>>();
+    if (std::find(unavailable_list().begin(), unavailable_list().end(), pair) == unavailable_list().end()) {
+      unavailable_list().push_back(pair);
+    }
+  }
+  return loaded;
+}
+
+std::vector<std::pair<std::string, std::string>> unavailable_python_kernels() { return unavailable_list(); }
+
+}  // namespace attnreplay
