@@ -1,0 +1,217 @@
+"""Plug-in kernels (docs/plugins.md): Python modules and C++ libraries loaded into attnreplay, run,
+timed and judged like the built-in kernels; their failures isolated; their flags in every rerun."""
+
+import os
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import FAST, SOURCE_DIR, binary, load_json, run_attnreplay
+
+PLUGINS = Path(__file__).resolve().parent / "plugins"
+TORCH_PLUGINS = PLUGINS / "torch_plugins.py"
+BROKEN_PLUGINS = PLUGINS / "broken_plugins.py"
+NOT_IMPORTING = PLUGINS / "does_not_import.py"
+GENERATED = ["--shape", "2,4,48,32", "--dtype", "fp32"]
+
+
+def kernels_by_name(report, call=0):
+    return {k["kernel"]: k for k in report["calls"][call]["kernels"]}
+
+
+def rerun(command, **kwargs):
+    argv = shlex.split(command)
+    assert argv[0] == "attnreplay"
+    return subprocess.run([binary(), *argv[1:]], capture_output=True, text=True, timeout=300, **kwargs)
+
+
+def test_python_kernel_is_timed_and_judged_beside_the_built_ins(tmp_path):
+    out = tmp_path / "r.json"
+    run_attnreplay("run", *GENERATED, "--causal", "--num_kv_heads", "2", "--kernel-module", TORCH_PLUGINS,
+                   "--kernels", "reference,torch-math,py-sdpa", "--json", out, *FAST, check=0)
+    row = kernels_by_name(load_json(out))["py-sdpa"]
+    assert row["status"] == "not_verified", row
+    assert row["kernel_source"] == str(TORCH_PLUGINS)
+    assert row["timing"]["samples"] >= 2 and row["timing"]["median_s"] > 0
+    assert row["timing"]["method"] == "cpu-steady-clock"
+    assert row["error"]["rel_l2"] < 1e-6 and row["error"]["nan_count"] == 0
+    assert "--kernel-module " + str(TORCH_PLUGINS) in row["rerun"]
+
+
+def test_preparation_is_timed_alone_and_with_the_kernel(tmp_path):
+    out = tmp_path / "r.json"
+    run_attnreplay("run", *GENERATED, "--kernel-module", TORCH_PLUGINS, "--kernels", "py-fp64-prepared",
+                   "--json", out, *FAST, check=0)
+    row = kernels_by_name(load_json(out))["py-fp64-prepared"]
+    assert row["status"] == "not_verified", row
+    assert row["timing"]["median_s"] > 0 and row["timing_with_preparation"]["median_s"] > 0
+    assert row["error"]["rel_l2"] < 1e-6
+
+
+def test_capabilities_and_supports_decline_with_the_reason(tmp_path):
+    out = tmp_path / "r.json"
+    run_attnreplay("run", "--shape", "1,2,16,32", "--s_kv", "5000", "--dtype", "fp32", "--kernel-module",
+                   TORCH_PLUGINS, "--kernels", "py-fp64-prepared,py-sdpa", "--json", out, *FAST, check=0)
+    rows = kernels_by_name(load_json(out))
+    assert rows["py-fp64-prepared"]["status"] == "not_supported"
+    assert rows["py-fp64-prepared"]["reason"] == "declines calls longer than 4096 keys"
+    out2 = tmp_path / "r2.json"
+    run_attnreplay("run", *GENERATED, "--causal", "--s_kv", "64", "--causal_alignment", "bottom_right",
+                   "--kernel-module", TORCH_PLUGINS, "--kernels", "py-sdpa,py-fp64-prepared", "--json", out2,
+                   *FAST, check=0)
+    rows = kernels_by_name(load_json(out2))
+    assert rows["py-sdpa"]["status"] == "not_supported"
+    assert "bottom_right" in rows["py-sdpa"]["reason"] and "top_left" in rows["py-sdpa"]["reason"]
+    assert rows["py-fp64-prepared"]["reason"] == "causal attention is not supported"
+
+
+def test_rerun_command_reproduces_a_plug_in_row_of_a_capture(tmp_path):
+    capture = tmp_path / "cap.h5"
+    run_attnreplay("run", *GENERATED, "--kernels", "reference", "--save-inputs", capture, *FAST, "-q", check=0)
+    out = tmp_path / "r.json"
+    run_attnreplay("run", capture, "--kernel-module", TORCH_PLUGINS, "--kernels", "py-sdpa", "--json", out,
+                   *FAST, check=0)
+    first = kernels_by_name(load_json(out))["py-sdpa"]
+    again = tmp_path / "again.json"
+    result = rerun(first["rerun"] + f" --json {again}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    second = kernels_by_name(load_json(again))["py-sdpa"]
+    assert second["status"] == "not_verified"
+    assert second["error"]["max_abs"] == first["error"]["max_abs"]
+
+
+def test_broken_kernels_fail_alone_and_leave_the_inputs_unchanged(tmp_path):
+    out = tmp_path / "r.json"
+    result = run_attnreplay("run", *GENERATED, "--kernel-module", BROKEN_PLUGINS, "--kernel-module", TORCH_PLUGINS,
+                            "--kernels", "all", "--json", out, *FAST)
+    assert result.returncode == 1, result.stderr
+    rows = kernels_by_name(load_json(out))
+    expected = {
+        "py-raises": "run(): ValueError: deliberately broken kernel",
+        "py-wrong-shape": "run() returned shape (2, 4, 1, 32), expected (2, 4, 48, 32)",
+        "py-wrong-dtype": "run() returned dtype float64, expected float32",
+        "py-not-a-tensor": "run() returned list, expected a torch.Tensor",
+        "py-writes-input": "the kernel wrote into its input 'k'",
+        "py-supports-raises": "supports(): KeyError: 'no such field'",
+    }
+    for name, reason in expected.items():
+        assert rows[name]["status"] == "failed", rows[name]
+        assert rows[name]["reason"].startswith(reason), rows[name]["reason"]
+        assert "timing" not in rows[name] and "error" not in rows[name]
+    # The traceback goes to the JSON, not the table.
+    assert "Traceback" in rows["py-raises"]["detail"] and "broken_plugins.py" in rows["py-raises"]["detail"]
+    assert "Traceback" not in result.stdout
+    # Kernels after the one that wrote into its inputs see the call's own values.
+    for name in ("py-sdpa", "torch-math", "reference"):
+        assert rows[name]["status"] == "not_verified", rows[name]
+    assert rows["py-sdpa"]["error"]["rel_l2"] < 1e-6
+    assert rows["torch-math"]["error"]["rel_l2"] < 1e-6
+
+
+def test_a_module_that_does_not_import_is_an_error_naming_it(tmp_path):
+    out = tmp_path / "r.json"
+    result = run_attnreplay("run", *GENERATED, "--kernel-module", NOT_IMPORTING, "--kernel-module", TORCH_PLUGINS,
+                            "--kernels", "all", "--json", out, *FAST)
+    assert result.returncode == 1
+    message = f"{NOT_IMPORTING}: does not load: ModuleNotFoundError: No module named 'a_package_that_is_not_installed'"
+    assert "error: " + message in result.stderr
+    report = load_json(out)
+    assert report["input_errors"] == [message]
+    rows = kernels_by_name(report)
+    assert rows["py-sdpa"]["status"] == "not_verified" and rows["torch-math"]["status"] == "not_verified"
+    assert "Traceback" not in result.stderr
+
+
+def test_modules_from_the_environment_and_by_module_name(tmp_path):
+    out = tmp_path / "r.json"
+    env = {**os.environ, "ATTNREPLAY_KERNEL_MODULES": str(TORCH_PLUGINS)}
+    subprocess.run([binary(), "run", *GENERATED, "--kernels", "py-sdpa", "--json", out, *FAST], env=env, check=True,
+                   capture_output=True)
+    row = kernels_by_name(load_json(out))["py-sdpa"]
+    assert row["status"] == "not_verified" and "--kernel-module" in row["rerun"]
+    # An importable module name, found on PYTHONPATH.
+    env = {**os.environ, "PYTHONPATH": str(PLUGINS)}
+    result = subprocess.run([binary(), "kernels", "--kernel-module", "torch_plugins"], env=env, capture_output=True,
+                            text=True)
+    assert result.returncode == 0, result.stderr
+    assert f"from {TORCH_PLUGINS}" in result.stdout
+
+
+def test_kernels_lists_plug_ins_with_their_files_and_missing_adapters():
+    result = run_attnreplay("kernels", "--kernel-module", TORCH_PLUGINS, "--kernel-library",
+                            os.environ["ATTNREPLAY_PLUGIN_KERNEL_LIB"], check=0)
+    lines = result.stdout.splitlines()
+    assert any(line.startswith("py-sdpa ") for line in lines)
+    assert f"from {TORCH_PLUGINS}" in result.stdout
+    assert f"from {os.environ['ATTNREPLAY_PLUGIN_KERNEL_LIB']}" in result.stdout
+    # CI installs none of the libraries the adapters wrap: each says why it is missing.
+    assert "unavailable here:" in result.stdout
+    unavailable = result.stdout.split("unavailable here:")[1]
+    assert "does not import" in unavailable
+
+
+def test_cpp_plug_in_library(tmp_path):
+    library = os.environ["ATTNREPLAY_PLUGIN_KERNEL_LIB"]
+    out = tmp_path / "r.json"
+    run_attnreplay("run", *GENERATED, "--num_kv_heads", "2", "--s_kv", "70", "--causal", "--causal_alignment",
+                   "bottom_right", "--kernel-library", library, "--kernels", "reference,cpp-plugin-naive",
+                   "--json", out, *FAST, check=0)
+    row = kernels_by_name(load_json(out))["cpp-plugin-naive"]
+    assert row["status"] == "not_verified", row
+    assert row["kernel_source"] == library
+    assert row["error"]["rel_l2"] < 1e-6
+    assert "--kernel-library " + library in row["rerun"]
+
+
+def test_cpp_library_taking_a_built_in_name_is_refused(tmp_path):
+    duplicate = os.environ["ATTNREPLAY_PLUGIN_DUPLICATE_LIB"]
+    out = tmp_path / "r.json"
+    result = run_attnreplay("run", *GENERATED, "--kernel-library", duplicate, "--kernel-library", "no/such/lib.so",
+                            "--kernels", "reference,torch-math", "--json", out, *FAST)
+    assert result.returncode == 1
+    report = load_json(out)
+    assert f"{duplicate}: kernel 'reference' is already registered by built-in" in report["input_errors"]
+    assert "no/such/lib.so: no such kernel library" in report["input_errors"]
+    assert kernels_by_name(report)["reference"]["reason"] == ""
+
+
+def test_audit_takes_plug_ins(tmp_path):
+    capture = tmp_path / "cap.h5"
+    run_attnreplay("run", *GENERATED, "--kernels", "reference", "--save-inputs", capture, *FAST, "-q", check=0)
+    out = tmp_path / "audit.json"
+    run_attnreplay("audit", capture, "--kernel-module", TORCH_PLUGINS, "--kernels", "py-sdpa", "--json", out,
+                   "-q", check=0)
+    report = load_json(out)
+    assert "py-sdpa" in {k["kernel"] for k in report["kernels"]}
+
+
+@pytest.mark.skipif(not shutil.which("nvcc") and not Path("/usr/local/cuda/bin/nvcc").exists(), reason="no nvcc")
+def test_installed_tree_builds_and_loads_the_cuda_example(tmp_path):
+    """cmake --install, moved elsewhere: its attnreplay finds the plug-in API, and the CUDA example
+    builds against its CMake package (it runs on a GPU only: here it declines)."""
+    build_dir = Path(os.environ["ATTNREPLAY_BUILD_DIR"])
+    subprocess.run(["cmake", "--install", build_dir, "--prefix", tmp_path / "installed"], check=True,
+                   capture_output=True)
+    moved = tmp_path / "moved"
+    shutil.move(tmp_path / "installed", moved)
+    example_build = tmp_path / "example"
+    env = {**os.environ, "PATH": os.environ["PATH"] + ":/usr/local/cuda/bin"}
+    subprocess.run(["cmake", "-S", SOURCE_DIR / "examples/plugins/cuda_kernel", "-B", example_build,
+                    f"-DCMAKE_PREFIX_PATH={moved}", "-DCMAKE_CUDA_ARCHITECTURES=90"], check=True, capture_output=True,
+                   env=env)
+    subprocess.run(["cmake", "--build", example_build], check=True, capture_output=True, env=env)
+    library = example_build / "libcuda_tiled_attention.so"
+    out = tmp_path / "r.json"
+    result = subprocess.run([moved / "bin/attnreplay", "run", *GENERATED, "--kernel-library", library,
+                             "--kernel-module", TORCH_PLUGINS, "--kernels", "cuda-tiled,py-sdpa", "--json", out,
+                             *FAST], capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    rows = kernels_by_name(load_json(out))
+    assert rows["cuda-tiled"]["status"] == "not_supported" and "no CUDA device" in rows["cuda-tiled"]["reason"]
+    assert rows["py-sdpa"]["status"] == "not_verified"
+    # The installed tree's own copy of the API, not the source tree's.
+    listing = subprocess.run([moved / "bin/attnreplay", "kernels"], capture_output=True, text=True).stdout
+    assert str(SOURCE_DIR) not in listing
