@@ -12,8 +12,8 @@ LOG="$OUT/gpu.log"
 exec > >(tee -a "$LOG") 2>&1
 status=0
 step() { echo; echo "== $* ($(date -u +%H:%M:%S))"; }
-# GPU_STEPS picks a subset, e.g. GPU_STEPS="tests dobench" (the build always runs); "peer" and
-# "reference" run only when asked for.
+# GPU_STEPS picks a subset, e.g. GPU_STEPS="tests dobench" (the build always runs); "peer",
+# "plugins" and "reference" run only when asked for.
 STEPS="${GPU_STEPS:-tests dobench suite quant capture}"
 wants() { [[ " $STEPS " == *" $1 "* ]]; }
 
@@ -84,6 +84,23 @@ if [ -n "${PEER_BUILD:-}" ]; then
 else
   echo "no SageAttention checkout in .peer/SageAttention (bench/README.md says how to get one)"
 fi
+fi
+
+if wants plugins; then
+step "plug-in kernels: do_bench and Python's error statistics against attnreplay's (bench/plugins_check.py)"
+python3 "$ROOT/bench/plugins_check.py" --attnreplay "$BIN" --out "$OUT/plugins.json" \
+  --kernel-module "$ROOT/examples/plugins/triton_flash.py" 2>&1 | grep -v "^W[0-9]" | tee "$OUT/plugins.txt" || status=1
+step "a diffusers Flux block captured, replayed with --kernels all beside the plug-ins"
+cmake --install "$BUILD" --prefix /tmp/attnreplay-installed > /dev/null || status=1
+cmake -S "$ROOT/examples/plugins/cuda_kernel" -B /tmp/cuda-example -G Ninja -DCMAKE_PREFIX_PATH=/tmp/attnreplay-installed \
+  -DCMAKE_CUDA_ARCHITECTURES=90 > /dev/null && cmake --build /tmp/cuda-example > /dev/null || status=1
+rm -rf /tmp/flux-caps
+LD_PRELOAD="$ATTNREPLAY_ATTNCAP_LIB" ATTNCAP_OUT=/tmp/flux-caps python3 "$ROOT/bench/jobs/flux_block.py" --steps 1 --warmup 0 \
+  || status=1
+"$BIN" run /tmp/flux-caps --kernels all --kernel-module "$ROOT/examples/plugins/triton_flash.py" \
+  --kernel-library /tmp/cuda-example/libcuda_tiled_attention.so --json "$OUT/flux_all.json" --csv "$OUT/flux_all.csv" \
+  > "$OUT/flux_all.txt" 2>&1 || status=1
+cat "$OUT/flux_all.txt" | head -60
 fi
 
 if wants reference; then

@@ -36,7 +36,7 @@ PluginFiles with_environment_plugins(PluginFiles given) {
 
 bool selection_needs_python(const std::vector<std::string>& kernel_names) {
   return std::any_of(kernel_names.begin(), kernel_names.end(), [](const std::string& name) {
-    return name == "all" || !KernelRegistry::instance().find(name);
+    return name == "all" || name == "cpu" || name == "gpu" || !KernelRegistry::instance().find(name);
   });
 }
 

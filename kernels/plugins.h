@@ -17,7 +17,7 @@ struct PluginFiles {
 PluginFiles with_environment_plugins(PluginFiles given);
 
 // True when `kernel_names` (as --kernels takes them) may name a kernel that only Python defines:
-// "all", or a name no built-in kernel has. Starting Python costs a second or two, so a run of
+// a group ("all", "cpu", "gpu"), or a name no built-in kernel has. Starting Python costs a second or two, so a run of
 // built-in kernels alone does without it.
 bool selection_needs_python(const std::vector<std::string>& kernel_names);
 
