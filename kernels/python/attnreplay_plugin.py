@@ -319,6 +319,19 @@ def _make_spec(kernel_: Kernel, fields: dict) -> CallSpec:
     return CallSpec(**fields)
 
 
+def _same_bits(a, b) -> bool:
+    """Whether two tensors hold the same values bit for bit. torch.equal compares with ==, under
+    which a NaN differs from itself, and a capture may hold NaNs."""
+    import torch
+
+    if not isinstance(a, torch.Tensor) or a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
+        return False
+    if a.dtype.is_floating_point:
+        bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+        a, b = a.view(bits), b.view(bits)
+    return torch.equal(a, b)
+
+
 class _Prepared:
     """One kernel bound to one call: the inputs made once, prepare() and run() as the timer asks,
     and the checks that keep a broken plug-in from passing or from spoiling the next kernel."""
@@ -354,7 +367,7 @@ class _Prepared:
 
         for name, original in self._originals.items():
             current = getattr(self.inputs, name)
-            if current is None or not torch.equal(current, original):
+            if current is None or not _same_bits(current, original):
                 return f"the kernel wrote into its input '{name}'"
         out, spec = self.out, self.spec
         if not isinstance(out, torch.Tensor):

@@ -215,3 +215,33 @@ def test_installed_tree_builds_and_loads_the_cuda_example(tmp_path):
     # The installed tree's own copy of the API, not the source tree's.
     listing = subprocess.run([moved / "bin/attnreplay", "kernels"], capture_output=True, text=True).stdout
     assert str(SOURCE_DIR) not in listing
+
+
+STAND_INS = Path(__file__).resolve().parent / "stand_ins"
+ADAPTER_KERNELS = ["flash-attn-2", "flash-attn-3", "flash-attn-4", "xformers", "flex-attention", "transformer-engine",
+                   "sageattn-triton"]
+
+
+def test_library_adapters_run_through_attnreplay_against_stand_ins(tmp_path):
+    """The adapters' whole path in attnreplay (call description, layout, GQA, causal alignment,
+    output checks, timing, error statistics) on the CPU, the libraries replaced by stand-ins that
+    follow each library's own conventions; the real ones need a GPU."""
+    env = {**os.environ, "PYTHONPATH": str(STAND_INS)}
+    listing = subprocess.run([binary(), "kernels"], env=env, capture_output=True, text=True).stdout
+    for name in ADAPTER_KERNELS + ["flash-attn-3-fp8", "flashinfer-prefill", "sage2-cuda"]:
+        assert any(line.startswith(name + " ") for line in listing.splitlines()), name
+    out = tmp_path / "r.json"
+    command = [binary(), "run", "--shape", "1,4,40,64", "--s_kv", "72", "--num_kv_heads", "2", "--dtype", "bf16",
+               "--causal", "--causal_alignment", "bottom_right", "--kernel-module", PLUGINS / "adapters_on_cpu.py",
+               "--kernels", "all", "--json", out, *FAST]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = kernels_by_name(load_json(out))
+    assert rows["flash-attn-2"]["status"] == "not_supported" and rows["flash-attn-2"]["reason"] == "no CUDA device"
+    for name in ["flash-attn-2", "flash-attn-3", "xformers", "flex-attention", "transformer-engine"]:
+        row = rows[name + "-on-cpu"]
+        assert row["status"] == "not_verified", (name, row["reason"])
+        assert row["error"]["rel_l2"] < 1e-2, (name, row["error"])
+    # SageAttention's Triton kernel computes top-left only: a bottom-right call is declined, by name.
+    assert rows["sageattn-triton-on-cpu"]["status"] == "not_supported"
+    assert "bottom_right" in rows["sageattn-triton-on-cpu"]["reason"]

@@ -1,0 +1,72 @@
+"""Mask and causal-diagonal conversions shared by the library adapters in this folder.
+
+Not an adapter: attnreplay skips files whose name starts with an underscore, and the adapters import
+this one as a neighbour. The conventions converted from are attnreplay's (docs/format.md): a bool
+mask is True where the query may attend, a float mask is added to the scaled scores, both broadcast
+to (batch, heads_q, seq_q, seq_kv); causal keeps key j for query i when j <= i + offset, where the
+offset is 0 for top_left (torch SDPA) and seq_kv - seq_q for bottom_right (flash-attn).
+"""
+
+import torch
+
+
+def causal_offset(spec) -> int:
+    return spec.seq_kv - spec.seq_q if spec.causal_alignment == "bottom_right" else 0
+
+
+def causal_visible(spec, device) -> torch.Tensor:
+    """(seq_q, seq_kv) bool, True where the call's causal diagonal lets the query see the key."""
+    rows = torch.arange(spec.seq_q, device=device)[:, None]
+    cols = torch.arange(spec.seq_kv, device=device)[None, :]
+    return cols <= rows + causal_offset(spec)
+
+
+def as_4d(mask: torch.Tensor) -> torch.Tensor:
+    """The mask with leading size-1 dims up to 4 (a view): libraries index it as (b, h, q, k)."""
+    return mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
+
+
+def visible_keys(mask: torch.Tensor, spec) -> torch.Tensor:
+    """A bool mask as 4-D bool, True = may attend, with the causal diagonal folded in when the call
+    is causal (for libraries that take either a mask or causal, not both)."""
+    visible = as_4d(mask)
+    if spec.is_causal:
+        visible = visible & causal_visible(spec, mask.device)
+    return visible
+
+
+def additive_bias(mask: torch.Tensor, spec, dtype) -> torch.Tensor:
+    """Either mask kind as a 4-D float bias in `dtype` (0 / -inf for a bool mask; a float mask as it
+    is, converted to `dtype`), with the causal diagonal folded in as -inf when the call is causal."""
+    mask = as_4d(mask)
+    minus_inf = torch.tensor(float("-inf"), dtype=dtype, device=mask.device)
+    if mask.dtype == torch.bool:
+        bias = torch.where(mask, torch.tensor(0, dtype=dtype, device=mask.device), minus_inf)
+    else:
+        bias = mask.to(dtype)
+    if spec.is_causal:
+        bias = torch.where(causal_visible(spec, mask.device), bias, minus_inf)
+    return bias
+
+
+def leading_dims_vary(spec) -> tuple:
+    """(varies over batch, varies over heads) for the call's mask, from its recorded shape."""
+    shape = (1,) * (4 - len(spec.mask_shape)) + tuple(spec.mask_shape)
+    return shape[0] > 1, shape[1] > 1
+
+
+def version_tuple(text: str) -> tuple:
+    """'2.8.3.post1' -> (2, 8, 3): the leading numeric fields of a version string."""
+    numbers = []
+    for field in str(text).split("."):
+        digits = ""
+        for ch in field:
+            if not ch.isdigit():
+                break
+            digits += ch
+        if not digits:
+            break
+        numbers.append(int(digits))
+        if digits != field:
+            break
+    return tuple(numbers)

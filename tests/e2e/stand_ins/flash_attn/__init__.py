@@ -1,0 +1,50 @@
+"""Test stand-in for flash-attn 2 (FlashAttention-2), not the library: `flash_attn_func` with
+FlashAttention-2's signature and conventions, computed with torch in float64 on the CPU.
+
+Conventions followed (flash_attn/flash_attn_interface.py, csrc/flash_attn/flash_api.cpp): q (batch,
+seq_q, heads, head_dim), k and v (batch, seq_kv, heads_kv, head_dim) with heads a multiple of heads_kv;
+fp16 or bf16, one dtype; one head dim for q, k and v, at most 256; causal aligned to the bottom right
+(key j visible to query i when j <= i + seq_kv - seq_q; rows that see nothing are zero); returns the
+output alone unless return_attn_probs. Dropout, windows, softcap and ALiBi are not emulated and raise.
+The last call's arguments are in LAST_CALL. Like the real package, `flash_attn` is a namespace that
+FlashAttention-4's `flash_attn.cute` shares.
+"""
+from pkgutil import extend_path
+
+__path__ = extend_path(__path__, __name__)
+__version__ = "2.8.3"
+
+import torch
+
+from _stand_in_math import attention_fp64, causal_visible
+from _stand_in_record import record
+
+LAST_CALL = {}
+
+
+def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                    alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    record(LAST_CALL, locals(), tensors=("q", "k", "v"))
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        raise RuntimeError("FlashAttention only support fp16 and bf16 data type")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise RuntimeError("query and key/value must have the same dtype")
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise RuntimeError("q, k, v must be (batch_size, seqlen, nheads, headdim)")
+    batch, seq_q, heads, head_dim = q.shape
+    _, seq_kv, heads_kv, _ = k.shape
+    if tuple(k.shape) != (batch, seq_kv, heads_kv, head_dim) or tuple(v.shape) != (batch, seq_kv, heads_kv, head_dim):
+        raise RuntimeError(f"k and v must be {(batch, seq_kv, heads_kv, head_dim)}, "
+                           f"got {tuple(k.shape)}, {tuple(v.shape)}")
+    if heads % heads_kv:
+        raise RuntimeError("Number of heads in key/value must divide number of heads in query")
+    if head_dim > 256:
+        raise RuntimeError("FlashAttention forward only supports head dimension at most 256")
+    if dropout_p or window_size != (-1, -1) or softcap or alibi_slopes is not None:
+        raise NotImplementedError("the stand-in does not emulate dropout, windows, softcap or ALiBi")
+    if softmax_scale is None:
+        softmax_scale = head_dim ** -0.5
+    visible = causal_visible(seq_q, seq_kv, seq_kv - seq_q) if causal else None
+    out = attention_fp64(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), softmax_scale, visible)
+    out = out.to(q.dtype).transpose(1, 2)
+    return (out, None, None) if return_attn_probs else out

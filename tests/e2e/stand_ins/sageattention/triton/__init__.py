@@ -1,0 +1,1 @@
+"""Test stand-in for `sageattention.triton`, not the library."""

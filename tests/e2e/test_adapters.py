@@ -1,0 +1,460 @@
+"""Library adapters (kernels/adapters/, docs/adapters.md), on the CPU: each adapter run against the
+stand-in of its library (tests/e2e/stand_ins/, which follows that library's own conventions and
+rejects what it rejects) and judged against an independent fp64 computation of attnreplay's call
+semantics (torch SDPA in float64 with an explicit mask); its declines and their reasons; and, with
+the libraries absent, every adapter's kernels listed as unavailable with the import error.
+
+flex-attention runs real torch code (there is no stand-in for it), uncompiled: torch.compile on the
+CPU needs a C++ toolchain and minutes; what compilation changes is not the mapping tested here.
+"""
+
+import dataclasses
+import importlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import SOURCE_DIR
+
+STAND_INS = Path(__file__).resolve().parent / "stand_ins"
+ADAPTERS = Path(SOURCE_DIR) / "kernels" / "adapters"
+PLUGIN_API = Path(SOURCE_DIR) / "kernels" / "python"
+
+# Per kernel: the dtype it is run in here, its relative L2 error bound against fp64 (the output's
+# rounding, plus INT8/FP8 quantization where it has them), where its stand-in records the softmax
+# scale it was given, and the quantization flags it needs to run at all.
+CASES = {
+    "flash-attn-2": dict(dtype="bfloat16", tolerance=1e-2, scale_at=("flash_attn", "softmax_scale")),
+    "flash-attn-3": dict(dtype="float16", tolerance=2e-3, scale_at=("flash_attn_interface", "softmax_scale")),
+    "flash-attn-3-fp8": dict(dtype="bfloat16", tolerance=8e-2, scale_at=("flash_attn_interface", "softmax_scale")),
+    "flash-attn-4": dict(dtype="bfloat16", tolerance=1e-2, scale_at=("flash_attn.cute.interface", "softmax_scale")),
+    "xformers": dict(dtype="float32", tolerance=1e-5, scale_at=("xformers.ops.fmha", "scale")),
+    "flex-attention": dict(dtype="float32", tolerance=1e-5, scale_at=None),
+    "flashinfer-prefill": dict(dtype="float16", tolerance=2e-3, scale_at=("flashinfer", "sm_scale")),
+    "transformer-engine": dict(dtype="bfloat16", tolerance=1e-2, scale_at=None),
+    "sageattn-triton": dict(dtype="float16", tolerance=3e-2, scale_at=("sageattention", "sm_scale"),
+                            quant={"quant_gran": "per_block"}),
+    "sage2-cuda": dict(dtype="bfloat16", tolerance=4e-2, scale_at=("sageattention._qattn_sm90", "sm_scale")),
+}
+SCALE = 0.3  # not 1/sqrt(head_dim) of any shape here, so a dropped scale shows
+QUANT_DEFAULTS = dict(quant_gran="per_warp", k_smooth=True, pv_accum_dtype="fp32+fp32", fp8_scale="per_head")
+
+
+@pytest.fixture(scope="module")
+def plugin():
+    for path in (STAND_INS, PLUGIN_API):
+        sys.path.insert(0, str(path))
+    import attnreplay_plugin
+
+    failures = attnreplay_plugin._load_adapters(str(ADAPTERS))
+    assert failures == [], failures
+    yield attnreplay_plugin
+    for path in (STAND_INS, PLUGIN_API):
+        sys.path.remove(str(path))
+
+
+@pytest.fixture
+def kernels(plugin):
+    """The registered adapters, set up to run on the CPU against the stand-ins."""
+    found = {k.name: k for k, _ in plugin._entries()}
+    for k in found.values():
+        k.device = "cpu"
+    found["flex-attention"].compile = False
+    found["sage2-cuda"].compute_capability = (9, 0)
+    found["flash-attn-4"].compute_capability = (9, 0)
+    found["flash-attn-3"].compute_capability = (9, 0)
+    return found
+
+
+def make_call(plugin, kernel, *, batch=2, heads_q=4, heads_kv=4, seq_q=40, seq_kv=72, head_dim=64, head_dim_vo=None,
+              causal=None, mask=None, dtype=None, quant=None, seed=0):
+    """(spec, q, k, v, mask) of one call; q, k, v (b, h, s, d) as attnreplay hands them over."""
+    case = CASES[kernel.name]
+    dtype = dtype or case["dtype"]
+    head_dim_vo = head_dim_vo or head_dim
+    generator = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, heads_q, seq_q, head_dim, generator=generator).to(getattr(torch, dtype))
+    k = torch.randn(batch, heads_kv, seq_kv, head_dim, generator=generator).to(getattr(torch, dtype))
+    v = torch.randn(batch, heads_kv, seq_kv, head_dim_vo, generator=generator).to(getattr(torch, dtype))
+    fields = dict(index=0, op="test", dtype=dtype, model_layout="bhsd", batch=batch, heads_q=heads_q, heads_kv=heads_kv,
+                  seq_q=seq_q, seq_kv=seq_kv, head_dim_qk=head_dim, head_dim_vo=head_dim_vo,
+                  is_causal=causal is not None, causal_alignment=causal or "top_left", scale=SCALE,
+                  mask_kind=None if mask is None else ("bool" if mask.dtype == torch.bool else "float"),
+                  mask_shape=None if mask is None else tuple(mask.shape), metadata={},
+                  quant={**QUANT_DEFAULTS, **case.get("quant", {}), **(quant or {})})
+    return plugin._make_spec(kernel, fields), q, k, v, mask
+
+
+def reference(spec, q, k, v, mask):
+    """attnreplay's semantics in fp64: SDPA's math with K, V repeated for GQA, the causal diagonal of
+    the call's alignment and its mask (bool: True = may attend; float: added to the scores)."""
+    group = spec.heads_q // spec.heads_kv
+    q, k, v = (t.to(torch.float64) for t in (q, k, v))
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    bias = torch.zeros(spec.seq_q, spec.seq_kv, dtype=torch.float64)
+    if spec.is_causal:
+        offset = 0 if spec.causal_alignment == "top_left" else spec.seq_kv - spec.seq_q
+        hidden = torch.ones(spec.seq_q, spec.seq_kv, dtype=torch.bool).triu(offset + 1)
+        bias = bias.masked_fill(hidden, float("-inf"))
+    if mask is not None:
+        bias = bias + (mask.to(torch.float64) if mask.dtype != torch.bool
+                       else torch.zeros(mask.shape, dtype=torch.float64).masked_fill(~mask, float("-inf")))
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=spec.scale)
+
+
+def run_call(plugin, kernel, spec, q, k, v, mask):
+    assert kernel.decline_reason(spec) is None, kernel.decline_reason(spec)
+    prepared = plugin._Prepared(kernel, spec, q, k, v, mask)
+    prepared.run()
+    assert prepared.problem() is None, prepared.problem()
+    return prepared.output_bhsd()
+
+
+def assert_close(kernel, spec, out, q, k, v, mask):
+    want = reference(spec, q, k, v, mask)
+    assert out.shape == want.shape
+    assert torch.isfinite(out.to(torch.float64)).all()
+    error = (out.to(torch.float64) - want).norm() / want.norm()
+    assert error < CASES[kernel.name]["tolerance"], f"{kernel.name}: relative L2 error {error:.3g}"
+
+
+def check_call(plugin, kernel, **call):
+    spec, q, k, v, mask = make_call(plugin, kernel, **call)
+    assert_close(kernel, spec, run_call(plugin, kernel, spec, q, k, v, mask), q, k, v, mask)
+    return spec
+
+
+def random_mask(kind, batch, heads, seq_q, seq_kv, seed=1):
+    """A bool mask varying over batch (True = may attend, every row keeping its first key), or a
+    float mask varying over heads."""
+    generator = torch.Generator().manual_seed(seed)
+    if kind == "bool":
+        mask = torch.rand(batch, 1, seq_q, seq_kv, generator=generator) > 0.3
+        mask[..., 0] = True
+        return mask
+    return torch.randn(1, heads, seq_q, seq_kv, generator=generator)
+
+
+def last_call(module):
+    return importlib.import_module(module).LAST_CALL
+
+
+ALL = sorted(CASES)
+
+
+def test_every_adapter_registers_with_its_stand_in(kernels):
+    assert sorted(kernels) == ALL
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_plain_cross_attention_with_explicit_scale(plugin, kernels, name):
+    batch = 1 if name == "flashinfer-prefill" else 2
+    check_call(plugin, kernels[name], batch=batch)
+    if CASES[name]["scale_at"]:
+        module, key = CASES[name]["scale_at"]
+        assert last_call(module)[key] == SCALE
+
+
+@pytest.mark.parametrize("alignment", ["top_left", "bottom_right"])
+@pytest.mark.parametrize("name", ALL)
+def test_causal_alignment_with_seq_q_below_seq_kv(plugin, kernels, name, alignment):
+    kernel = kernels[name]
+    batch = 1 if name == "flashinfer-prefill" else 2
+    if alignment in kernel.causal_alignments:
+        check_call(plugin, kernel, batch=batch, causal=alignment)
+    else:
+        spec = make_call(plugin, kernel, batch=batch, causal=alignment)[0]
+        reason = kernel.decline_reason(spec)
+        assert reason and alignment in reason and "seq_q 40 != seq_kv 72" in reason, reason
+        # Equal lengths put both diagonals in the same place: taken.
+        check_call(plugin, kernel, batch=batch, seq_q=48, seq_kv=48, causal=alignment)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_gqa(plugin, kernels, name):
+    kernel = kernels[name]
+    batch = 1 if name == "flashinfer-prefill" else 2
+    causal = kernel.causal_alignments[0]
+    check_call(plugin, kernel, batch=batch, heads_q=4, heads_kv=2, causal=causal)
+    assert kernel.native_gqa  # every library here takes K and V with fewer heads
+
+
+def test_gqa_reaches_the_libraries_with_fewer_kv_heads(plugin, kernels):
+    check_call(plugin, kernels["flash-attn-2"], heads_q=4, heads_kv=2)
+    assert last_call("flash_attn")["k.shape"] == (2, 72, 2, 64)
+    check_call(plugin, kernels["xformers"], heads_q=4, heads_kv=2)
+    assert last_call("xformers.ops.fmha")["query.shape"] == (2, 40, 2, 2, 64)  # BMGHK
+    assert last_call("xformers.ops.fmha")["key.shape"] == (2, 72, 2, 2, 64)
+    check_call(plugin, kernels["transformer-engine"], heads_q=4, heads_kv=2)
+    assert last_call("transformer_engine.pytorch")["init"]["num_gqa_groups"] == 2
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_head_dim_vo_differing_from_head_dim_qk(plugin, kernels, name):
+    kernel = kernels[name]
+    batch = 1 if name == "flashinfer-prefill" else 2
+    if kernel.different_vo:
+        check_call(plugin, kernel, batch=batch, head_dim=64, head_dim_vo=128)
+    else:
+        spec = make_call(plugin, kernel, batch=batch, head_dim=64, head_dim_vo=128)[0]
+        assert kernel.decline_reason(spec) == "head_dim_vo 128 != head_dim_qk 64 is not supported"
+    assert kernel.different_vo == (name in {"flash-attn-3", "flash-attn-4", "xformers", "flex-attention",
+                                            "transformer-engine"})
+
+
+@pytest.mark.parametrize("kind", ["bool", "float"])
+@pytest.mark.parametrize("name", ALL)
+def test_masks(plugin, kernels, name, kind):
+    kernel = kernels[name]
+    batch = 1 if name == "flashinfer-prefill" else 2
+    mask = random_mask(kind, batch, 4, 40, 72)
+    if kind in kernel.masks:
+        check_call(plugin, kernel, batch=batch, mask=mask)
+        # With the causal diagonal too, which the adapters fold into the mask where the library
+        # takes one or the other.
+        check_call(plugin, kernel, batch=batch, mask=mask, causal=kernel.causal_alignments[-1])
+    else:
+        spec = make_call(plugin, kernel, batch=batch, mask=mask)[0]
+        assert kernel.decline_reason(spec) == f"{kind} masks are not supported"
+    expected = {"xformers": ("bool", "float"), "flex-attention": ("bool", "float"),
+                "sageattn-triton": ("bool", "float"), "flashinfer-prefill": ("bool",),
+                "transformer-engine": ("bool",)}
+    assert tuple(kernel.masks) == expected.get(name, ())
+
+
+def test_mask_conversions_reach_the_libraries_in_their_conventions(plugin, kernels):
+    mask = random_mask("bool", 2, 4, 40, 72)
+    check_call(plugin, kernels["transformer-engine"], mask=mask, causal="bottom_right")
+    te = last_call("transformer_engine.pytorch")
+    assert te["init"]["attn_mask_type"] == "arbitrary" and te["attention_mask"].dtype == torch.bool
+    assert te["attention_mask"][0, 0, 0, 0].item() is False  # TE: True = masked out
+    check_call(plugin, kernels["xformers"], mask=random_mask("float", 2, 4, 40, 77), seq_kv=77)
+    bias = last_call("xformers.ops.fmha")["attn_bias"]
+    assert bias.shape == (2, 4, 40, 77) and bias.dtype == torch.float32 and bias.stride(2) % 8 == 0
+    mask = random_mask("bool", 1, 4, 40, 72)
+    check_call(plugin, kernels["flashinfer-prefill"], batch=1, mask=mask)
+    flashinfer = last_call("flashinfer")
+    assert flashinfer["packed_custom_mask"].dtype == torch.uint8 and flashinfer["custom_mask"] is None
+    float_mask = random_mask("float", 2, 4, 40, 72)
+    check_call(plugin, kernels["sageattn-triton"], mask=float_mask)
+    sage = last_call("sageattention")
+    assert sage["is_causal"] is False and sage["attn_mask"].dtype == torch.float16
+
+
+def test_a_nan_in_the_inputs_is_not_taken_for_a_write(plugin, kernels):
+    kernel = kernels["xformers"]
+    spec, q, k, v, mask = make_call(plugin, kernel)
+    q[0, 0, 0, 0] = float("nan")
+    prepared = plugin._Prepared(kernel, spec, q, k, v, mask)
+    prepared.run()
+    assert prepared.problem() is None
+    prepared.inputs.k[0, 0, 0, 0] += 1
+    assert prepared.problem() == "the kernel wrote into its input 'k'"
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_dtypes_outside_the_library_are_declined(plugin, kernels, name):
+    kernel = kernels[name]
+    spec = make_call(plugin, kernel, batch=1, dtype="float64")[0]
+    reason = kernel.decline_reason(spec)
+    assert reason.startswith("dtype float64 is not supported (takes "), reason
+
+
+def test_flash_attn_2_declines_head_dims_above_256(plugin, kernels):
+    kernel = kernels["flash-attn-2"]
+    spec = make_call(plugin, kernel, head_dim=320, seq_q=8, seq_kv=8)[0]
+    assert kernel.decline_reason(spec) == "head_dim 320 is above 256, FlashAttention-2's largest"
+    check_call(plugin, kernel, head_dim=40)  # padded to a multiple of 8 inside the call
+
+
+def test_flash_attn_3_head_dim_rules(plugin, kernels):
+    kernel, fp8 = kernels["flash-attn-3"], kernels["flash-attn-3-fp8"]
+    assert "multiples of 8" in kernel.decline_reason(make_call(plugin, kernel, head_dim=60)[0])
+    assert "multiples of 16" in fp8.decline_reason(make_call(plugin, fp8, head_dim=72)[0])
+    reason = kernel.decline_reason(make_call(plugin, kernel, head_dim=128, head_dim_vo=64)[0])
+    assert "(128, 192]" in reason and "head_dim_vo" in reason
+    check_call(plugin, kernel, head_dim=192, head_dim_vo=128, seq_q=8, seq_kv=16)
+    kernel.compute_capability = (8, 0)
+    spec = dataclasses.replace(make_call(plugin, kernel, head_dim=64, head_dim_vo=128)[0], device="cuda")
+    assert kernel.decline_reason(spec) == ("head_dim_vo != head_dim_qk is supported by FlashAttention-3 on Hopper "
+                                           "(sm90) only")
+
+
+def test_flash_attn_3_before_returning_the_output_alone(plugin, kernels, monkeypatch):
+    monkeypatch.setattr(importlib.import_module("flash_attn_interface"), "RETURNS_LSE_ALWAYS", True)
+    check_call(plugin, kernels["flash-attn-3"])
+    check_call(plugin, kernels["flash-attn-3-fp8"])
+
+
+@pytest.mark.parametrize("granularity", ["per_head", "per_tensor"])
+def test_flash_attn_3_fp8_quantizes_in_prepare_with_kv_head_descales(plugin, kernels, granularity):
+    kernel = kernels["flash-attn-3-fp8"]
+    assert kernel.has_preparation() and kernel.reduced_precision == "float8_e4m3fn"
+    spec = check_call(plugin, kernel, heads_q=4, heads_kv=2, causal="bottom_right", quant={"fp8_scale": granularity})
+    call = last_call("flash_attn_interface")
+    assert call["q.dtype"] == call["k.dtype"] == torch.float8_e4m3fn
+    for name in ("q_descale", "k_descale", "v_descale"):
+        descale = call[name]
+        assert descale.shape == (spec.batch, spec.heads_kv) and descale.dtype == torch.float32
+        assert (descale == descale.flatten()[0]).all() == (granularity == "per_tensor")
+
+
+def test_flash_attn_4_head_dims_by_architecture(plugin, kernels):
+    kernel = kernels["flash-attn-4"]
+    spec = make_call(plugin, kernel, head_dim=192, head_dim_vo=128, seq_q=8, seq_kv=8)[0]
+    assert kernel.decline_reason(spec) is None
+    kernel.compute_capability = (10, 0)
+    assert kernel.decline_reason(spec) is None  # DeepSeek's shape, taken on Blackwell
+    spec = make_call(plugin, kernel, head_dim=160, seq_q=8, seq_kv=8)[0]
+    assert "sm100" in kernel.decline_reason(spec)
+    kernel.compute_capability = (9, 0)
+    assert kernel.decline_reason(spec) is None
+
+
+def test_flashinfer_declines_batches_and_masks_per_head(plugin, kernels):
+    kernel = kernels["flashinfer-prefill"]
+    reason = kernel.decline_reason(make_call(plugin, kernel, batch=2)[0])
+    assert reason.startswith("batch 2 > 1: single_prefill_with_kv_cache takes one sequence"), reason
+    mask = torch.ones(1, 4, 40, 72, dtype=torch.bool)
+    reason = kernel.decline_reason(make_call(plugin, kernel, batch=1, mask=mask)[0])
+    assert "differs between heads" in reason and "(1, 4, 40, 72)" in reason
+    assert "head_dim 96 is not supported" in kernel.decline_reason(make_call(plugin, kernel, batch=1, head_dim=96)[0])
+
+
+def test_transformer_engine_mask_types_and_output_shape(plugin, kernels):
+    kernel = kernels["transformer-engine"]
+    for causal, mask_type in ((None, "no_mask"), ("top_left", "causal"), ("bottom_right", "causal_bottom_right")):
+        check_call(plugin, kernel, causal=causal)
+        init = last_call("transformer_engine.pytorch")["init"]
+        assert init["attn_mask_type"] == mask_type and init["qkv_format"] == "bshd"
+        assert init["softmax_scale"] == SCALE and init["attention_type"] == "cross"
+    check_call(plugin, kernel, head_dim=64, head_dim_vo=32)
+    assert last_call("transformer_engine.pytorch")["init"]["kv_channels"] == (64, 32)
+
+
+def test_flex_attention_builds_its_block_mask_in_prepare(plugin, kernels):
+    kernel = kernels["flex-attention"]
+    assert kernel.has_preparation()
+    mask = random_mask("bool", 2, 4, 40, 72)
+    spec, q, k, v, mask = make_call(plugin, kernel, mask=mask, causal="bottom_right", heads_kv=2)
+    prepared = plugin._Prepared(kernel, spec, q, k, v, mask).prepared
+    assert prepared.block_mask is not None and prepared.score_mod is None
+    assert prepared.block_mask.shape[:2] == (2, 1)  # the mask varies over batch, not over heads
+    assert prepared.k.shape[1] == 2  # GQA through enable_gqa, K as it is
+    reason = kernel.decline_reason(dataclasses.replace(make_call(plugin, kernel, head_dim=8)[0], device="cuda"))
+    assert "below 16" in reason
+
+
+def test_flex_attention_compiles_once_per_kernel(plugin, kernels):
+    kernel = type(kernels["flex-attention"])()
+    assert kernel.compile and kernel._compiled is None  # nothing compiled at registration
+    first = kernel._functions()
+    assert kernel._functions() is first
+
+
+def test_sageattn_triton_maps_granularity_and_smoothing(plugin, kernels):
+    kernel = kernels["sageattn-triton"]
+    # Per block whatever --quant_gran says: the run's default (per_warp) does not keep it out.
+    assert kernel.decline_reason(make_call(plugin, kernel, quant={"quant_gran": "per_warp"})[0]) is None
+    assert "per block" in kernel.summary
+    assert kernel.reduced_precision == "int8"
+    check_call(plugin, kernel, quant={"k_smooth": False})
+    assert last_call("sageattention")["smooth_k"] is False
+    check_call(plugin, kernel, head_dim=80)  # padded to 128 inside the call
+    assert "above 128" in kernel.decline_reason(make_call(plugin, kernel, head_dim=192)[0])
+
+
+def test_sageattn_triton_on_sageattention_1_0(plugin, kernels, monkeypatch):
+    """1.0.x's sageattn subtracts K's mean from the caller's K: the adapter smooths a copy itself."""
+    sageattention = importlib.import_module("sageattention")
+    monkeypatch.delattr(sageattention, "sageattn_qk_int8_pv_fp16_triton")
+    monkeypatch.setattr(sageattention, "sageattn", sageattention.sageattn_1_0_6)
+    kernel = type(kernels["sageattn-triton"])()
+    kernel.device = "cpu"
+    assert kernel.masks == () and tuple(kernel.head_dims) == (64, 96, 128) and "float32" in kernel.dtypes
+    check_call(plugin, kernel, causal="top_left", heads_kv=2)  # problem() checks that K was not written
+    assert last_call("sageattention")["function"] == "sageattn (1.0.6)"
+    assert last_call("sageattention")["smooth_k"] is False
+    check_call(plugin, kernel, dtype="float32")
+    assert kernel.decline_reason(make_call(plugin, kernel, head_dim=80)[0]).startswith("head_dim 80 is not supported")
+
+
+@pytest.mark.parametrize("granularity", ["per_warp", "per_thread"])
+def test_sage2_cuda_sm90_runs_the_raw_kernel_on_its_own_quantization(plugin, kernels, granularity):
+    kernel = kernels["sage2-cuda"]
+    assert kernel.has_preparation() and kernel.reduced_precision == "int8"
+    check_call(plugin, kernel, heads_q=4, heads_kv=2, causal="top_left", seq_kv=200, quant={"quant_gran": granularity})
+    raw = last_call("sageattention._qattn_sm90")
+    assert raw["kernel"] == "_qattn_sm90.qk_int8_sv_f8_accum_f32_fuse_v_scale_attn_inst_buf"
+    assert raw["qk_quant_gran"] == (2 if granularity == "per_warp" else 3) and raw["is_causal"] == 1
+    assert raw["value.shape"] == (2, 2, 64, 256)  # 200 keys padded to a multiple of 128, transposed
+    quantized = (last_call("sageattention.quant")["per_warp_int8"] if granularity == "per_warp"
+                 else last_call("sageattention.triton.quant_per_thread"))
+    assert (quantized["BLKQ"], quantized["WARPQ"], quantized["BLKK"]) == (64, 16, 128)
+    assert quantized["km"] is not None
+
+
+@pytest.mark.parametrize("accumulation", ["fp32", "fp32+fp32", "fp32+fp16"])
+def test_sage2_cuda_sm89_accumulations(plugin, kernels, accumulation):
+    kernel = kernels["sage2-cuda"]
+    kernel.compute_capability = (8, 9)
+    check_call(plugin, kernel, quant={"pv_accum_dtype": accumulation, "k_smooth": False}, head_dim=96)
+    raw = last_call("sageattention._qattn_sm89")
+    names = {"fp32": "qk_int8_sv_f8_accum_f32_fuse_v_scale_attn",
+             "fp32+fp32": "qk_int8_sv_f8_accum_f32_fuse_v_scale_attn_inst_buf",
+             "fp32+fp16": "qk_int8_sv_f8_accum_f16_fuse_v_scale_attn_inst_buf"}
+    assert raw["kernel"] == "_qattn_sm89." + names[accumulation]
+    assert raw["query.shape"] == (2, 4, 40, 128)  # head dim 96 padded to 128, as SageAttention pads it
+    assert last_call("sageattention.quant")["per_warp_int8"]["km"] is None
+    assert last_call("sageattention.quant")["per_channel_fp8"].get("scale_max") == (
+        2.25 if accumulation == "fp32+fp16" else 448.0)
+
+
+def test_sage2_cuda_declines(plugin, kernels):
+    kernel = kernels["sage2-cuda"]
+    reason = kernel.decline_reason(make_call(plugin, kernel, quant={"quant_gran": "per_block"})[0])
+    assert reason.startswith("--quant_gran per_block is not supported")
+    reason = kernel.decline_reason(make_call(plugin, kernel, quant={"pv_accum_dtype": "fp32+fp16"})[0])
+    assert reason == "--pv_accum_dtype fp32+fp16 is not supported by SageAttention2's sm90 kernels (takes fp32+fp32)"
+    assert "above 128" in kernel.decline_reason(make_call(plugin, kernel, head_dim=256)[0])
+    kernel.compute_capability = (8, 0)
+    reason = kernel.decline_reason(make_call(plugin, kernel)[0])
+    assert reason == "SageAttention2's FP8 kernels are built for sm89, sm90 and sm120, not sm80"
+
+
+def test_adapters_report_unavailable_with_the_import_error():
+    """Without the libraries (imports blocked, whatever is installed), every adapter loads, registers
+    nothing, and lists each of its kernels with the import error."""
+    blocked = ["sageattention", "xformers", "flash_attn", "flash_attn_interface", "flashinfer", "transformer_engine",
+               "torch.nn.attention.flex_attention"]
+    script = f"""
+import importlib.abc, json, sys
+import torch
+BLOCKED = {blocked!r}
+class Absent(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if any(name == b or name.startswith(b + ".") for b in BLOCKED):
+            raise ModuleNotFoundError(f"No module named {{name!r}}")
+        return None
+sys.meta_path.insert(0, Absent())
+for name in [m for m in sys.modules if any(m == b or m.startswith(b + ".") for b in BLOCKED)]:
+    del sys.modules[name]
+sys.path.insert(0, {str(PLUGIN_API)!r})
+import attnreplay_plugin as ar
+failures = ar._load_adapters({str(ADAPTERS)!r})
+print(json.dumps({{"failures": failures, "registered": [k.name for k, _ in ar._entries()],
+                  "unavailable": dict(ar._unavailable_kernels())}}))
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["failures"] == [] and report["registered"] == []
+    assert sorted(report["unavailable"]) == ALL
+    for name, reason in report["unavailable"].items():
+        assert " does not import: ModuleNotFoundError: No module named " in reason, (name, reason)
+    assert report["unavailable"]["flex-attention"].startswith("torch.nn.attention.flex_attention does not import")
+    assert report["unavailable"]["sage2-cuda"].startswith("sageattention does not import")
