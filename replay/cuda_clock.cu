@@ -19,6 +19,21 @@ __global__ void clock_probe(unsigned long long* cycles, unsigned long long* nano
   *nanoseconds = now - start_time;
 }
 
+// nvbench's blocking kernel: holds the stream until the host has queued a whole sample, so that no
+// launch latency (a Python kernel's, say) opens a gap between the events. A run() that waits for
+// the GPU would wait for this too: after `timeout_ns` it lets go and says so.
+__global__ void block_until_released(const volatile int* released, int* timed_out, unsigned long long timeout_ns) {
+  unsigned long long start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    if (*released) return;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < timeout_ns);
+  *timed_out = 1;
+}
+
+constexpr unsigned long long kBlockTimeoutNs = 100'000'000;  // far above any run's queueing time
+
 int attribute(cudaDeviceAttr which) {
   int device = 0, value = 0;
   cudaGetDevice(&device);
@@ -33,10 +48,14 @@ struct EventClock::Resources {
   void* flush = nullptr;
   size_t flush_bytes = 0;
   unsigned long long* probe = nullptr;
+  // Host memory the device reads: [0] the release flag, [1] the blocking kernel's timed-out flag.
+  volatile int* host_flags = nullptr;
+  int* device_flags = nullptr;
   cudaEvent_t start{}, stop{};
   ~Resources() {
     cudaFree(flush);
     cudaFree(probe);
+    cudaFreeHost(const_cast<int*>(host_flags));
     cudaEventDestroy(start);
     cudaEventDestroy(stop);
   }
@@ -55,13 +74,24 @@ EventClock::EventClock(bool cold_l2) : resources_(std::make_unique<Resources>())
   resources_->flush_bytes = 2 * static_cast<size_t>(attribute(cudaDevAttrL2CacheSize));
   if (cold_l2_) ATTNREPLAY_CUDA_CHECK(cudaMalloc(&resources_->flush, resources_->flush_bytes));
   ATTNREPLAY_CUDA_CHECK(cudaMalloc(&resources_->probe, 2 * sizeof(unsigned long long)));
+  int* flags = nullptr;
+  ATTNREPLAY_CUDA_CHECK(cudaHostAlloc(&flags, 2 * sizeof(int), cudaHostAllocMapped));
+  resources_->host_flags = flags;
+  ATTNREPLAY_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&resources_->device_flags), flags, 0));
   ATTNREPLAY_CUDA_CHECK(cudaEventCreate(&resources_->start));
   ATTNREPLAY_CUDA_CHECK(cudaEventCreate(&resources_->stop));
 }
 
 EventClock::~EventClock() = default;
 
-void EventClock::begin() {
+void EventClock::begin(bool blocking) {
+  blocked_ = blocking;
+  if (blocking) {
+    resources_->host_flags[0] = 0;
+    resources_->host_flags[1] = 0;
+    block_until_released<<<1, 1>>>(resources_->device_flags, resources_->device_flags + 1, kBlockTimeoutNs);
+    ATTNREPLAY_CUDA_CHECK(cudaGetLastError());
+  }
   if (cold_l2_) ATTNREPLAY_CUDA_CHECK(cudaMemsetAsync(resources_->flush, 0, resources_->flush_bytes, 0));
   ATTNREPLAY_CUDA_CHECK(cudaEventRecord(resources_->start, 0));
 }
@@ -83,16 +113,25 @@ double read_probe(const unsigned long long* device_probe) {
 
 }  // namespace
 
+void EventClock::release() {
+  if (!blocked_) return;
+  __sync_synchronize();  // everything queued before the flag is seen
+  resources_->host_flags[0] = 1;
+  blocked_ = false;
+}
+
 Sample EventClock::end() {
   Resources& r = *resources_;
   ATTNREPLAY_CUDA_CHECK(cudaEventRecord(r.stop, 0));
   launch_probe(r.probe);
+  release();
   ATTNREPLAY_CUDA_CHECK(cudaEventSynchronize(r.stop));
   float milliseconds = 0;
   ATTNREPLAY_CUDA_CHECK(cudaEventElapsedTime(&milliseconds, r.start, r.stop));
   Sample sample;
   sample.seconds = milliseconds * 1e-3;
   sample.sm_mhz = read_probe(r.probe);
+  sample.block_timed_out = r.host_flags[1] != 0;
   return sample;
 }
 

@@ -14,6 +14,9 @@ void device_synchronize();
 struct Sample {
   double seconds = 0;  // between the events around the run
   double sm_mhz = 0;   // SM clock measured right after it
+  // The blocking kernel let go before it was released: the run waited for the GPU while it was
+  // being queued, so the sample may hold launch gaps.
+  bool block_timed_out = false;
 };
 
 class EventClock {
@@ -22,9 +25,13 @@ class EventClock {
   ~EventClock();
   EventClock(const EventClock&) = delete;
   EventClock& operator=(const EventClock&) = delete;
-  // Flushes the L2 (when cold) and records the start event on the default stream.
-  void begin();
-  // Records the stop event, probes the SM clock, waits, and reads both.
+  // Flushes the L2 (when cold) and records the start event on the default stream; with
+  // `blocking`, all of it behind a kernel that holds the stream until release() (or end()), so
+  // that the sample's work runs back to back however slowly the host queues it (nvbench's way).
+  void begin(bool blocking = false);
+  // Lets the blocked stream go; end() does it too. Call it when the run throws.
+  void release();
+  // Records the stop event, probes the SM clock, releases the stream, waits, and reads both.
   Sample end();
   // For timers that bracket a run by other means (CUPTI): flushes the L2 (when cold) and waits
   // until the device is idle, so that nothing queued before the run overlaps it.
@@ -37,6 +44,7 @@ class EventClock {
   struct Resources;
   std::unique_ptr<Resources> resources_;
   bool cold_l2_;
+  bool blocked_ = false;
   double rated_mhz_ = 0;
 };
 

@@ -18,10 +18,22 @@ class CudaEventTimer final : public SampleTimer {
   std::string method() const override { return std::string(timing_method_label(TimingMethod::event)); }
   std::string cache() const override { return options_.cold_l2 ? "cold-l2" : "hot-l2"; }
 
+  void begin_kernel(PreparedKernel&) override { blocking_ = true; }
+
   std::optional<double> time_one(PreparedKernel& kernel) override {
-    clock_.begin();
-    kernel.run();
+    clock_.begin(blocking_);
+    try {
+      kernel.run();
+    } catch (...) {
+      clock_.release();
+      throw;
+    }
     const cuda_clock::Sample sample = clock_.end();
+    if (sample.block_timed_out) {
+      // run() waits for the GPU: it cannot be queued ahead, so its samples are taken unblocked.
+      blocking_ = false;
+      return std::nullopt;
+    }
     if (!guard_.accept(sample.sm_mhz)) return std::nullopt;
     return sample.seconds;
   }
@@ -30,6 +42,7 @@ class CudaEventTimer final : public SampleTimer {
   CudaTimerOptions options_;
   cuda_clock::EventClock clock_;
   ThrottleGuard guard_;
+  bool blocking_ = true;
 };
 
 }  // namespace

@@ -91,8 +91,14 @@ class XformersMemoryEfficient(ar.Kernel):
         return XformersInputs(q, k, v, bias, output_shape, spec)
 
     def run(self, prepared):
-        out = xops.memory_efficient_attention(prepared.q, prepared.k, prepared.v, attn_bias=prepared.bias, p=0.0,
-                                              scale=prepared.spec.scale)
+        try:
+            out = xops.memory_efficient_attention(prepared.q, prepared.k, prepared.v, attn_bias=prepared.bias, p=0.0,
+                                                  scale=prepared.spec.scale)
+        except NotImplementedError as error:
+            # Its dispatcher found no operator for these inputs (or none loaded: a wheel built for
+            # another torch): xFormers' own no, not a fault.
+            first = str(error).strip().splitlines()[0] if str(error).strip() else "no operator"
+            raise ar.NotSupported(f"xFormers: {first.rstrip(': ')}") from error
         return out.reshape(prepared.output_shape)
 
 

@@ -41,6 +41,12 @@ CAUSAL_ALIGNMENTS = ("top_left", "bottom_right")
 MASK_KINDS = ("bool", "float")
 
 
+class NotSupported(Exception):
+    """Raised from prepare() or run() when only the real inputs show that the kernel cannot take
+    the call (a library's own dispatcher finds no implementation): the row is `not_supported`
+    with this message, not `failed`."""
+
+
 @dataclasses.dataclass(frozen=True)
 class QuantOptions:
     """The run's quantization flags (docs/quantized.md), for kernels that map them."""

@@ -108,8 +108,12 @@ Interpreter& interpreter() {
   return *it;
 }
 
-// A Python exception as a failed row: one line for the table, the traceback for the JSON.
+// A Python exception as a failed row: one line for the table, the traceback for the JSON; or, for
+// attnreplay_plugin.NotSupported, the kernel's no.
 [[noreturn]] void throw_failure(py::error_already_set& error, std::string_view during) {
+  if (error.matches(interpreter().plugin.attr("NotSupported"))) {
+    throw KernelNotSupported(py::str(error.value()).cast<std::string>());
+  }
   std::string line = error.what(), traceback;
   try {
     py::tuple described = interpreter().plugin.attr("_describe")(error.value(), error.trace());

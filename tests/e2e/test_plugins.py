@@ -68,6 +68,16 @@ def test_capabilities_and_supports_decline_with_the_reason(tmp_path):
     assert rows["py-fp64-prepared"]["reason"] == "causal attention is not supported"
 
 
+def test_a_kernel_may_decline_once_it_sees_the_tensors(tmp_path):
+    out = tmp_path / "r.json"
+    run_attnreplay("run", *GENERATED, "--kernel-module", TORCH_PLUGINS, "--kernels", "py-declines-late,py-sdpa",
+                   "--json", out, *FAST, check=0)
+    rows = kernels_by_name(load_json(out))
+    assert rows["py-declines-late"]["status"] == "not_supported"
+    assert rows["py-declines-late"]["reason"] == "no implementation for these strides"
+    assert rows["py-sdpa"]["status"] == "not_verified"
+
+
 def test_rerun_command_reproduces_a_plug_in_row_of_a_capture(tmp_path):
     capture = tmp_path / "cap.h5"
     run_attnreplay("run", *GENERATED, "--kernels", "reference", "--save-inputs", capture, *FAST, "-q", check=0)
