@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The README's demo command: set up (idempotent), capture the bundled real model (MiniLM) with
-# LD_PRELOAD, replay its attention calls through every kernel, audit the quantized kernels'
+# LD_PRELOAD, replay its attention calls through every kernel (and a Python plug-in), audit the quantized kernels'
 # accuracy on them, then a CPU-sized suite of the peers' shapes.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -17,9 +17,9 @@ LD_PRELOAD="$BUILD/capture/libattncap.so" ATTNCAP_OUT="$OUT/minilm_capture" \
   "$VENV/bin/python" "$ROOT/examples/run_minilm.py" --repeat 2
 "$BIN" info "$OUT/minilm_capture"
 
-echo; echo "== Replaying them through every kernel against the fp64 reference"
+echo; echo "== Replaying them through every kernel against the fp64 reference, a Python plug-in kernel among them"
 status=0
-"$BIN" run "$OUT/minilm_capture" --kernels all --refcheck \
+"$BIN" run "$OUT/minilm_capture" --kernels all --kernel-module "$ROOT/examples/plugins/chunked_sdpa.py" --refcheck \
   --json "$OUT/minilm.json" --csv "$OUT/minilm.csv" || status=$?
 
 echo; echo "== How much accuracy the quantized kernels lose on this model (their CPU emulations, inputs cast to bf16)"

@@ -29,6 +29,7 @@ from _adapter_masks import additive_bias
 
 xops = ar.optional_import("xformers.ops", kernels=["xformers"])
 attn_bias = ar.optional_import("xformers.ops.fmha.attn_bias", kernels=["xformers"]) if xops is not None else None
+xformers_package = ar.optional_import("xformers", kernels=["xformers"]) if xops is not None else None
 
 
 @dataclasses.dataclass
@@ -98,7 +99,10 @@ class XformersMemoryEfficient(ar.Kernel):
             # Its dispatcher found no operator for these inputs (or none loaded: a wheel built for
             # another torch): xFormers' own no, not a fault.
             first = str(error).strip().splitlines()[0] if str(error).strip() else "no operator"
-            raise ar.NotSupported(f"xFormers: {first.rstrip(': ')}") from error
+            why = ""
+            if xformers_package is not None and getattr(xformers_package, "_has_cpp_library", True) is False:
+                why = " (its C++/CUDA extensions did not load: the wheel was built for another torch)"
+            raise ar.NotSupported(f"xFormers: {first.rstrip(': ')}{why}") from error
         return out.reshape(prepared.output_shape)
 
 

@@ -130,6 +130,21 @@ def test_minilm_capture_audits_through_the_quantized_emulations(minilm, tmp_path
         assert k["errors"]["rel_l2"]["median"] <= bands[kernel], (kernel, k["errors"]["rel_l2"])
 
 
+def test_minilm_capture_replays_through_a_python_plug_in(minilm, tmp_path):
+    # The README demo's plug-in on the real model's calls (fp32, a bool padding mask, the model's
+    # strides): every call judged against the reference and passing fp32's thresholds.
+    out = tmp_path / "r.json"
+    plugin = SOURCE_DIR / "examples" / "plugins" / "chunked_sdpa.py"
+    attnreplay("run", minilm["path"], "--kernel-module", plugin, "--kernels", "chunked-sdpa,torch-math", "--refcheck",
+               "--json", out, "-q", *FAST)
+    calls = json.loads(out.read_text())["calls"]
+    assert len(calls) == 12
+    for call in calls:
+        row = {k["kernel"]: k for k in call["kernels"]}["chunked-sdpa"]
+        assert row["status"] == "passed", (call["call_index"], row["reason"])
+        assert row["kernel_source"] == str(plugin)
+
+
 # ---------------------------------------------------------------------------------------------
 # (b) diffusers transformers with tiny configs and seeded random weights.
 
