@@ -59,6 +59,9 @@ struct RunArgs {
   // Unset: the device's default (StoppingRule for CPU kernels, gpu_default() for GPU kernels).
   std::optional<int> warmup, min_samples;
   std::optional<double> min_time, max_noise_percent, timeout;
+  // Calls of one shape share a timing (replay/timing_groups.h): this many are timed per group.
+  int timed_calls_per_group = 1;
+  bool time_every_call = false;
   std::string case_tag;
   std::string save_outputs;
   std::string save_inputs;
@@ -113,6 +116,12 @@ void add_stopping_options(CLI::App& app, RunArgs& a) {
   app.add_option("--min-time", a.min_time, "least seconds of timed samples (CPU 0.1, GPU 0.5)");
   app.add_option("--max-noise", a.max_noise_percent, "stop once the relative stdev is under this percentage (CPU 2, GPU 0.5)");
   app.add_option("--timeout", a.timeout, "most seconds of sampling per call and kernel (CPU 5, GPU 15)");
+  app.add_option("--timed-calls-per-group", a.timed_calls_per_group,
+                 "calls whose timing cannot differ (same shape, dtypes, layout, strides, mask, causality) share "
+                 "one: this many of each group are timed, the others judged only")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_flag("--time-every-call", a.time_every_call, "time every call, however many share a shape");
 }
 
 void add_device_options(CLI::App& app, RunArgs& a) {
@@ -332,7 +341,13 @@ void run_one(const RunArgs& a, Report& report, const Output& output, const Loade
   ReplayOptions options = replay_options(a);
   options.ceilings = output.ceilings;
   options.rerun_base += plugins.rerun_flags;
-  auto show = [&output](const CallResult& call) {
+  TimingGroups groups(a.timed_calls_per_group);
+  if (!a.time_every_call) options.timing_groups = &groups;
+  // Progress only where a person watches: scripts and tests read the table and the records.
+  ReplayProgress progress(std::cerr);
+  if (!output.quiet && isatty(STDERR_FILENO)) options.progress = &progress;
+  auto show = [&output, &progress](const CallResult& call) {
+    progress.clear();
     if (!output.quiet) print_call_table(call, std::cout), std::cout.flush();
   };
   std::unique_ptr<CaptureWriter> saved_inputs;
@@ -361,6 +376,7 @@ void run_one(const RunArgs& a, Report& report, const Output& output, const Loade
       report.input_errors.push_back(error.what());
     }
   }
+  progress.clear();
   if (saved_inputs) saved_inputs->close();
   if (!place.empty()) {
     for (std::size_t i = first_error; i < report.input_errors.size(); ++i) {
@@ -634,6 +650,8 @@ int command_audit(const AuditArgs& a, const LoadedPlugins& plugins, const std::v
   } catch (const InputError& error) {
     throw UsageError(error.what());
   }
+  TimingGroups groups(a.run.timed_calls_per_group);
+  if (!a.run.time_every_call) options.replay.timing_groups = &groups;
   options.worst_count = a.worst;
   options.random_compare = a.random_compare;
   options.random_seeds = a.random_seeds;

@@ -61,6 +61,7 @@ nlohmann::json kernel_json(const KernelResult& k) {
                       {"refcheck_failures", k.refcheck_failures}};
   if (!k.detail.empty()) j["detail"] = k.detail;
   if (k.source != "built-in") j["kernel_source"] = k.source;
+  if (!k.timing_shared_from.empty()) j["timing_shared_from"] = k.timing_shared_from;
   if (k.timing_with_preparation) j["timing_with_preparation"] = timing_json(*k.timing_with_preparation);
   if (k.timing) {
     j["timing"] = timing_json(*k.timing);

@@ -38,6 +38,8 @@ struct KernelResult {
   std::optional<ErrorStats> error;
   std::vector<std::string> refcheck_failures;  // which thresholds were exceeded
   std::string rerun;                           // the command that reruns this row
+  // Where the timing was measured when this call reused its group's (replay/timing_groups.h).
+  std::string timing_shared_from;
   // Achieved rates over the ceilings measured on the same GPU at start-up, when measured.
   std::optional<double> matrix_ceiling_fraction, copy_ceiling_fraction;
   double tflops() const { return timing ? work.tflops(timing->median_s) : 0.0; }

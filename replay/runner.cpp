@@ -234,9 +234,12 @@ CallResult replay_call(const AttentionCall& captured, const ReplayOptions& optio
                        seed_flag);
   };
 
+  const std::string group = options.timing_groups ? timing_key(call) : std::string();
+  std::string shared_from;
   for (const Kernel* kernel : select_kernels(options.kernels)) {
     KernelResult k;
     k.kernel = kernel->name();
+    if (options.progress) options.progress->kernel_started(k.kernel);
     k.source = KernelRegistry::instance().source_of(k.kernel);
     k.work = result.work;
     k.rerun = rerun_for(k.kernel);
@@ -256,14 +259,24 @@ CallResult replay_call(const AttentionCall& captured, const ReplayOptions& optio
       const StoppingRule& rule = on_gpu ? options.stopping_gpu : options.stopping;
       SampleTimer& timer = timer_for(kernel->description(), options);
       ClockMonitor* monitor = monitor_for(kernel->description());
-      k.timing = measure(*prepared, timer, rule, monitor);
-      if (prepared->has_preparation()) {
-        WithPreparation with_preparation(*prepared);
-        try {
-          k.timing_with_preparation = measure(with_preparation, timer, rule, monitor);
-        } catch (const std::exception& error) {
-          throw std::runtime_error(fmt::format("timing with its input preparation: {}", error.what()));
+      if (const SharedTiming* shared = options.timing_groups ? options.timing_groups->shared(group, k.kernel) : nullptr) {
+        // One run gives the output this call is judged by; the time is its group's.
+        prepared->run();
+        prepared->synchronize();
+        k.timing = shared->timing;
+        k.timing_with_preparation = shared->with_preparation;
+        k.timing_shared_from = shared_from = shared->timed_call;
+      } else {
+        k.timing = measure(*prepared, timer, rule, monitor);
+        if (prepared->has_preparation()) {
+          WithPreparation with_preparation(*prepared);
+          try {
+            k.timing_with_preparation = measure(with_preparation, timer, rule, monitor);
+          } catch (const std::exception& error) {
+            throw std::runtime_error(fmt::format("timing with its input preparation: {}", error.what()));
+          }
         }
+        if (options.timing_groups) options.timing_groups->record(group, k.kernel, {k.timing, k.timing_with_preparation, call.where()});
       }
       if (on_gpu) {
         const double matrix = options.ceilings.matrix_tflops_for(call.q.dtype);
@@ -297,6 +310,10 @@ CallResult replay_call(const AttentionCall& captured, const ReplayOptions& optio
     }
     result.kernels.push_back(std::move(k));
   }
+  if (!shared_from.empty()) {
+    result.notes.push_back(fmt::format("timings measured on {}, which has the same shape, dtypes, layout, strides, "
+                                       "mask and causality (--time-every-call times each call)", shared_from));
+  }
   if (call.out) {
     KernelResult model;
     model.kernel = "model-output";
@@ -317,6 +334,16 @@ void replay_capture(CaptureSource& source, const std::function<bool(std::int64_t
                     const std::function<void(const CallResult&)>& on_call,
                     const std::function<void(const AttentionCall&)>& on_loaded) {
   for (const std::string& error : source.open_errors()) report.input_errors.push_back(error);
+  if (options.progress) {
+    std::int64_t count = 0;
+    for (std::size_t position = 0; position < source.size(); ++position) {
+      try {
+        count += !wanted || wanted(source.load(position, /*with_data=*/false).call_index);
+      } catch (const InputError&) {  // reported when the call itself is read
+      }
+    }
+    options.progress->add_calls(count);
+  }
   for (std::size_t position = 0; position < source.size(); ++position) {
     try {
       if (wanted) {
@@ -327,6 +354,7 @@ void replay_capture(CaptureSource& source, const std::function<bool(std::int64_t
       if (on_loaded) on_loaded(call);
       CallResult result =
           replay_call(call, options, fmt::format("{} --calls {}", shell_quote(source.path()), call.call_index));
+      if (options.progress) options.progress->call_finished();
       if (on_call) on_call(result);
       report.calls.push_back(std::move(result));
     } catch (const InputError& error) {

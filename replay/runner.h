@@ -10,7 +10,9 @@
 #include "kernels/quantized_attention.h"
 #include "kernels/reference.h"
 #include "replay/gpu_timing.h"
+#include "replay/progress.h"
 #include "replay/results.h"
+#include "replay/timing_groups.h"
 
 namespace attnreplay {
 
@@ -53,6 +55,9 @@ struct ReplayOptions {
   std::string rerun_base;
   std::string rerun_command = "attnreplay run";  // what each rerun command starts with
   KernelOutputObserver on_kernel_output;          // optional
+  // Calls of one group share their timings (replay/timing_groups.h); null: every call is timed.
+  TimingGroups* timing_groups = nullptr;
+  ReplayProgress* progress = nullptr;  // shown on a terminal; null: nothing shown
 };
 
 // `text` as one word for a POSIX shell (rerun commands hold paths).
