@@ -13,7 +13,7 @@ exec > >(tee -a "$LOG") 2>&1
 status=0
 step() { echo; echo "== $* ($(date -u +%H:%M:%S))"; }
 # GPU_STEPS picks a subset, e.g. GPU_STEPS="tests dobench" (the build always runs); "peer",
-# "plugins" and "reference" run only when asked for.
+# "plugins", "groups" and "reference" run only when asked for.
 STEPS="${GPU_STEPS:-tests dobench suite quant capture}"
 wants() { [[ " $STEPS " == *" $1 "* ]]; }
 
@@ -101,6 +101,17 @@ LD_PRELOAD="$ATTNREPLAY_ATTNCAP_LIB" ATTNCAP_OUT=/tmp/flux-caps python3 "$ROOT/b
   --kernel-library /tmp/cuda-example/libcuda_tiled_attention.so --json "$OUT/flux_all.json" --csv "$OUT/flux_all.csv" \
   > "$OUT/flux_all.txt" 2>&1 || status=1
 cat "$OUT/flux_all.txt" | head -60
+fi
+
+if wants groups; then
+step "time per shape, judge per call: 200 calls in 4 shapes through 5 kernels (bench/timing_groups_check.py)"
+python3 "$ROOT/bench/timing_groups_check.py" --attnreplay "$BIN" --out "$OUT/groups.json" | tee "$OUT/groups.txt" || status=1
+step "a Python plug-in under each timing method"
+for method in event graph cupti; do
+  "$BIN" run --shape 1,24,4608,128 --dtype bf16 --kernels triton-flash,torch-cudnn --timing $method --no-ceilings \
+    --kernel-module "$ROOT/examples/plugins/triton_flash.py" -q --json /tmp/method-$method.json || status=1
+  python3 -c "import json,sys; r=json.load(open(sys.argv[1])); [print(sys.argv[2], k['kernel'], k['status'], k.get('timing',{}).get('method'), k.get('timing',{}).get('median_s'), k['reason'][:120]) for k in r['calls'][0]['kernels']]" /tmp/method-$method.json $method
+done 2>&1 | tee "$OUT/plugin_timing_methods.txt"
 fi
 
 if wants reference; then
