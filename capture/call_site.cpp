@@ -27,6 +27,8 @@ struct Python {
   const char* (*utf8)(Object) = nullptr;
   void (*decref)(Object) = nullptr;
   void (*clear_error)() = nullptr;
+  Object (*sys_object)(const char*) = nullptr;                // PySys_GetObject: borrowed
+  Object (*dict_item)(Object, const char*) = nullptr;         // PyDict_GetItemString: borrowed
   bool usable = false;
 
   Python() {
@@ -44,6 +46,8 @@ struct Python {
     utf8 = reinterpret_cast<const char* (*)(Object)>(find("PyUnicode_AsUTF8"));
     decref = reinterpret_cast<void (*)(Object)>(find("Py_DecRef"));
     clear_error = reinterpret_cast<void (*)()>(find("PyErr_Clear"));
+    sys_object = reinterpret_cast<Object (*)(const char*)>(find("PySys_GetObject"));
+    dict_item = reinterpret_cast<Object (*)(Object, const char*)>(find("PyDict_GetItemString"));
     usable = is_initialized && gil_ensure && gil_release && current_frame && frame_code && frame_back &&
              frame_line && get_attr && utf8 && decref && clear_error;
   }
@@ -67,10 +71,27 @@ const Python& python() {
   return instance;
 }
 
-// Frames of torch's own Python code (torch/nn/functional.py) and of attention dispatch helpers
-// are not the call site the user cares about.
-bool is_library_frame(const std::string& file) {
-  return file.find("/torch/") != std::string::npos || file.find("<frozen") != std::string::npos;
+// The folder of the torch package the job imported ("…/site-packages/torch/"), from torch.__file__
+// as sys.modules holds it (never importing anything); empty until torch is imported. Taken from
+// the interpreter, not guessed from paths: a venv under /opt/torch/ has "/torch/" in every path.
+const std::string& torch_package_dir(const Python& py) {
+  static std::string dir;
+  if (!dir.empty() || !py.sys_object || !py.dict_item) return dir;
+  Python::Object modules = py.sys_object("modules");
+  Python::Object torch = modules ? py.dict_item(modules, "torch") : nullptr;
+  if (!torch) return dir;
+  const std::string file = py.attribute_text(torch, "__file__");
+  const auto slash = file.rfind('/');
+  if (slash != std::string::npos) dir = file.substr(0, slash + 1);
+  return dir;
+}
+
+// Frames of torch's own Python code (torch/nn/functional.py) are not the call site the user
+// cares about, nor are the interpreter's frozen modules.
+bool is_library_frame(const std::string& file, const std::string& torch_dir) {
+  if (file.find("<frozen") != std::string::npos) return true;
+  // Without torch's folder (a Python without PySys_GetObject), the folder name is the best guess.
+  return torch_dir.empty() ? file.find("/torch/") != std::string::npos : file.rfind(torch_dir, 0) == 0;
 }
 
 bool python_call_site(CallSite& site) {
@@ -80,12 +101,13 @@ bool python_call_site(CallSite& site) {
   Python::Object frame = py.current_frame();  // borrowed
   bool found_location = false, found_caller = false;
   Python::Object owned = nullptr;
+  const std::string& torch_dir = torch_package_dir(py);
   for (int depth = 0; frame && depth < 32 && !(found_location && found_caller); ++depth) {
     Python::Object code = py.frame_code(frame);
     const std::string file = code ? py.attribute_text(code, "co_filename") : "";
     const std::string function = code ? py.attribute_text(code, "co_name") : "";
     if (code) py.decref(code);
-    if (!is_library_frame(file)) {
+    if (!is_library_frame(file, torch_dir)) {
       if (!found_location) {
         site.location = fmt::format("{}:{} in {}", file, py.frame_line(frame), function);
         found_location = true;

@@ -7,6 +7,7 @@ subprocess, once without the preload and once with it; results must not change b
 
 import json
 import math
+import os
 
 import numpy as np
 import pytest
@@ -92,6 +93,25 @@ def test_minilm_step_layer_and_call_site_metadata(minilm):
         # Each BertSelfAttention object is a layer; the first one appearing again starts step 1.
         assert (meta.get("step"), meta.get("layer")) == (str(i // 6), str(i % 6)), meta
         assert "/transformers/" in meta.get("call_site", ""), meta
+
+
+def test_layers_and_call_sites_when_packages_live_under_a_folder_named_torch(tmp_path):
+    # As on a machine whose venv is /opt/torch/.venv: every installed package's path holds
+    # "/torch/". Only torch's own package is torch's code; transformers' frames still name the
+    # call site and tell the layers apart.
+    import transformers
+
+    packages = tmp_path / "torch" / "site"
+    packages.mkdir(parents=True)
+    (packages / "transformers").symlink_to(os.path.dirname(transformers.__file__))
+    script = SOURCE_DIR / "examples" / "run_minilm.py"
+    job = run_python_job(script, "--repeat", "2", out=tmp_path / "caps", PYTHONPATH=packages)
+    calls = read_calls(the_capture(tmp_path / "caps"))
+    assert len(calls) == 12, attncap_lines(job.stderr)
+    for c in calls:
+        i, meta = c["call_index"], c["metadata"]
+        assert (meta.get("step"), meta.get("layer")) == (str(i // 6), str(i % 6)), meta
+        assert f"{packages}/transformers/" in meta.get("call_site", ""), meta
 
 
 def test_minilm_embeddings_bit_identical_with_capture(minilm):
