@@ -1,5 +1,7 @@
 #include "replay/runner.h"
 
+#include <c10/util/Exception.h>
+
 #include <filesystem>
 
 #include "formats/errors.h"
@@ -299,6 +301,13 @@ CallResult replay_call(const AttentionCall& captured, const ReplayOptions& optio
     } catch (const KernelNotSupported& declined) {
       k.disposition = Disposition::not_supported;
       k.reason = declined.what();
+      k.timing.reset();
+      k.error.reset();
+    } catch (const c10::Error& error) {
+      // libtorch's message; its C++ backtrace would flood the table, so it goes to the JSON only.
+      k.disposition = Disposition::failed;
+      k.reason = error.what_without_backtrace();
+      k.detail = error.what();
       k.timing.reset();
       k.error.reset();
     } catch (const std::exception& error) {

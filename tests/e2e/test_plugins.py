@@ -176,6 +176,20 @@ def test_cpp_plug_in_library(tmp_path):
     assert "--kernel-library " + library in row["rerun"]
 
 
+def test_a_libtorch_error_is_its_message_with_the_backtrace_in_the_json(tmp_path):
+    out = tmp_path / "r.json"
+    result = run_attnreplay("run", *GENERATED, "--kernel-library", os.environ["ATTNREPLAY_PLUGIN_TORCH_CHECK_LIB"],
+                            "--kernels", "cpp-plugin-torch-check,torch-math", "--json", out, *FAST)
+    assert result.returncode == 1
+    rows = kernels_by_name(load_json(out))
+    row = rows["cpp-plugin-torch-check"]
+    assert row["status"] == "failed"
+    assert row["reason"] == "attn_bias: wrong shape (head dimension)"
+    assert "Exception raised from" in row["detail"]
+    assert "Exception raised from" not in result.stdout
+    assert rows["torch-math"]["status"] == "not_verified"
+
+
 def test_cpp_library_taking_a_built_in_name_is_refused(tmp_path):
     duplicate = os.environ["ATTNREPLAY_PLUGIN_DUPLICATE_LIB"]
     out = tmp_path / "r.json"
