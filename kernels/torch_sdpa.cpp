@@ -30,7 +30,23 @@ struct TorchInputs {
 // explicit mask (torch's is_causal is top-left), K/V expanded for GQA when the backend cannot
 // broadcast heads, and a bool mask as an additive float one (what SDPA's front door gives every
 // backend; the math backend reads a bool mask differently).
-TorchInputs backend_inputs(const ModelInputs& model, const AttentionCall& call, bool expand_gqa) {
+// The memory-efficient kernel reads the bias as a full (b, h, s_q, s_kv) tensor whose strides but
+// the last are multiples of 8: SDPA's front door pads an unaligned mask's rows (then slices the
+// padding off) and expands it, and so does replay. A model's b x 1 x 1 x s_kv padding mask fails
+// the backend's own checks otherwise.
+at::Tensor efficient_attention_bias(at::Tensor mask, const at::Tensor& q, const at::Tensor& k) {
+  constexpr std::int64_t alignment = 8;
+  bool aligned = mask.stride(-1) == 1;
+  for (std::int64_t d = 0; d + 1 < mask.dim(); ++d) aligned = aligned && mask.stride(d) % alignment == 0;
+  if (!aligned) {
+    const std::int64_t last = mask.size(-1);
+    mask = at::constant_pad_nd(mask, {0, alignment - last % alignment}).slice(-1, 0, last);
+  }
+  return mask.expand({q.size(0), q.size(1), q.size(2), k.size(2)});
+}
+
+TorchInputs backend_inputs(const ModelInputs& model, const AttentionCall& call, bool expand_gqa,
+                           bool efficient_bias = false) {
   const AttentionShape s = call.shape();
   TorchInputs in{model.q, model.k, model.v, model.mask, call.is_causal, s.is_gqa()};
   if (expand_gqa && s.is_gqa()) {
@@ -49,13 +65,14 @@ TorchInputs backend_inputs(const ModelInputs& model, const AttentionCall& call, 
     in.mask = at::zeros(in.mask->sizes(), in.q.options())
                   .masked_fill(in.mask->logical_not(), -std::numeric_limits<double>::infinity());
   }
+  if (in.mask && efficient_bias) in.mask = efficient_attention_bias(*in.mask, in.q, in.k);
   return in;
 }
 
 // Whether backend_inputs() does any work for this call (views and unchanged tensors cost nothing).
-bool needs_preparation(const AttentionCall& call, bool expand_gqa) {
+bool needs_preparation(const AttentionCall& call, bool expand_gqa, bool efficient_bias) {
   const AttentionShape s = call.shape();
-  return (expand_gqa && s.is_gqa()) || (call.mask && call.mask->dtype == DType::boolean) ||
+  return (expand_gqa && s.is_gqa()) || (call.mask && (call.mask->dtype == DType::boolean || efficient_bias)) ||
          (call.is_causal && call.causal_alignment == CausalAlignment::bottom_right && s.seq_q != s.seq_kv);
 }
 
@@ -70,6 +87,7 @@ struct TorchBackend {
   // torch's own verdict on the prepared inputs (CUDA backends), with its reasons.
   std::function<std::optional<std::string>(const TorchInputs&)> torch_check;
   std::function<at::Tensor(const TorchInputs&, double scale)> run;
+  bool efficient_bias = false;  // the mask as SDPA's front door gives the memory-efficient kernel
 };
 
 class TorchSdpaKernel final : public Kernel {
@@ -86,10 +104,10 @@ class TorchSdpaKernel final : public Kernel {
    public:
     Prepared(const TorchBackend& backend, const AttentionCall& call)
         : backend_(backend), call_(call), scale_(call.softmax_scale()),
-          has_preparation_(needs_preparation(call, backend.expand_gqa)) {
+          has_preparation_(needs_preparation(call, backend.expand_gqa, backend.efficient_bias)) {
       const at::Device device = backend.device == "cuda" ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
       model_ = model_inputs(call, device);
-      inputs_ = backend_inputs(model_, call_, backend_.expand_gqa);
+      inputs_ = backend_inputs(model_, call_, backend_.expand_gqa, backend_.efficient_bias);
       if (backend.torch_check) {
         if (auto reason = backend.torch_check(inputs_)) throw KernelNotSupported(*reason);
       }
@@ -97,7 +115,7 @@ class TorchSdpaKernel final : public Kernel {
     bool has_preparation() const override { return has_preparation_; }
     void prepare_inputs() override {
       at::InferenceMode inference;
-      inputs_ = backend_inputs(model_, call_, backend_.expand_gqa);
+      inputs_ = backend_inputs(model_, call_, backend_.expand_gqa, backend_.efficient_bias);
     }
     void run() override {
       at::InferenceMode inference;
@@ -232,7 +250,8 @@ const bool registered_cuda = [] {
       [](const TorchInputs& in, double scale) {
         return std::get<0>(
             at::_scaled_dot_product_efficient_attention(in.q, in.k, in.v, in.mask, false, 0.0, in.is_causal, scale));
-      }}));
+      },
+      /*efficient_bias=*/true}));
   registry.add(std::make_unique<TorchSdpaKernel>(TorchBackend{
       "torch-cudnn", "torch SDPA cuDNN backend, CUDA (aten::_scaled_dot_product_cudnn_attention)", "cuda", true,
       cuda_dtypes, torch_says(sdp::can_use_cudnn_attention, "cuDNN"),

@@ -61,6 +61,25 @@ def test_gpu_reference_with_masks(tmp_path):
 CUDA_BACKENDS = ["torch-flash", "torch-efficient", "torch-cudnn", "torch-math-cuda"]
 
 
+@pytest.mark.parametrize("mask_dtype", [torch.bool, torch.float16])
+@pytest.mark.parametrize("seq_kv", [77, 128])
+def test_padding_masks_reach_the_efficient_backend_as_sdpa_gives_them(tmp_path, mask_dtype, seq_kv):
+    # A decoder's padding mask (b x 1 x 1 x s_kv), unaligned when s_kv is odd: SDPA's front door
+    # pads and expands it for the memory-efficient kernel, and so must replay.
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, 5, 64, generator=g).half()
+    k, v = (torch.randn(2, 4, seq_kv, 64, generator=g).half() for _ in range(2))
+    keep = torch.ones(2, 1, 1, seq_kv, dtype=torch.bool)
+    keep[1, ..., :9] = False  # left padding of the second sequence
+    mask = keep if mask_dtype == torch.bool else torch.zeros(keep.shape).masked_fill(~keep, float("-inf")).half()
+    torch.save({"q": q, "k": k, "v": v, "attn_mask": mask}, tmp_path / "m.pt")
+    report, _ = replay(tmp_path, tmp_path / "m.pt", "--kernels", "torch-efficient,torch-math-cuda")
+    for kernel in report["calls"][0]["kernels"]:
+        assert kernel["status"] == "not_verified", kernel
+        assert kernel["error"]["rel_l2"] < 2e-3, kernel["error"]
+
+
+
 @pytest.mark.parametrize("flags", [
     ["--shape", "1,8,1024,128"],
     ["--shape", "2,8,4250,64", "--causal"],
