@@ -206,36 +206,6 @@ class PythonPrepared final : public PreparedKernel {
     }
   }
 
-  void bind(const PythonKernel& kernel, const AttentionCall& call) {
-    const py::object& plugin = interpreter().plugin;
-    py::object spec;
-    try {
-      spec = plugin.attr("_make_spec")(kernel.object(), spec_fields(call));
-    } catch (py::error_already_set& error) {
-      throw_failure(error, "describing the call");
-    }
-    py::object reason;
-    try {
-      reason = kernel.object().attr("decline_reason")(spec);
-    } catch (py::error_already_set& error) {
-      throw_failure(error, "supports()");
-    }
-    if (!reason.is_none()) throw KernelNotSupported(py::str(reason).cast<std::string>());
-    has_preparation_ = kernel.object().attr("has_preparation")().cast<bool>();
-    const ModelInputs in = model_inputs(call, on_gpu_ ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU));
-    try {
-      prepared_ = plugin.attr("_Prepared")(kernel.object(), spec, in.q, in.k, in.v,
-                                           in.mask ? py::cast(*in.mask) : py::none());
-    } catch (py::error_already_set& error) {
-      throw_failure(error, has_preparation_ ? "prepare()" : "setting up the inputs");
-    }
-    run_ = prepared_.attr("run");
-    // One checked run before any timing: a broken plug-in fails here, not after its samples.
-    run_locked();
-    if (on_gpu_) at::detail::getCUDAHooks().deviceSynchronize(0);
-    throw_if_problem();
-  }
-
   ~PythonPrepared() override {
     py::gil_scoped_acquire gil;
     run_ = py::object();
@@ -275,6 +245,36 @@ class PythonPrepared final : public PreparedKernel {
   }
 
  private:
+  void bind(const PythonKernel& kernel, const AttentionCall& call) {
+    const py::object& plugin = interpreter().plugin;
+    py::object spec;
+    try {
+      spec = plugin.attr("_make_spec")(kernel.object(), spec_fields(call));
+    } catch (py::error_already_set& error) {
+      throw_failure(error, "describing the call");
+    }
+    py::object reason;
+    try {
+      reason = kernel.object().attr("decline_reason")(spec);
+    } catch (py::error_already_set& error) {
+      throw_failure(error, "supports()");
+    }
+    if (!reason.is_none()) throw KernelNotSupported(py::str(reason).cast<std::string>());
+    has_preparation_ = kernel.object().attr("has_preparation")().cast<bool>();
+    const ModelInputs in = model_inputs(call, on_gpu_ ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU));
+    try {
+      prepared_ = plugin.attr("_Prepared")(kernel.object(), spec, in.q, in.k, in.v,
+                                           in.mask ? py::cast(*in.mask) : py::none());
+    } catch (py::error_already_set& error) {
+      throw_failure(error, has_preparation_ ? "prepare()" : "setting up the inputs");
+    }
+    run_ = prepared_.attr("run");
+    // One checked run before any timing: a broken plug-in fails here, not after its samples.
+    run_locked();
+    if (on_gpu_) at::detail::getCUDAHooks().deviceSynchronize(0);
+    throw_if_problem();
+  }
+
   void run_locked() {
     try {
       run_();
