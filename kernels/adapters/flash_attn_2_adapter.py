@@ -12,7 +12,7 @@ none, only windows and ALiBi slopes); causal calls of the other alignment with s
 """
 
 import attnreplay_plugin as ar
-from _adapter_masks import version_tuple
+from _adapter_common import version_tuple
 
 flash_attn = ar.optional_import("flash_attn", kernels=["flash-attn-2"])
 

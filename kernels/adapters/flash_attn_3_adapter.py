@@ -28,16 +28,12 @@ from typing import Any, Optional
 import torch
 
 import attnreplay_plugin as ar
+from _adapter_common import gpu_capability, output_only
 
 NAMES = ["flash-attn-3", "flash-attn-3-fp8"]
 flash_attn_interface = ar.optional_import("flash_attn_interface", kernels=NAMES)
 
 E4M3_MAX = 448.0
-
-
-def output_only(result):
-    """FA3's output whether the installed version returns it alone or as (out, softmax_lse)."""
-    return result[0] if isinstance(result, (tuple, list)) else result
 
 
 def head_dim_problem(spec, alignment: int, largest_vo: int) -> Optional[str]:
@@ -66,9 +62,7 @@ class FlashAttention3(ar.Kernel):
     def supports(self, spec):
         problem = head_dim_problem(spec, alignment=8, largest_vo=512)
         if problem is None and spec.head_dim_vo != spec.head_dim_qk and spec.device == "cuda":
-            if self.compute_capability is None:
-                self.compute_capability = torch.cuda.get_device_capability()
-            if self.compute_capability[0] != 9:
+            if gpu_capability(self)[0] != 9:
                 return "head_dim_vo != head_dim_qk is supported by FlashAttention-3 on Hopper (sm90) only"
         return problem
 

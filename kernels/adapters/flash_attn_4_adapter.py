@@ -17,12 +17,9 @@ top-left causal calls with seq_q != seq_kv.
 """
 
 import attnreplay_plugin as ar
+from _adapter_common import gpu_capability, output_only
 
 interface = ar.optional_import("flash_attn.cute.interface", kernels=["flash-attn-4"])
-
-
-def output_only(result):
-    return result[0] if isinstance(result, (tuple, list)) else result
 
 
 class FlashAttention4(ar.Kernel):
@@ -37,10 +34,8 @@ class FlashAttention4(ar.Kernel):
     compute_capability = None
 
     def _major(self):
-        if self.compute_capability is None and self.device == "cuda":
-            import torch
-            self.compute_capability = torch.cuda.get_device_capability()
-        return self.compute_capability[0] if self.compute_capability else None
+        capability = gpu_capability(self)
+        return capability[0] if capability else None
 
     def supports(self, spec):
         d, dv = spec.head_dim_qk, spec.head_dim_vo

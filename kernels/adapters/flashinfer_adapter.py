@@ -24,7 +24,7 @@ import dataclasses
 from typing import Any
 
 import attnreplay_plugin as ar
-from _adapter_masks import leading_dims_vary, visible_keys
+from _adapter_common import leading_dims_vary, visible_keys
 
 flashinfer = ar.optional_import("flashinfer", kernels=["flashinfer-prefill"])
 

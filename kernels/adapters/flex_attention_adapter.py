@@ -26,7 +26,7 @@ from typing import Any, Callable, Optional
 import torch
 
 import attnreplay_plugin as ar
-from _adapter_masks import as_4d, causal_offset, leading_dims_vary
+from _adapter_common import as_4d, causal_offset, leading_dims_vary
 
 flex = ar.optional_import("torch.nn.attention.flex_attention", kernels=["flex-attention"])
 

@@ -46,7 +46,7 @@ from typing import Any, Callable
 import torch
 
 import attnreplay_plugin as ar
-from _adapter_masks import additive_bias, visible_keys
+from _adapter_common import additive_bias, gpu_capability, visible_keys
 
 NAMES = ["sageattn-triton", "sage2-cuda"]
 sageattention = ar.optional_import("sageattention", kernels=NAMES)
@@ -200,9 +200,7 @@ class SageAttention2Cuda(ar.Kernel):
 
     def _build(self):
         """(Sage2Build, None) for this GPU, or (None, the reason)."""
-        if self.compute_capability is None and self.device == "cuda":
-            self.compute_capability = torch.cuda.get_device_capability()
-        capability = tuple(self.compute_capability or ())
+        capability = gpu_capability(self) or ()
         if capability == (9, 0):
             arch = "sm90"
         elif capability in ((8, 9), (12, 0), (12, 1)):

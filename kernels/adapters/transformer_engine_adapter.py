@@ -25,7 +25,7 @@ import dataclasses
 from typing import Any
 
 import attnreplay_plugin as ar
-from _adapter_masks import version_tuple, visible_keys
+from _adapter_common import version_tuple, visible_keys
 
 transformer_engine = ar.optional_import("transformer_engine", kernels=["transformer-engine"])
 te_pytorch = (ar.optional_import("transformer_engine.pytorch", kernels=["transformer-engine"])

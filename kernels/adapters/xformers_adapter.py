@@ -25,7 +25,7 @@ import dataclasses
 from typing import Any
 
 import attnreplay_plugin as ar
-from _adapter_masks import additive_bias
+from _adapter_common import additive_bias
 
 xops = ar.optional_import("xformers.ops", kernels=["xformers"])
 attn_bias = ar.optional_import("xformers.ops.fmha.attn_bias", kernels=["xformers"]) if xops is not None else None

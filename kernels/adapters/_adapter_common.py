@@ -1,4 +1,5 @@
-"""Mask and causal-diagonal conversions shared by the library adapters in this folder.
+"""What the library adapters in this folder share: mask and causal-diagonal conversions, the GPU's
+compute capability, version strings, and libraries' (out, lse) returns.
 
 Not an adapter: attnreplay skips files whose name starts with an underscore, and the adapters import
 this one as a neighbour. The conventions converted from are attnreplay's (docs/format.md): a bool
@@ -8,6 +9,19 @@ offset is 0 for top_left (torch SDPA) and seq_kv - seq_q for bottom_right (flash
 """
 
 import torch
+
+
+def gpu_capability(kernel):
+    """The (major, minor) of the GPU a kernel runs on, asked of torch once; a value preset on the
+    kernel (tests do) stands. None off the GPU."""
+    if kernel.compute_capability is None and kernel.device == "cuda":
+        kernel.compute_capability = torch.cuda.get_device_capability()
+    return tuple(kernel.compute_capability) if kernel.compute_capability else None
+
+
+def output_only(result):
+    """A library's output whether the installed version returns it alone or as (out, softmax_lse)."""
+    return result[0] if isinstance(result, (tuple, list)) else result
 
 
 def causal_offset(spec) -> int:
