@@ -55,6 +55,9 @@ struct Interpreter {
   py::object plugin;    // the attnreplay_plugin module
   PythonDirs dirs;
   bool adapters_loaded = false;
+  // Adapters that broke for a reason other than their package's absence (which the plug-in API
+  // records itself), or Python not starting: (name, reason).
+  std::vector<std::pair<std::string, std::string>> broken_adapters;
   std::set<std::string> registered;  // Python kernels already in the registry
 };
 
@@ -306,11 +309,6 @@ std::unique_ptr<PreparedKernel> PythonKernel::prepare(const AttentionCall& call)
   return std::make_unique<PythonPrepared>(*this, call);
 }
 
-std::vector<std::pair<std::string, std::string>>& unavailable_list() {
-  static std::vector<std::pair<std::string, std::string>> list;
-  return list;
-}
-
 }  // namespace
 
 PythonKernelsLoaded load_python_kernels(const std::vector<std::string>& modules, bool with_adapters) {
@@ -318,7 +316,7 @@ PythonKernelsLoaded load_python_kernels(const std::vector<std::string>& modules,
   Interpreter& it = interpreter();
   if (!it.error.empty()) {
     for (const std::string& module : modules) loaded.errors.push_back(fmt::format("{}: not loaded: {}", module, it.error));
-    if (with_adapters) unavailable_list() = {{"(library adapters)", it.error}};
+    if (with_adapters) it.broken_adapters = {{"(library adapters)", it.error}};
     return loaded;
   }
   py::gil_scoped_acquire gil;
@@ -328,10 +326,10 @@ PythonKernelsLoaded load_python_kernels(const std::vector<std::string>& modules,
     try {
       for (const auto& failure : it.plugin.attr("_load_adapters")(it.dirs.adapters)) {
         const auto pair = failure.cast<std::pair<std::string, std::string>>();
-        unavailable_list().emplace_back(fs::path(pair.first).stem().string(), pair.first + ": " + pair.second);
+        it.broken_adapters.emplace_back(fs::path(pair.first).stem().string(), pair.first + ": " + pair.second);
       }
     } catch (py::error_already_set& error) {
-      unavailable_list().emplace_back("(library adapters)", error.what());
+      it.broken_adapters.emplace_back("(library adapters)", error.what());
     }
   }
   for (const std::string& module : modules) {
@@ -361,15 +359,19 @@ PythonKernelsLoaded load_python_kernels(const std::vector<std::string>& modules,
     }
   }
   for (std::string& error : KernelRegistry::instance().take_rejected()) loaded.errors.push_back(std::move(error));
-  for (const auto& item : it.plugin.attr("_unavailable_kernels")()) {
-    const auto pair = item.cast<std::pair<std::string, std::string>>();
-    if (std::find(unavailable_list().begin(), unavailable_list().end(), pair) == unavailable_list().end()) {
-      unavailable_list().push_back(pair);
-    }
-  }
   return loaded;
 }
 
-std::vector<std::pair<std::string, std::string>> unavailable_python_kernels() { return unavailable_list(); }
+std::vector<std::pair<std::string, std::string>> unavailable_python_kernels() {
+  Interpreter& it = interpreter();
+  std::vector<std::pair<std::string, std::string>> unavailable = it.broken_adapters;
+  if (!it.error.empty()) return unavailable;
+  // The plug-in API's own list: a kernel registered after all is no longer on it.
+  py::gil_scoped_acquire gil;
+  for (const auto& item : it.plugin.attr("_unavailable_kernels")()) {
+    unavailable.push_back(item.cast<std::pair<std::string, std::string>>());
+  }
+  return unavailable;
+}
 
 }  // namespace attnreplay
