@@ -13,6 +13,7 @@
 #include "formats/torch_tensor.h"
 #include "kernels/kernel.h"
 #include "kernels/reference.h"
+#include "kernels/torch_inputs.h"
 
 #ifdef ATTNREPLAY_FUSED_REFERENCE
 #include "kernels/cuda/reference_fused.h"
@@ -25,12 +26,12 @@ constexpr std::int64_t kScoreChunkBytes = 1ll << 30;  // one chunk of fp64 score
 
 at::Tensor to_gpu_fp64(const HostTensor& tensor, Layout layout) {
   const at::Tensor host = torch_from_host_tensor(to_bhsd(tensor, layout), /*restore_strides=*/false);
-  return host.to(at::Device(at::kCUDA, 0)).to(at::kDouble);
+  return host.to(current_gpu()).to(at::kDouble);
 }
 
 // The additive mask broadcast to (b, h_q, rows, s_kv) lazily: bool masks become 0 / -inf.
 at::Tensor additive_mask(const AttentionCall& call, const at::Tensor& rows) {
-  at::Tensor mask = torch_from_host_tensor(*call.mask, false).to(at::Device(at::kCUDA, 0));
+  at::Tensor mask = torch_from_host_tensor(*call.mask, false).to(current_gpu());
   while (mask.dim() < 4) mask = mask.unsqueeze(0);
   if (mask.size(2) != 1) mask = mask.index_select(2, rows);
   if (mask.scalar_type() == at::kBool) {
@@ -60,7 +61,7 @@ GpuReferenceInputs upload(const AttentionCall& call, const std::vector<std::int6
   GpuReferenceInputs in;
   in.call = &call;
   in.shape = call.shape();
-  const auto device = at::Device(at::kCUDA, 0);
+  const auto device = current_gpu();
   in.row_index = at::tensor(rows, at::TensorOptions().dtype(at::kLong)).to(device);
   in.q = to_gpu_fp64(call.q, call.layout).index_select(2, in.row_index).contiguous();
   in.k = to_gpu_fp64(call.k, call.layout);

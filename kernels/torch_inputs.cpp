@@ -1,6 +1,7 @@
 #include "kernels/torch_inputs.h"
 
 #include <ATen/ATen.h>
+#include <ATen/detail/CUDAHooksInterface.h>
 
 #include "formats/torch_tensor.h"
 
@@ -16,5 +17,7 @@ ModelInputs model_inputs(const AttentionCall& call, at::Device device) {
   if (call.mask) in.mask = torch_from_host_tensor(*call.mask).to(device);
   return in;
 }
+
+at::Device current_gpu() { return at::Device(at::kCUDA, at::detail::getCUDAHooks().current_device()); }
 
 }  // namespace attnreplay

@@ -18,4 +18,8 @@ struct ModelInputs {
 
 ModelInputs model_inputs(const AttentionCall& call, at::Device device);
 
+// The GPU this process runs on: the current CUDA device, which a sharded run sets to its local one
+// (replay/sharding.h). Every GPU kernel and the GPU reference put their tensors there.
+at::Device current_gpu();
+
 }  // namespace attnreplay

@@ -105,7 +105,7 @@ class TorchSdpaKernel final : public Kernel {
     Prepared(const TorchBackend& backend, const AttentionCall& call)
         : backend_(backend), call_(call), scale_(call.softmax_scale()),
           has_preparation_(needs_preparation(call, backend.expand_gqa, backend.efficient_bias)) {
-      const at::Device device = backend.device == "cuda" ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
+      const at::Device device = backend.device == "cuda" ? current_gpu() : at::Device(at::kCPU);
       model_ = model_inputs(call, device);
       inputs_ = backend_inputs(model_, call_, backend_.expand_gqa, backend_.efficient_bias);
       if (backend.torch_check) {

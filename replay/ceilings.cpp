@@ -7,6 +7,7 @@
 
 #include <functional>
 
+#include "kernels/torch_inputs.h"
 #include "replay/cuda_timing.h"
 
 namespace attnreplay {
@@ -50,7 +51,7 @@ Ceilings measure_ceilings() {
   at::InferenceMode inference;
   const std::int64_t n = 8192;
   const double flops = 2.0 * n * n * n;
-  const auto cuda = at::TensorOptions().device(at::kCUDA, 0);
+  const auto cuda = at::TensorOptions().device(current_gpu());
   try {
     // Random data: products of zeros run faster than real ones.
     const at::Tensor a = at::randn({n, n}, cuda.dtype(at::kBFloat16)), b = at::randn({n, n}, cuda.dtype(at::kBFloat16));

@@ -68,6 +68,17 @@ bool device_present() {
   return present;
 }
 
+int use_local_device(int local_rank) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    return -1;
+  }
+  const int device = local_rank % count;
+  ATTNREPLAY_CUDA_CHECK(cudaSetDevice(device));
+  return device;
+}
+
 EventClock::EventClock(bool cold_l2) : resources_(std::make_unique<Resources>()), cold_l2_(cold_l2) {
   rated_mhz_ = attribute(cudaDevAttrClockRate) / 1000.0;
   // Twice the L2, as nvbench flushes: every line of the cache is evicted by the zeroing.

@@ -8,6 +8,9 @@
 namespace attnreplay::cuda_clock {
 
 bool device_present();
+// Makes device `local_rank` modulo the visible ones current for this thread; returns it, or -1
+// without a device. A launcher that gives each process one GPU (CUDA_VISIBLE_DEVICES) gets 0.
+int use_local_device(int local_rank);
 // Waits for all work on the current device; throws, naming the place, on a fault.
 void device_synchronize();
 

@@ -49,6 +49,8 @@ class CudaEventTimer final : public SampleTimer {
 
 bool cuda_device_present() { return cuda_clock::device_present(); }
 
+int use_local_gpu(int local_rank) { return cuda_clock::use_local_device(local_rank); }
+
 std::unique_ptr<SampleTimer> make_cuda_timer(const CudaTimerOptions& options) {
   if (!cuda_device_present()) return nullptr;
   switch (options.method) {

@@ -15,6 +15,9 @@
 namespace attnreplay {
 
 bool cuda_device_present();
+// The process's GPU under a launcher (replay/sharding.h): the visible device its local rank names,
+// modulo the count. Returns the device index, or -1 without a device.
+int use_local_gpu(int local_rank);
 
 struct CudaTimerOptions {
   bool cold_l2 = true;  // graph samples are hot whatever this says: the runs replay back to back

@@ -16,14 +16,17 @@
 #include "kernels/plugins.h"
 #include "kernels/quantized_attention.h"
 #include "replay/audit.h"
+#include "replay/call_share.h"
 #include "replay/environment.h"
 #ifdef ATTNREPLAY_HAVE_CUDA
 #include "replay/ceilings.h"
 #include "replay/cuda_timing.h"
 #endif
 #include "replay/generate.h"
+#include "replay/merge.h"
 #include "replay/report.h"
 #include "replay/runner.h"
+#include "replay/sharding.h"
 
 namespace attnreplay {
 namespace {
@@ -335,8 +338,9 @@ LoadedPlugins load_plugin_files(const PluginFiles& given, bool with_adapters) {
 }
 
 // Runs one set of run flags into `report`. Problems with inputs are recorded, each prefixed with
-// `place` (a test-list line) when given; bad flags throw.
-void run_one(const RunArgs& a, Report& report, const Output& output, const LoadedPlugins& plugins,
+// `place` (a test-list line) when given; bad flags throw. Under a launcher, `share` picks this
+// process's calls.
+void run_one(const RunArgs& a, Report& report, const Output& output, const LoadedPlugins& plugins, CallShare* share,
              const std::string& place = {}) {
   ReplayOptions options = replay_options(a);
   options.ceilings = output.ceilings;
@@ -354,23 +358,43 @@ void run_one(const RunArgs& a, Report& report, const Output& output, const Loade
   if (!a.save_inputs.empty()) saved_inputs = open_capture_writer(a.save_inputs, "attnreplay run --save-inputs");
   if (wants_generated(a)) {
     const auto [spec, flags] = generated_spec(a);
-    const AttentionCall call = generate_call(spec);
-    if (saved_inputs) saved_inputs->append(call);
-    CallResult result = replay_call(call, options, flags);
-    show(result);
-    report.calls.push_back(std::move(result));
+    if (!share || share->take_generated()) {
+      const AttentionCall call = generate_call(spec);
+      if (saved_inputs) saved_inputs->append(call);
+      CallResult result = replay_call(call, options, flags);
+      show(result);
+      report.calls.push_back(std::move(result));
+      if (share) share->replayed_generated();
+    }
   } else if (a.inputs.empty()) {
     throw InputError("nothing to replay: give capture files or folders, --shape, or --testlist");
   }
-  const auto wanted = parse_call_ranges(a.calls);
   const std::size_t first_error = report.input_errors.size();
+  std::vector<std::unique_ptr<CaptureSource>> sources;
   for (const std::string& input : a.inputs) {
     try {
-      auto source = open_capture(input);
-      // Each replayed call is saved as it is loaded for the replay: read once, and only the
-      // calls --calls selects.
-      auto save = [&saved_inputs](const AttentionCall& call) { saved_inputs->append(call); };
-      replay_capture(*source, wanted, options, report, show,
+      sources.push_back(open_capture(input));
+    } catch (const InputError& error) {
+      report.input_errors.push_back(error.what());
+    }
+  }
+  const auto selected = parse_call_ranges(a.calls);
+  std::vector<std::function<bool(std::int64_t)>> wanted(sources.size(), selected);
+  if (share) {
+    std::vector<CaptureSource*> listed;
+    for (const auto& source : sources) listed.push_back(source.get());
+    wanted = share->take_captured(listed, selected);
+  }
+  for (std::size_t s = 0; s < sources.size(); ++s) {
+    // Each replayed call is saved as it is loaded for the replay: read once, and only the calls
+    // --calls selects.
+    auto save = [&saved_inputs](const AttentionCall& call) { saved_inputs->append(call); };
+    auto replayed = [&show, share, s](const CallResult& call) {
+      show(call);
+      if (share) share->replayed(s, call.call_index);
+    };
+    try {
+      replay_capture(*sources[s], wanted[s], options, report, replayed,
                      saved_inputs ? std::function<void(const AttentionCall&)>(save) : nullptr);
     } catch (const InputError& error) {
       report.input_errors.push_back(error.what());
@@ -401,21 +425,90 @@ void write_file_atomically(const std::string& path, const std::function<void(std
   fs::rename(partial, path);
 }
 
-void print_summary(const Report& report) {
+// The closing line of a results record (a run's, or one joined from parts).
+void print_summary(const nlohmann::json& record) {
   std::map<std::string, int> counts;
   int runs = 0;
-  for (const auto& call : report.calls)
-    for (const auto& kernel : call.kernels) ++counts[std::string(disposition_name(kernel.disposition))], ++runs;
+  for (const auto& call : record["calls"])
+    for (const auto& kernel : call["kernels"]) ++counts[kernel["status"].get<std::string>()], ++runs;
   std::vector<std::string> parts;
   for (const auto& [name, count] : counts) parts.push_back(fmt::format("{} {}", count, name));
-  std::cout << fmt::format("{} calls, {} results: {}; {} input errors\n", report.calls.size(), runs,
-                           parts.empty() ? "none" : fmt::format("{}", fmt::join(parts, ", ")), report.input_errors.size());
+  std::cout << fmt::format("{} calls, {} results: {}; {} input errors\n", record["calls"].size(), runs,
+                           parts.empty() ? "none" : fmt::format("{}", fmt::join(parts, ", ")),
+                           record["input_errors"].size());
+}
+
+// Exit 1 when an input, call or kernel failed, else 3 when a --refcheck threshold was exceeded.
+int exit_status(const nlohmann::json& record) {
+  bool incorrect = false;
+  if (!record["input_errors"].empty()) return kExitFailures;
+  for (const auto& call : record["calls"]) {
+    for (const auto& kernel : call["kernels"]) {
+      if (kernel["status"] == "failed") return kExitFailures;
+      incorrect = incorrect || kernel["status"] == "incorrect";
+    }
+  }
+  return incorrect ? kExitIncorrect : kExitOk;
+}
+
+// How `run` shares its calls among processes, and where the parts go (replay/sharding.h).
+struct ShardArgs {
+  std::string shard = "auto";
+  std::optional<double> merge_wait_s;  // unset: twice rank 0's own time, plus a minute
+};
+
+// This process's part files when sharded: the JSON part always (merge reads it), the CSV's when
+// asked. `json_path` falls back on the CSV's name with .json.
+struct PartFiles {
+  std::string json, csv;
+};
+
+PartFiles part_files(const Shard& shard, const std::string& json_path, const std::string& csv_path) {
+  if (json_path.empty() && csv_path.empty()) return {};
+  const std::string json = json_path.empty() ? fs::path(csv_path).replace_extension(".json").string() : json_path;
+  return {part_path(json, shard.rank, shard.world_size),
+          csv_path.empty() ? "" : part_path(csv_path, shard.rank, shard.world_size)};
+}
+
+std::string host_name() {
+  char name[256] = {};
+  return gethostname(name, sizeof(name) - 1) == 0 ? name : "";
 }
 
 int command_run(const RunArgs& args, const std::string& testlist, const std::string& json_path,
                 const std::string& csv_path, Output output, bool measure_gpu_ceilings, const LoadedPlugins& plugins,
-                const std::vector<std::string>& argv) {
+                const std::vector<std::string>& argv, const ShardArgs& sharding) {
+  const auto started = fs::file_time_type::clock::now();
+  const auto started_steady = std::chrono::steady_clock::now();
+  Shard shard;
+  try {
+    shard = shard_from_flag(sharding.shard, process_environment());
+  } catch (const InputError& error) {
+    throw UsageError(error.what());
+  }
   Report report;
+  std::optional<CallShare> share;
+  PartFiles parts;
+  if (shard.sharded()) {
+    // Before anything touches CUDA: the GPU this process runs on is its local rank's.
+#ifdef ATTNREPLAY_HAVE_CUDA
+    const int gpu = use_local_gpu(shard.local_rank);
+#else
+    const int gpu = -1;
+#endif
+    report.shard_part = ShardPart{shard, host_name()};
+    share.emplace(*report.shard_part, args.time_every_call ? 0 : args.timed_calls_per_group);
+    parts = part_files(shard, json_path, csv_path);
+    // A part of an earlier run must not pass for this one's while this process works.
+    for (const std::string& part : {parts.json, parts.csv}) {
+      if (!part.empty()) fs::remove(part);
+    }
+    if (!output.quiet) {
+      std::cerr << fmt::format("attnreplay: {}{}; {}\n", shard.describe(), gpu >= 0 ? fmt::format(", GPU {}", gpu) : "",
+                               parts.json.empty() ? "no --json or --csv: results are only printed"
+                                                  : "writes " + parts.json);
+    }
+  }
   report.input_errors = plugins.errors;
   report.tool_version = tool_version();
   report.argv = argv;
@@ -467,7 +560,7 @@ int command_run(const RunArgs& args, const std::string& testlist, const std::str
         add_run_options(parser, line_args);
         parser.parse(line, false);
         if (line_args.case_tag.empty()) line_args.case_tag = where;
-        run_one(line_args, report, output, plugins, where);
+        run_one(line_args, report, output, plugins, share ? &*share : nullptr, where);
       } catch (const CLI::Error& error) {
         report.input_errors.push_back(fmt::format("{}: {}", where, error.what()));
       } catch (const InputError& error) {
@@ -480,18 +573,44 @@ int command_run(const RunArgs& args, const std::string& testlist, const std::str
       throw UsageError("nothing to replay: give capture files or folders, --shape, or --testlist");
     }
     try {
-      run_one(args, report, output, plugins);
+      run_one(args, report, output, plugins, share ? &*share : nullptr);
     } catch (const InputError& error) {
       report.input_errors.push_back(error.what());
     }
   }
   for (const std::string& error : report.input_errors) std::cerr << "error: " << error << '\n';
-  if (!json_path.empty()) write_file_atomically(json_path, [&](std::ostream& out) { write_json(report, out); });
-  if (!csv_path.empty()) write_file_atomically(csv_path, [&](std::ostream& out) { write_csv(report, out); });
-  print_summary(report);
-  if (report.any_failed()) return kExitFailures;
-  if (report.any_incorrect()) return kExitIncorrect;
-  return kExitOk;
+  if (!shard.sharded()) {
+    if (!json_path.empty()) write_file_atomically(json_path, [&](std::ostream& out) { write_json(report, out); });
+    if (!csv_path.empty()) write_file_atomically(csv_path, [&](std::ostream& out) { write_csv(report, out); });
+    const nlohmann::json record = report_to_json(report);
+    print_summary(record);
+    return exit_status(record);
+  }
+  if (!parts.json.empty()) write_file_atomically(parts.json, [&](std::ostream& out) { write_json(report, out); });
+  if (!parts.csv.empty()) write_file_atomically(parts.csv, [&](std::ostream& out) { write_csv(report, out); });
+  const nlohmann::json own_record = report_to_json(report);
+  std::cout << "rank " << shard.rank << ": ";
+  print_summary(own_record);
+  const int own_status = exit_status(own_record);
+  // Rank 0 joins the parts when they land in a shared folder; elsewhere `attnreplay merge` does.
+  const std::chrono::duration<double> own_time = std::chrono::steady_clock::now() - started_steady;
+  const double wait_s = sharding.merge_wait_s.value_or(2 * own_time.count() + 60);
+  if (shard.rank != 0 || parts.json.empty() || wait_s <= 0) return own_status;
+  const std::string joined_json = json_path.empty() ? fs::path(csv_path).replace_extension(".json").string() : json_path;
+  try {
+    const auto found = wait_for_parts(joined_json, parts.json, *report.shard_part, started,
+                                      std::chrono::duration<double>(wait_s));
+    const nlohmann::json merged = merge_parts(found);
+    if (!json_path.empty()) write_file_atomically(json_path, [&](std::ostream& out) { out << merged.dump(2) << '\n'; });
+    if (!csv_path.empty()) write_file_atomically(csv_path, [&](std::ostream& out) { write_csv(merged, out); });
+    std::cout << fmt::format("merged {} parts: ", shard.world_size);
+    print_summary(merged);
+    return exit_status(merged);
+  } catch (const InputError& error) {
+    std::cerr << fmt::format("error: {}\nmerge the parts later with: attnreplay merge {} --json {}\n", error.what(),
+                             part_pattern(joined_json, shard.world_size), shell_quote(joined_json));
+    return kExitFailures;
+  }
 }
 
 int command_info(const std::vector<std::string>& inputs) {
@@ -578,6 +697,17 @@ int command_kernels(const LoadedPlugins& plugins) {
   return plugins.errors.empty() ? kExitOk : kExitFailures;
 }
 
+int command_merge(const std::vector<std::string>& parts, const std::string& json_path, const std::string& csv_path) {
+  if (json_path.empty() && csv_path.empty()) throw UsageError("merge: give --json or --csv (or both) to write");
+  const nlohmann::json merged = merge_parts(parts);
+  if (!json_path.empty()) write_file_atomically(json_path, [&](std::ostream& out) { out << merged.dump(2) << '\n'; });
+  if (!csv_path.empty()) write_file_atomically(csv_path, [&](std::ostream& out) { write_csv(merged, out); });
+  for (const auto& error : merged["input_errors"]) std::cerr << "error: " << error.get<std::string>() << '\n';
+  std::cout << fmt::format("merged {} parts: ", parts.size());
+  print_summary(merged);
+  return exit_status(merged);
+}
+
 // The flags of `audit`: the ones it shares with `run`, defined by the same code, and its own.
 struct AuditArgs {
   RunArgs run;
@@ -619,6 +749,12 @@ void add_audit_options(CLI::App& app, AuditArgs& a) {
 }
 
 int command_audit(const AuditArgs& a, const LoadedPlugins& plugins, const std::vector<std::string>& argv) {
+  // An audit's distributions and verdicts are over the whole capture: one process makes them.
+  if (const Shard launched = shard_from_launcher(process_environment()); launched.sharded()) {
+    throw UsageError(fmt::format("audit: started as {}; an audit judges a whole capture in one process: start it "
+                                 "once, or share the calls with `attnreplay run` under the launcher",
+                                 launched.describe()));
+  }
   AuditReport report;
   report.replay.input_errors = plugins.errors;
   report.replay.tool_version = tool_version();
@@ -704,6 +840,22 @@ int main(int argc, char** argv) {
   PluginFiles plugin_files;
   add_plugin_options(*run, plugin_files);
   run->add_flag("--no-ceilings", no_ceilings, "skip measuring the GPU's matrix and copy ceilings at start-up");
+  ShardArgs shard_args;
+  run->add_option("--shard", shard_args.shard,
+                  "share the calls among processes: auto (the launcher's ranks: torchrun, srun, mpirun, Slurm "
+                  "arrays), none, or RANK/SIZE; each writes its part of --json/--csv (docs/scaling.md)")
+      ->capture_default_str();
+  run->add_option("--merge-wait", shard_args.merge_wait_s,
+                  "sharded: seconds rank 0 waits for the other parts to join them (default: twice its own time "
+                  "plus 60; 0: leave them to attnreplay merge)")
+      ->check(CLI::NonNegativeNumber);
+
+  std::vector<std::string> merge_inputs;
+  std::string merge_json, merge_csv;
+  CLI::App* merge = app.add_subcommand("merge", "join the parts of a sharded run into one record (JSON, CSV)");
+  merge->add_option("parts", merge_inputs, "the parts' JSON files (out.part*-of-N.json)")->required();
+  merge->add_option("--json", merge_json, "write the joined record");
+  merge->add_option("--csv", merge_csv, "write one row per call and kernel");
 
   std::vector<std::string> info_inputs;
   CLI::App* info = app.add_subcommand("info", "what captures hold: calls, ops, shapes, dtypes, sizes");
@@ -738,8 +890,9 @@ int main(int argc, char** argv) {
         *run || *kernels || *audit ? load_plugin_files(plugin_files, with_adapters) : LoadedPlugins{};
     if (*run) {
       return command_run(run_args, testlist, json_path, csv_path, output, !no_ceilings, plugins,
-                         std::vector<std::string>(argv, argv + argc));
+                         std::vector<std::string>(argv, argv + argc), shard_args);
     }
+    if (*merge) return command_merge(merge_inputs, merge_json, merge_csv);
     if (*info) return command_info(info_inputs);
     if (*convert) return command_convert(convert_from, convert_to);
     if (*kernels) return command_kernels(plugins);

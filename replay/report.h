@@ -25,6 +25,8 @@ void write_json(const Report& report, std::ostream& out);
 // The CSV's columns, in order; fixed for a given JSON schema version.
 const std::vector<std::string>& csv_columns();
 void write_csv(const Report& report, std::ostream& out);
+// The same from the JSON record, for records joined from parts (attnreplay merge).
+void write_csv(const nlohmann::json& record, std::ostream& out);
 // One CSV field of a JSON value: null is empty; text with a comma, quote or newline is quoted.
 std::string csv_field(const nlohmann::json& value);
 

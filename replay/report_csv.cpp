@@ -91,8 +91,9 @@ const std::vector<std::string>& csv_columns() {
   return names;
 }
 
-void write_csv(const Report& report, std::ostream& out) {
-  const nlohmann::json json = report_to_json(report);
+void write_csv(const Report& report, std::ostream& out) { write_csv(report_to_json(report), out); }
+
+void write_csv(const nlohmann::json& json, std::ostream& out) {
   out << fmt::format("{}\n", fmt::join(csv_columns(), ","));
   for (const auto& call : json["calls"]) {
     for (const auto& kernel : call["kernels"]) {

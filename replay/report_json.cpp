@@ -114,7 +114,7 @@ nlohmann::json call_to_json(const CallResult& c) {
 nlohmann::json report_to_json(const Report& report) {
   nlohmann::json calls = nlohmann::json::array();
   for (const auto& call : report.calls) calls.push_back(call_to_json(call));
-  return {{"schema", "attnreplay.results"},
+  nlohmann::json json = {{"schema", "attnreplay.results"},
           {"schema_version", Report::kJsonSchemaVersion},
           {"tool_version", report.tool_version},
           {"argv", report.argv},
@@ -124,6 +124,17 @@ nlohmann::json report_to_json(const Report& report) {
           {"units", {{"time", "s"}, {"tflops", "1e12 FLOP/s"}, {"gbytes_per_s", "1e9 B/s"}, {"arithmetic_intensity", "FLOP/B"}}},
           {"calls", calls},
           {"input_errors", report.input_errors}};
+  if (const auto& part = report.shard_part) {
+    json["shard"] = {{"rank", part->shard.rank},
+                     {"world_size", part->shard.world_size},
+                     {"local_rank", part->shard.local_rank},
+                     {"launcher", part->shard.launcher},
+                     {"launch_id", part->shard.launch_id},
+                     {"host", part->host},
+                     {"run_calls", part->run_calls},
+                     {"order", part->order}};
+  }
+  return json;
 }
 
 void write_json(const Report& report, std::ostream& out) { out << report_to_json(report).dump(2) << '\n'; }

@@ -10,6 +10,7 @@
 #include "kernels/quantized_attention.h"
 #include "replay/attention_work.h"
 #include "replay/error_stats.h"
+#include "replay/sharding.h"
 #include "replay/timing.h"
 
 namespace attnreplay {
@@ -83,6 +84,15 @@ struct Environment {
   std::map<std::string, std::string> values;  // "cpu", "cores", "torch", "hdf5", "compiler", ...
 };
 
+// What a sharded process writes beside its calls, so that `attnreplay merge` can join the parts
+// (replay/merge.h).
+struct ShardPart {
+  Shard shard;
+  std::string host;
+  std::int64_t run_calls = 0;       // calls of the whole run, which every process counts alike
+  std::vector<std::int64_t> order;  // for each call of the part: its place among the run's calls
+};
+
 struct Report {
   static constexpr int kJsonSchemaVersion = 1;
   std::string tool_version;
@@ -93,8 +103,8 @@ struct Report {
   std::vector<CallResult> calls;
   // Inputs, calls or test-list lines that could not be replayed, each naming the place.
   std::vector<std::string> input_errors;
+  std::optional<ShardPart> shard_part;  // set in a sharded process's part
 
-  bool any_incorrect() const;
   bool any_failed() const;
 };
 

@@ -37,13 +37,6 @@ double Ceilings::matrix_tflops_for(DType dtype) const {
   }
 }
 
-bool Report::any_incorrect() const {
-  for (const auto& call : calls)
-    for (const auto& kernel : call.kernels)
-      if (kernel.disposition == Disposition::incorrect) return true;
-  return false;
-}
-
 bool Report::any_failed() const {
   if (!input_errors.empty()) return true;
   for (const auto& call : calls)

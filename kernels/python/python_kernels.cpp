@@ -264,7 +264,7 @@ class PythonPrepared final : public PreparedKernel {
     }
     if (!reason.is_none()) throw KernelNotSupported(py::str(reason).cast<std::string>());
     has_preparation_ = kernel.object().attr("has_preparation")().cast<bool>();
-    const ModelInputs in = model_inputs(call, on_gpu_ ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU));
+    const ModelInputs in = model_inputs(call, on_gpu_ ? current_gpu() : at::Device(at::kCPU));
     try {
       prepared_ = plugin.attr("_Prepared")(kernel.object(), spec, in.q, in.k, in.v,
                                            in.mask ? py::cast(*in.mask) : py::none());
