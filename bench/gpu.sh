@@ -13,7 +13,7 @@ exec > >(tee -a "$LOG") 2>&1
 status=0
 step() { echo; echo "== $* ($(date -u +%H:%M:%S))"; }
 # GPU_STEPS picks a subset, e.g. GPU_STEPS="tests dobench" (the build always runs); "peer",
-# "plugins", "groups" and "reference" run only when asked for.
+# "plugins", "groups", "pipeline", "shard" and "reference" run only when asked for.
 STEPS="${GPU_STEPS:-tests dobench suite quant capture}"
 wants() { [[ " $STEPS " == *" $1 "* ]]; }
 
@@ -114,6 +114,16 @@ for method in event graph cupti; do
 done 2>&1 | tee "$OUT/plugin_timing_methods.txt"
 fi
 
+if wants pipeline; then
+step "replay throughput end to end against cat (bench/pipeline_check.py)"
+python3 "$ROOT/bench/pipeline_check.py" --attnreplay "$BIN" --out "$OUT/pipeline.json" --folder /tmp/pipeline \
+  | tee "$OUT/pipeline.txt" || status=1
+fi
+if wants shard; then
+step "torchrun: two processes share a capture on this machine's GPUs, rank 0 joins the parts"
+python3 "$ROOT/bench/sharding_check.py" --attnreplay "$BIN" --out "$OUT/sharding.json" | tee "$OUT/sharding.txt" \
+  || status=1
+fi
 if wants reference; then
 step "fp64 GPU reference on the whole CogVideoX call"
 "$BIN" run --shape 2,30,17776,64 --dtype bf16 --kernels reference-cuda --ref-sample-rows 256 --warmup 1 \

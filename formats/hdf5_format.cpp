@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <unordered_map>
 
@@ -54,6 +55,14 @@ struct CallRow {
   std::int64_t metadata_nbytes;
 };
 
+// HDF5 built without its thread-safe option (Debian's and most distributions') must not be
+// entered by two threads at once, and replay reads ahead on one thread while --save-inputs writes
+// on another: every entry into the library from this file holds this lock.
+std::recursive_mutex& hdf5_mutex() {
+  static std::recursive_mutex mutex;
+  return mutex;
+}
+
 // Owns an hid_t and closes it with the matching H5*close.
 class Handle {
  public:
@@ -68,7 +77,10 @@ class Handle {
   }
   ~Handle() { reset(); }
   void reset() {
-    if (id_ >= 0 && closer_) closer_(id_);
+    if (id_ >= 0 && closer_) {
+      const std::lock_guard lock(hdf5_mutex());
+      closer_(id_);
+    }
     id_ = -1;
   }
   hid_t get() const { return id_; }
@@ -319,6 +331,7 @@ struct Hdf5CaptureWriter::State {
 
 Hdf5CaptureWriter::Hdf5CaptureWriter(const std::string& path, Hdf5WriterOptions options)
     : state_(std::make_unique<State>()) {
+  const std::lock_guard lock(hdf5_mutex());
   silence_hdf5_errors();
   State& s = *state_;
   s.path = path;
@@ -364,6 +377,7 @@ Hdf5CaptureWriter::~Hdf5CaptureWriter() {
 }
 
 void Hdf5CaptureWriter::append(const AttentionCall& call) {
+  const std::lock_guard lock(hdf5_mutex());
   silence_hdf5_errors();
   State& s = *state_;
   ATTNREPLAY_ASSERT(s.file.valid(), "append after close");
@@ -435,6 +449,7 @@ void Hdf5CaptureWriter::append(const AttentionCall& call) {
 }
 
 void Hdf5CaptureWriter::close() {
+  const std::lock_guard lock(hdf5_mutex());
   State& s = *state_;
   if (!s.file.valid()) return;
   s.data.clear();
@@ -470,6 +485,7 @@ namespace {
 class Hdf5CaptureSource final : public CaptureSource {
  public:
   explicit Hdf5CaptureSource(std::string path) : path_(std::move(path)) {
+    const std::lock_guard lock(hdf5_mutex());
     silence_hdf5_errors();
     file_ = Handle(H5Fopen(path_.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
     if (!file_.valid()) {
@@ -514,6 +530,7 @@ class Hdf5CaptureSource final : public CaptureSource {
   const std::vector<std::string>& open_errors() const override { return open_errors_; }
 
   AttentionCall load(std::size_t position, bool with_data) override {
+    const std::lock_guard lock(hdf5_mutex());
     const CallRow& row = calls_.at(position);
     AttentionCall call;
     call.source = path_;

@@ -10,6 +10,7 @@
 #include "kernels/kernel.h"
 #include "kernels/quantized_kernel.h"
 #include "replay/generate.h"
+#include "replay/prefetch.h"
 
 namespace attnreplay {
 
@@ -364,19 +365,18 @@ void run_audit(const std::vector<std::string>& inputs, const AuditOptions& optio
     }
     CaptureSource& source = *sources.back();
     for (const std::string& error : source.open_errors()) report.replay.input_errors.push_back(error);
-    for (std::size_t position = 0; position < source.size(); ++position) {
+    const std::vector<std::size_t> positions = wanted_positions(source, options.wanted_calls, report.replay.input_errors);
+    CallPrefetcher prefetcher(source, positions, options.replay.prefetch_bytes);
+    for (std::size_t done = 0; done < positions.size(); ++done) {
       current = report.replay.calls.size();
       try {
-        if (options.wanted_calls) {
-          const AttentionCall header = source.load(position, /*with_data=*/false);
-          if (!options.wanted_calls(header.call_index)) continue;
-        }
-        AttentionCall call = source.load(position);
+        std::optional<AttentionCall> loaded = prefetcher.next();
+        AttentionCall call = std::move(*loaded);
         const std::string captured_dtype(dtype_name(call.q.dtype));
         if (options.cast_inputs) call = cast_inputs(std::move(call), *options.cast_inputs);
         if (options.progress) {
           options.progress(fmt::format("{}: call {} ({} of {} in this input)", source.path(), call.call_index,
-                                       position + 1, source.size()));
+                                       done + 1, positions.size()));
         }
         std::optional<InputDiagnostics> diagnostics;
         if (options.attribute) diagnostics = diagnose_inputs(call, options.replay.quant.quant_gran);
@@ -388,7 +388,7 @@ void run_audit(const std::vector<std::string>& inputs, const AuditOptions& optio
         }
         report.replay.calls.push_back(std::move(result));
         report.diagnostics.push_back(diagnostics);
-        origins.push_back({input_index, position});
+        origins.push_back({input_index, positions[done]});
       } catch (const InputError& error) {
         std::erase_if(per_head, [current](const auto& entry) { return entry.first.first == current; });
         report.replay.input_errors.push_back(error.what());

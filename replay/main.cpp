@@ -70,6 +70,7 @@ struct RunArgs {
   std::string save_inputs;
   std::string reference = "auto";
   bool hot_l2 = false;
+  std::optional<std::uint64_t> prefetch_mib;  // unset: default_prefetch_bytes()
   std::string timing = "event";  // --timing: checked by the parser and again by replay_options()
   // The quantized kernels' options (docs/quantized.md); values are checked by the parser.
   std::string quant_gran = "per_warp";
@@ -132,6 +133,10 @@ void add_device_options(CLI::App& app, RunArgs& a) {
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
       ->capture_default_str();
   app.add_flag("--hot-l2", a.hot_l2, "GPU samples without flushing the L2 cache first (default: cold L2)");
+  app.add_option("--prefetch-memory", a.prefetch_mib,
+                 "MiB that calls read ahead of the one replayed may hold, it included (default: 4096, or a quarter "
+                 "of the memory where less)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--timing", a.timing,
                  "how GPU kernels are timed: event (CUDA events around each run), graph (CUDA graph of K runs, "
                  "hot L2), cupti (kernel durations CUPTI records)")
@@ -244,6 +249,7 @@ ReplayOptions replay_options(const RunArgs& a) {
   o.case_tag = a.case_tag;
   o.reference_device = a.reference;
   o.hot_l2 = a.hot_l2;
+  if (a.prefetch_mib) o.prefetch_bytes = *a.prefetch_mib << 20;
   const auto timing = parse_timing_method(a.timing);
   if (!timing) throw InputError(fmt::format("--timing: expected event, graph or cupti, got '{}'", a.timing));
   o.timing = *timing;
@@ -502,6 +508,10 @@ int command_run(const RunArgs& args, const std::string& testlist, const std::str
     // A part of an earlier run must not pass for this one's while this process works.
     for (const std::string& part : {parts.json, parts.csv}) {
       if (!part.empty()) fs::remove(part);
+    }
+    if (gpu >= 0 && gpu != shard.local_rank) {
+      std::cerr << fmt::format("attnreplay: warning: local rank {} shares GPU {} with local rank {}: their timings "
+                               "disturb each other (start one process per GPU)\n", shard.local_rank, gpu, gpu);
     }
     if (!output.quiet) {
       std::cerr << fmt::format("attnreplay: {}{}; {}\n", shard.describe(), gpu >= 0 ? fmt::format(", GPU {}", gpu) : "",

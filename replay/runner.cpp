@@ -4,10 +4,13 @@
 
 #include <filesystem>
 
+#include <unistd.h>
+
 #include "formats/errors.h"
 #include "formats/pt_format.h"
 #include "kernels/kernel.h"
 #include "kernels/reference.h"
+#include "replay/prefetch.h"
 #ifdef ATTNREPLAY_HAVE_CUDA
 #include "replay/cuda_timing.h"
 #endif
@@ -43,6 +46,13 @@ bool Report::any_failed() const {
     for (const auto& kernel : call.kernels)
       if (kernel.disposition == Disposition::failed) return true;
   return false;
+}
+
+std::uint64_t default_prefetch_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page_size = sysconf(_SC_PAGESIZE);
+  const std::uint64_t quarter = pages > 0 && page_size > 0 ? static_cast<std::uint64_t>(pages) * page_size / 4 : 0;
+  constexpr std::uint64_t kFourGiB = 4ull << 30;
+  return quarter > 0 ? std::min(quarter, kFourGiB) : kFourGiB;
 }
 
 std::string shell_quote(const std::string& text) {
@@ -331,31 +341,34 @@ CallResult replay_call(const AttentionCall& captured, const ReplayOptions& optio
   return result;
 }
 
+std::vector<std::size_t> wanted_positions(CaptureSource& source, const std::function<bool(std::int64_t)>& wanted,
+                                          std::vector<std::string>& errors) {
+  std::vector<std::size_t> positions;
+  for (std::size_t position = 0; position < source.size(); ++position) {
+    try {
+      if (!wanted || wanted(source.load(position, /*with_data=*/false).call_index)) positions.push_back(position);
+    } catch (const InputError& error) {
+      errors.push_back(error.what());
+    }
+  }
+  return positions;
+}
+
 void replay_capture(CaptureSource& source, const std::function<bool(std::int64_t)>& wanted,
                     const ReplayOptions& options, Report& report,
                     const std::function<void(const CallResult&)>& on_call,
                     const std::function<void(const AttentionCall&)>& on_loaded) {
   for (const std::string& error : source.open_errors()) report.input_errors.push_back(error);
-  if (options.progress) {
-    std::int64_t count = 0;
-    for (std::size_t position = 0; position < source.size(); ++position) {
-      try {
-        count += !wanted || wanted(source.load(position, /*with_data=*/false).call_index);
-      } catch (const InputError&) {  // reported when the call itself is read
-      }
-    }
-    options.progress->add_calls(count);
-  }
-  for (std::size_t position = 0; position < source.size(); ++position) {
+  const std::vector<std::size_t> positions = wanted_positions(source, wanted, report.input_errors);
+  if (options.progress) options.progress->add_calls(static_cast<std::int64_t>(positions.size()));
+  CallPrefetcher calls(source, positions, options.prefetch_bytes);
+  for (;;) {
     try {
-      if (wanted) {
-        const AttentionCall header = source.load(position, /*with_data=*/false);
-        if (!wanted(header.call_index)) continue;
-      }
-      const AttentionCall call = source.load(position);
-      if (on_loaded) on_loaded(call);
+      const std::optional<AttentionCall> call = calls.next();
+      if (!call) break;
+      if (on_loaded) on_loaded(*call);
       CallResult result =
-          replay_call(call, options, fmt::format("{} --calls {}", shell_quote(source.path()), call.call_index));
+          replay_call(*call, options, fmt::format("{} --calls {}", shell_quote(source.path()), call->call_index));
       if (options.progress) options.progress->call_finished();
       if (on_call) on_call(result);
       report.calls.push_back(std::move(result));

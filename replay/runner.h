@@ -37,6 +37,9 @@ RefcheckLimits refcheck_limits(const RefcheckThresholds& asked, DType dtype);
 using KernelOutputObserver = std::function<void(const AttentionCall& call, const ReferenceOutput& reference,
                                                 const KernelResult& result, const HostTensor& output)>;
 
+// 4 GiB, or a quarter of this machine's memory where that is less.
+std::uint64_t default_prefetch_bytes();
+
 struct ReplayOptions {
   std::vector<std::string> kernels{"all"};  // names, or "all"
   StoppingRule stopping;      // CPU kernels
@@ -58,6 +61,9 @@ struct ReplayOptions {
   // Calls of one group share their timings (replay/timing_groups.h); null: every call is timed.
   TimingGroups* timing_groups = nullptr;
   ReplayProgress* progress = nullptr;  // shown on a terminal; null: nothing shown
+  // Calls read ahead of the one being replayed hold at most this many bytes, it included
+  // (replay/prefetch.h).
+  std::uint64_t prefetch_bytes = default_prefetch_bytes();
 };
 
 // `text` as one word for a POSIX shell (rerun commands hold paths).
@@ -73,9 +79,14 @@ ReferenceOutput reference_for(const AttentionCall& call, const ReplayOptions& op
 // Replays one call; `rerun_input` is what goes before the flags of the rerun command.
 CallResult replay_call(const AttentionCall& call, const ReplayOptions& options, const std::string& rerun_input);
 
-// Replays the calls of a capture whose call index `wanted` accepts, appending results and
-// per-call load errors to `report`; `on_loaded` sees each call once loaded, `on_call` each result
-// as it is made.
+// The positions of `source` whose call index `wanted` accepts (all when it is empty), reading
+// headers only; a header that cannot be read is an error in `errors`.
+std::vector<std::size_t> wanted_positions(CaptureSource& source, const std::function<bool(std::int64_t)>& wanted,
+                                          std::vector<std::string>& errors);
+
+// Replays the calls of a capture whose call index `wanted` accepts, read ahead within
+// `options.prefetch_bytes`, appending results and per-call load errors to `report`; `on_loaded`
+// sees each call once loaded, `on_call` each result as it is made.
 void replay_capture(CaptureSource& source, const std::function<bool(std::int64_t)>& wanted,
                     const ReplayOptions& options, Report& report,
                     const std::function<void(const CallResult&)>& on_call = {},

@@ -1,0 +1,80 @@
+"""Sharded replay on this machine's GPUs under torchrun, against one process.
+
+Writes a capture of 200 fp16 calls in 4 shapes (bench/timing_groups_check.py's), replays it in one
+process and under `torchrun --standalone --nproc-per-node N --no-python` (N: the GPUs here, at
+least 2), and checks that the joined record holds every call once with error statistics identical
+to the one process's. The speed-up is reported; with fewer GPUs than processes, ranks share a GPU
+and the figure says nothing about scaling (the result says so).
+
+    python bench/sharding_check.py --attnreplay build/replay/attnreplay --out sharding.json
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+SHAPES = [(1, 8, 512, 128, False), (2, 4, 1024, 64, False), (1, 8, 1024, 128, True), (4, 4, 256, 128, False)]
+KERNELS = "torch-flash,torch-cudnn,flash"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--attnreplay", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--calls", type=int, default=200)
+    args = parser.parse_args()
+    gpus = torch.cuda.device_count()
+    processes = max(2, gpus)
+    folder = tempfile.mkdtemp()
+    capture = os.path.join(folder, "calls")
+    os.makedirs(capture)
+    generator = torch.Generator().manual_seed(0)
+    for index in range(args.calls):
+        b, h, s, d, causal = SHAPES[index % len(SHAPES)]
+        q, k, v = (torch.randn(b, h, s, d, generator=generator).half() for _ in range(3))
+        torch.save({"format": "attnreplay.call", "schema_version": 1, "call_index": index, "op": "", "backend": "",
+                    "layout": "bhsd", "is_causal": causal, "causal_alignment": "top_left", "scale": None,
+                    "dropout_p": 0.0, "enable_gqa": False, "q": q, "k": k, "v": v, "mask": None, "out": None,
+                    "metadata": {}}, os.path.join(capture, f"call_{index:06d}.pt"))
+    flags = ["run", capture, "--kernels", KERNELS, "--no-ceilings", "-q"]
+
+    def timed(command, cwd):
+        os.makedirs(cwd, exist_ok=True)
+        start = time.perf_counter()
+        result = subprocess.run(command, cwd=cwd, capture_output=True, text=True)
+        seconds = time.perf_counter() - start
+        print(result.stdout + result.stderr, flush=True)
+        return seconds, result.returncode
+
+    one_s, one_rc = timed([args.attnreplay, *flags, "--json", "one.json"], os.path.join(folder, "one"))
+    torchrun = shutil.which("torchrun") or os.path.join(os.path.dirname(sys.executable), "torchrun")
+    sharded_s, sharded_rc = timed([torchrun, "--standalone", "--nproc-per-node", str(processes), "--no-python",
+                                   args.attnreplay, *flags, "--json", "out.json"], os.path.join(folder, "sharded"))
+    one = json.load(open(os.path.join(folder, "one", "one.json")))
+    joined = json.load(open(os.path.join(folder, "sharded", "out.json")))
+
+    def errors(record):
+        return {(c["call_index"], k["kernel"]): k.get("error") for c in record["calls"] for k in c["kernels"]}
+
+    indices = [c["call_index"] for c in joined["calls"]]
+    result = {
+        "gpu": one["environment"].get("gpu"), "gpus": gpus, "processes": processes, "calls": args.calls,
+        "kernels": KERNELS.split(","), "one_process_s": one_s, "sharded_s": sharded_s, "speedup": one_s / sharded_s,
+        "ranks_share_a_gpu": processes > gpus, "every_call_once": indices == list(range(args.calls)),
+        "error_statistics_identical": errors(one) == errors(joined), "parts": joined.get("sharded", {}).get("parts"),
+        "exit_codes": [one_rc, sharded_rc],
+    }
+    json.dump(result, open(args.out, "w"), indent=2)
+    print(json.dumps(result, indent=2))
+    ok = result["every_call_once"] and result["error_statistics_identical"] and sharded_rc == 0
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
