@@ -165,7 +165,7 @@ class PreparedCudaReference final : public PreparedKernel {
     at::InferenceMode inference;
     compute(inputs_, out_, fully_masked_);
   }
-  void synchronize() override { at::detail::getCUDAHooks().deviceSynchronize(0); }
+  void synchronize() override { at::detail::getCUDAHooks().deviceSynchronize(current_gpu().index()); }
   HostTensor output() override {
     at::InferenceMode inference;
     download(out_, fully_masked_, result_);

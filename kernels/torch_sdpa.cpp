@@ -122,7 +122,7 @@ class TorchSdpaKernel final : public Kernel {
       output_ = backend_.run(inputs_, scale_);
     }
     void synchronize() override {
-      if (backend_.device == "cuda") at::detail::getCUDAHooks().deviceSynchronize(0);
+      if (backend_.device == "cuda") at::detail::getCUDAHooks().deviceSynchronize(current_gpu().index());
     }
     // torch's CUDA ops queue on the current stream and allocate through the caching allocator.
     bool runs_on_current_stream() const override { return backend_.device == "cuda"; }

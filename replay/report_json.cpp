@@ -108,6 +108,7 @@ nlohmann::json call_to_json(const CallResult& c) {
           {"case_tag", c.case_tag},
           {"work", work_json(c.work)},
           {"reference", {{"device", c.reference_device}, {"rows", c.reference_rows}, {"sampled", c.reference_sampled}}},
+          {"replay_seconds", c.replay_seconds},
           {"kernels", kernels}};
 }
 

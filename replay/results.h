@@ -68,6 +68,10 @@ struct CallResult {
   std::int64_t reference_rows = 0;  // query rows the reference computed per head
   bool reference_sampled = false;
   std::vector<KernelResult> kernels;
+  // Where this call's replay spent its wall time, in seconds: "read" (waiting for the call to be
+  // read), "reference", "prepare" (kernels' uploads and set-up), "measure" (timing), "judge" (runs
+  // that give the judged output, and the comparisons): what to look at when a replay is slow.
+  std::map<std::string, double> replay_seconds;
 };
 
 // Rates measured on the GPU at start-up (replay/ceilings.h), the yardsticks for a kernel's rate.

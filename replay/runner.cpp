@@ -2,6 +2,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <chrono>
 #include <filesystem>
 
 #include <unistd.h>
@@ -222,7 +223,14 @@ CallResult replay_call(const AttentionCall& captured, const ReplayOptions& optio
     result.notes.push_back(fmt::format("captured with dropout_p={}; replayed without dropout", call.dropout_p));
     call.dropout_p = 0;
   }
+  using Clock = std::chrono::steady_clock;
+  auto since = [](Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); };
+  const auto reference_start = Clock::now();
   const ReferenceOutput reference = reference_for(call, options);
+  result.replay_seconds["reference"] = since(reference_start);
+  double& prepare_s = result.replay_seconds["prepare"];
+  double& measure_s = result.replay_seconds["measure"];
+  double& judge_s = result.replay_seconds["judge"];
   result.reference_device = uses_gpu_reference(options) ? "cuda" : "cpu";
   result.reference_rows = static_cast<std::int64_t>(reference.rows.size());
   result.reference_sampled = reference.sampled;
@@ -259,7 +267,10 @@ CallResult replay_call(const AttentionCall& captured, const ReplayOptions& optio
       continue;
     }
     try {
+      auto stage = Clock::now();
       auto prepared = kernel->prepare(call);
+      prepare_s += since(stage);
+      stage = Clock::now();
       const bool on_gpu = kernel->description().device == "cuda";
       const StoppingRule& rule = on_gpu ? options.stopping_gpu : options.stopping;
       SampleTimer& timer = timer_for(kernel->description(), options);
@@ -268,6 +279,8 @@ CallResult replay_call(const AttentionCall& captured, const ReplayOptions& optio
         // One run gives the output this call is judged by; the time is its group's.
         prepared->run();
         prepared->synchronize();
+        judge_s += since(stage);
+        stage = Clock::now();
         k.timing = shared->timing;
         k.timing_with_preparation = shared->with_preparation;
         k.timing_shared_from = shared_from = shared->timed_call;
@@ -282,6 +295,8 @@ CallResult replay_call(const AttentionCall& captured, const ReplayOptions& optio
           }
         }
         if (options.timing_groups) options.timing_groups->record(group, k.kernel, {k.timing, k.timing_with_preparation, call.where()});
+        measure_s += since(stage);
+        stage = Clock::now();
       }
       if (on_gpu) {
         const double matrix = options.ceilings.matrix_tflops_for(call.q.dtype);
@@ -301,6 +316,7 @@ CallResult replay_call(const AttentionCall& captured, const ReplayOptions& optio
                          {{"kernel", k.kernel}, {"source", call.source}, {"call_index", std::to_string(call.call_index)}},
                          file.string());
       }
+      judge_s += since(stage);
     } catch (const KernelNotSupported& declined) {
       k.disposition = Disposition::not_supported;
       k.reason = declined.what();
@@ -327,6 +343,7 @@ CallResult replay_call(const AttentionCall& captured, const ReplayOptions& optio
                                        "mask and causality (--time-every-call times each call)", shared_from));
   }
   if (call.out) {
+    const auto stage = Clock::now();
     KernelResult model;
     model.kernel = "model-output";
     model.work = result.work;
@@ -337,6 +354,7 @@ CallResult replay_call(const AttentionCall& captured, const ReplayOptions& optio
     model.reason = call.backend.empty() ? "the output the model got" : "the output the model got from " + call.backend;
     if (!model.refcheck_failures.empty()) model.reason += fmt::format(": {}", fmt::join(model.refcheck_failures, "; "));
     result.kernels.push_back(std::move(model));
+    judge_s += since(stage);
   }
   return result;
 }
@@ -364,11 +382,14 @@ void replay_capture(CaptureSource& source, const std::function<bool(std::int64_t
   CallPrefetcher calls(source, positions, options.prefetch_bytes);
   for (;;) {
     try {
+      const auto wait_start = std::chrono::steady_clock::now();
       const std::optional<AttentionCall> call = calls.next();
       if (!call) break;
+      const double read_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wait_start).count();
       if (on_loaded) on_loaded(*call);
       CallResult result =
           replay_call(*call, options, fmt::format("{} --calls {}", shell_quote(source.path()), call->call_index));
+      result.replay_seconds["read"] = read_s;
       if (options.progress) options.progress->call_finished();
       if (on_call) on_call(result);
       report.calls.push_back(std::move(result));

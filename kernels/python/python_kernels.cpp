@@ -231,7 +231,7 @@ class PythonPrepared final : public PreparedKernel {
     }
   }
   void synchronize() override {
-    if (on_gpu_) at::detail::getCUDAHooks().deviceSynchronize(0);
+    if (on_gpu_) at::detail::getCUDAHooks().deviceSynchronize(current_gpu().index());
   }
   // torch's ops and Triton's launches queue on torch's current stream.
   bool runs_on_current_stream() const override { return on_gpu_; }
@@ -274,7 +274,7 @@ class PythonPrepared final : public PreparedKernel {
     run_ = prepared_.attr("run");
     // One checked run before any timing: a broken plug-in fails here, not after its samples.
     run_locked();
-    if (on_gpu_) at::detail::getCUDAHooks().deviceSynchronize(0);
+    if (on_gpu_) at::detail::getCUDAHooks().deviceSynchronize(current_gpu().index());
     throw_if_problem();
   }
 
