@@ -112,8 +112,9 @@ bool python_call_site(CallSite& site) {
         site.location = fmt::format("{}:{} in {}", file, py.frame_line(frame), function);
         found_location = true;
       }
-      if (!found_caller && py.frame_locals && py.mapping_item) {
-        Python::Object locals = py.frame_locals(frame);
+      if (!found_caller && py.mapping_item) {
+        // PyFrame_GetLocals is 3.11's; before it, the frame's f_locals attribute is the same mapping.
+        Python::Object locals = py.frame_locals ? py.frame_locals(frame) : py.get_attr(frame, "f_locals");
         if (locals) {
           Python::Object self = py.mapping_item(locals, "self");
           if (self) {

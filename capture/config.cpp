@@ -70,7 +70,7 @@ std::variant<CaptureConfig, std::string> parse_config(const std::function<const 
       "ATTNCAP_OUT",        "ATTNCAP_FORMAT",      "ATTNCAP_OPS",     "ATTNCAP_CALLS",  "ATTNCAP_EVERY",
       "ATTNCAP_MAX_CALLS",  "ATTNCAP_MAX_BYTES",   "ATTNCAP_QUEUE_BYTES", "ATTNCAP_WHEN_FULL",
       "ATTNCAP_BACKWARD",   "ATTNCAP_OUTPUT",      "ATTNCAP_CALL_SITE", "ATTNCAP_CALLS_PER_STEP",
-      "ATTNCAP_QUIET",      "ATTNCAP_ENABLE",      "ATTNCAP_TORCH_LIB"};
+      "ATTNCAP_QUIET",      "ATTNCAP_ENABLE",      "ATTNCAP_TORCH_LIB",  "ATTNCAP_PARTS_DIR"};
   for (const std::string& name : attncap_names) {
     if (!kKnown.count(name)) return fmt::format("unknown variable {} (see docs/capture.md)", name);
   }

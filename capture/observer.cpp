@@ -12,6 +12,7 @@
 #include <ATen/core/function_schema.h>
 #include <ATen/record_function.h>
 #include <c10/core/GradMode.h>
+#include <torch/version.h>
 #include <fmt/ranges.h>
 #include <fmt/format.h>
 #include <unistd.h>
@@ -368,13 +369,20 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* context) {
   end_call(context, &view);
 }
 
-// An op registered after start that capture wants: only RecordFunction can see it.
-void on_new_op(const std::string& name) {
-  if (!op_wanted(name) || state->hooked.count(name) || state->record_function_on.exchange(true)) return;
+// Observes every matched op that no hook sees through one global RecordFunction callback (once).
+// Returns false when it was on already.
+bool observe_through_record_function() {
+  if (state->record_function_on.exchange(true)) return false;
   at::addGlobalCallback(at::RecordFunctionCallback(&on_start, &on_end)
                             .needsInputs(true)
                             .needsOutputs(true)
                             .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
+  return true;
+}
+
+// An op registered after start that capture wants: only RecordFunction can see it.
+void on_new_op(const std::string& name) {
+  if (!op_wanted(name) || state->hooked.count(name) || !observe_through_record_function()) return;
   if (!state->config.quiet) {
     std::fprintf(stderr, "[attncap] %s was registered after capture started: observing it through RecordFunction, "
                          "which costs every op of the job a little\n", name.c_str());
@@ -382,6 +390,15 @@ void on_new_op(const std::string& name) {
 }
 
 void install_observers() {
+  if (!op_hooks_supported()) {
+    // torch before 2.9: no per-op hooks, so RecordFunction sees every matched op from the start.
+    observe_through_record_function();
+    if (!state->config.quiet) {
+      std::fprintf(stderr, "[attncap] torch %s has no per-op hooks: observing attention ops through RecordFunction, "
+                           "which costs every op of the job a little (torch 2.9 and later: nothing)\n", TORCH_VERSION);
+    }
+    return;
+  }
   const HookCallbacks calls{&begin_hooked, &end_call};
   for (const HookedOp& hooked : install_op_hooks(op_wanted, calls)) {
     state->hooked.insert(hooked.op);

@@ -2,16 +2,33 @@
 
 #include <c10/util/Exception.h>
 #include <torch/library.h>
+#include <torch/version.h>
 
 #include <atomic>
 #include <map>
 #include <optional>
 
+// An op's kernel can be read out of the dispatcher (OperatorHandle::getComputedKernelForDispatchKey)
+// from torch 2.9 on; before, no hook can call the kernel it would stand in front of.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 9)
+#define ATTNCAP_OP_HOOKS 1
+#endif
+
 namespace attnreplay::capture {
+
+bool op_hooks_supported() {
+#ifdef ATTNCAP_OP_HOOKS
+  return true;
+#else
+  return false;
+#endif
+}
+
 namespace {
 
 using c10::DispatchKey;
 
+#ifdef ATTNCAP_OP_HOOKS
 // The hook kernel: holds the kernel it stands in front of and calls it with the same stack.
 class HookKernel final : public c10::OperatorKernel {
  public:
@@ -89,6 +106,8 @@ void hook(const c10::OperatorHandle& op, DispatchKey key, c10::SafeKernelFunctio
   hooked.push_back({name.name, name.overload_name, c10::toString(key)});
 }
 
+#endif  // ATTNCAP_OP_HOOKS
+
 class NewOpListener final : public c10::OpRegistrationListener {
  public:
   explicit NewOpListener(std::function<void(const std::string&)> on_new_op) : on_new_op_(std::move(on_new_op)) {}
@@ -111,6 +130,10 @@ class NewOpListener final : public c10::OpRegistrationListener {
 
 std::vector<HookedOp> install_op_hooks(const std::function<bool(const std::string&)>& wanted, HookCallbacks callbacks) {
   std::vector<HookedOp> hooked;
+#ifndef ATTNCAP_OP_HOOKS
+  (void)wanted, (void)callbacks;
+  return hooked;
+#else
   SilentWarnings silent;
   c10::WarningUtils::WarningHandlerGuard quiet(&silent);
   auto& dispatcher = c10::Dispatcher::singleton();
@@ -134,6 +157,7 @@ std::vector<HookedOp> install_op_hooks(const std::function<bool(const std::strin
     }
   }
   return hooked;
+#endif
 }
 
 void watch_new_ops(std::function<void(const std::string&)> on_new_op) {

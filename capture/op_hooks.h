@@ -32,6 +32,10 @@ struct HookedOp {
   std::string dispatch_key;  // where the hook sits, e.g. "CompositeImplicitAutograd" or "CUDA"
 };
 
+// Whether this torch lets a hook call the kernel it stands in front of (torch 2.9 on). Without,
+// install_op_hooks hooks nothing and every matched op is observed through RecordFunction.
+bool op_hooks_supported();
+
 // Hooks every registered op whose name `wanted` accepts (names without overload, as RecordFunction
 // reports them). Each overload is hooked where its real-tensor kernels are: a composite op at its
 // alias key (so autograd still sees the decomposition), other ops at each device key with a kernel

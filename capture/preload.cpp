@@ -1,7 +1,9 @@
 // libattncap.so, the library users LD_PRELOAD. It depends on nothing heavy, so any process it
 // lands in (shells, launchers, compiler children) runs as before. Once libtorch is in the process
 // it loads the torch part (libattncap_torch.so), and only from a safe point: after the outermost
-// dlopen has returned, or before main() of a program linked to libtorch. Loading from inside
+// dlopen has returned, or before main() of a program linked to libtorch. The torch part is built for
+// one torch version and C++ ABI: the one the job loaded picks it, and without one built for it the
+// job runs as if nothing were preloaded, with one line on stderr. Loading from inside
 // another library's constructor is unsafe: cuBLASLt's constructor calls dlopen while libtorch is
 // mapped but not yet initialised.
 #include <dlfcn.h>
@@ -37,35 +39,120 @@ bool disabled() {
   return value && std::strcmp(value, "0") == 0;
 }
 
+// The libtorch_cpu.so in the process, by its path; empty while there is none.
 int find_libtorch(struct dl_phdr_info* info, size_t, void* found) {
   if (info->dlpi_name && std::strstr(info->dlpi_name, "libtorch_cpu.so")) {
-    *static_cast<bool*>(found) = true;
+    *static_cast<std::string*>(found) = info->dlpi_name;
     return 1;
   }
   return 0;
 }
 
-bool libtorch_loaded() {
-  bool found = false;
+std::string libtorch_path() {
+  std::string found;
   dl_iterate_phdr(find_libtorch, &found);
   return found;
 }
 
-// The torch part sits beside this library unless ATTNCAP_TORCH_LIB names it.
-std::string torch_part_path() {
-  if (const char* path = std::getenv("ATTNCAP_TORCH_LIB")) return path;
+std::string folder_of(const std::string& path) {
+  const auto slash = path.rfind('/');
+  return slash == std::string::npos ? std::string(".") : path.substr(0, slash);
+}
+
+// The first line of `path` that starts with `prefix`, after it; empty when none.
+std::string line_after(const std::string& path, const char* prefix) {
+  std::FILE* file = std::fopen(path.c_str(), "r");
+  if (!file) return {};
+  char line[512];
+  std::string value;
+  while (std::fgets(line, sizeof(line), file)) {
+    if (std::strncmp(line, prefix, std::strlen(prefix)) == 0) {
+      value = line + std::strlen(prefix);
+      break;
+    }
+  }
+  std::fclose(file);
+  while (!value.empty() && std::strchr("\r\n \"'", value.back())) value.pop_back();
+  while (!value.empty() && std::strchr(" \"'", value.front())) value.erase(0, 1);
+  return value;
+}
+
+// The torch the job loaded: its version as the package names it (torch/version.py in a wheel,
+// build-version in a libtorch archive) and the C++ ABI its libc10 was built with. A capture part
+// is built for exactly one of these.
+struct JobTorch {
+  std::string root;     // the torch package (or libtorch) folder
+  std::string version;  // "2.8.0+cu128"; empty when it cannot be read
+  int cxx11_abi = -1;   // _GLIBCXX_USE_CXX11_ABI; -1 when it cannot be told
+  std::string key() const { return "torch-" + version + "-cxx11abi" + std::to_string(cxx11_abi); }
+};
+
+JobTorch job_torch(const std::string& libtorch) {
+  JobTorch torch;
+  torch.root = folder_of(folder_of(libtorch));
+  torch.version = line_after(torch.root + "/version.py", "__version__ =");
+  if (torch.version.empty()) torch.version = line_after(torch.root + "/build-version", "");
+  // torch's check-failure entry point takes a std::string: its mangled name says which ABI.
+  const std::string c10 = folder_of(libtorch) + "/libc10.so";
+  if (void* handle = real_dlopen()(c10.c_str(), RTLD_LAZY | RTLD_NOLOAD)) {
+    if (dlsym(handle, "_ZN3c106detail14torchCheckFailEPKcS2_jRKNSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEE")) {
+      torch.cxx11_abi = 1;
+    } else if (dlsym(handle, "_ZN3c106detail14torchCheckFailEPKcS2_jRKSs")) {
+      torch.cxx11_abi = 0;
+    }
+    dlclose(handle);
+  }
+  dlerror();
+  return torch;
+}
+
+std::string own_folder() {
   Dl_info info{};
-  if (!dladdr(reinterpret_cast<void*>(&torch_part_path), &info) || !info.dli_fname) return "libattncap_torch.so";
-  std::string self = info.dli_fname;
-  const auto slash = self.rfind('/');
-  return (slash == std::string::npos ? std::string() : self.substr(0, slash + 1)) + "libattncap_torch.so";
+  if (!dladdr(reinterpret_cast<void*>(&own_folder), &info) || !info.dli_fname) return ".";
+  return folder_of(info.dli_fname);
+}
+
+// Where capture parts built later go (attnreplay-capture-build): $ATTNCAP_PARTS_DIR, else the
+// user's cache.
+std::string cache_parts_folder() {
+  if (const char* dir = std::getenv("ATTNCAP_PARTS_DIR")) return dir;
+  if (const char* cache = std::getenv("XDG_CACHE_HOME")) return std::string(cache) + "/attnreplay/capture-parts";
+  if (const char* home = std::getenv("HOME")) return std::string(home) + "/.cache/attnreplay/capture-parts";
+  return {};
+}
+
+// The part built for `torch`: the one installed beside this library (built with attnreplay), then
+// one built since into the cache. Empty when neither exists: a part for another torch is never
+// loaded, since its C++ ABI would not match the job's libraries.
+std::string torch_part_path(const JobTorch& torch) {
+  if (const char* path = std::getenv("ATTNCAP_TORCH_LIB")) return path;
+  if (torch.version.empty() || torch.cxx11_abi < 0) return {};
+  for (const std::string& folder : {own_folder() + "/attncap-parts", cache_parts_folder()}) {
+    if (folder.empty()) continue;
+    const std::string candidate = folder + "/" + torch.key() + "/libattncap_torch.so";
+    if (access(candidate.c_str(), R_OK) == 0) return candidate;
+  }
+  return {};
 }
 
 void load_torch_part() {
-  if (torch_stage.load(std::memory_order_acquire) != 0 || !libtorch_loaded() || disabled()) return;
+  if (torch_stage.load(std::memory_order_acquire) != 0 || disabled()) return;
+  const std::string libtorch = libtorch_path();
+  if (libtorch.empty()) return;
   int expected = 0;
   if (!torch_stage.compare_exchange_strong(expected, 1)) return;
-  const std::string path = torch_part_path();
+  const JobTorch torch = job_torch(libtorch);
+  const std::string path = torch_part_path(torch);
+  if (path.empty()) {
+    // One line, and the job goes on exactly as without the preload.
+    std::fprintf(stderr,
+                 "[attncap] capture is off: no capture part is built for this job's torch %s (C++11 ABI %d, %s); "
+                 "build it once with: %s/../bin/attnreplay-capture-build --torch %s\n",
+                 torch.version.empty() ? "(version unknown)" : torch.version.c_str(), torch.cxx11_abi,
+                 torch.root.c_str(), own_folder().c_str(), torch.root.c_str());
+    torch_stage.store(2);
+    return;
+  }
   void* handle = real_dlopen()(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!handle) {
     std::fprintf(stderr, "[attncap] capture is off: cannot load %s: %s\n", path.c_str(), dlerror());
@@ -105,7 +192,7 @@ const std::vector<std::string>& system_folders() {
     std::vector<std::string> result;
     Dl_info info{};
     struct link_map* self = nullptr;
-    if (!dladdr1(reinterpret_cast<void*>(&torch_part_path), &info, reinterpret_cast<void**>(&self),
+    if (!dladdr1(reinterpret_cast<void*>(&own_folder), &info, reinterpret_cast<void**>(&self),
                  RTLD_DL_LINKMAP) || !self) {
       return result;
     }

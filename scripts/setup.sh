@@ -63,6 +63,23 @@ install_venv() {
   cp "$PY_REQUIREMENTS" "$stamp"
 }
 
+# A second venv with an older torch and another Python (3.12 where pyenv has it, the GPU machine's),
+# where the tests run users' jobs under the preload (tests/e2e/test_capture_other_torch.py).
+OTHER_VENV="${ATTNREPLAY_OTHER_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/attnreplay/venv-other-torch}"
+OTHER_REQUIREMENTS="$ROOT/scripts/requirements-other-torch.txt"
+install_other_venv() {
+  local stamp="$OTHER_VENV/.attnreplay-requirements" python
+  if [ -x "$OTHER_VENV/bin/python" ] && [ -f "$stamp" ] && cmp -s "$stamp" "$OTHER_REQUIREMENTS"; then return 0; fi
+  python="$(ls -d "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.12*/bin/python3.12 2>/dev/null | tail -n1 || true)"
+  [ -x "$python" ] || python=python3
+  log "creating the second venv at $OTHER_VENV ($("$python" --version), an older torch; minutes the first time)"
+  mkdir -p "$(dirname "$OTHER_VENV")"
+  [ -x "$OTHER_VENV/bin/python" ] || "$python" -m venv "$OTHER_VENV"
+  "$OTHER_VENV/bin/python" -m pip install -q --upgrade pip
+  "$OTHER_VENV/bin/python" -m pip install -q -r "$OTHER_REQUIREMENTS"
+  cp "$OTHER_REQUIREMENTS" "$stamp"
+}
+
 configure_and_build() {
   local torch_prefix generator=()
   torch_prefix="$("$VENV/bin/python" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')"
@@ -76,6 +93,11 @@ configure_and_build() {
   fi
   log "building (2 jobs)"
   cmake --build "$BUILD" -j "${ATTNREPLAY_JOBS:-2}"
+  # A tree that works from anywhere (docs/capture.md), when asked for.
+  if [ -n "${ATTNREPLAY_PREFIX:-}" ]; then
+    log "installing into $ATTNREPLAY_PREFIX"
+    cmake --install "$BUILD" --prefix "$ATTNREPLAY_PREFIX" > /dev/null
+  fi
 }
 
 # Other scripts source this file for its paths and functions.
@@ -86,5 +108,6 @@ case "$step" in
   deps) install_apt; install_venv ;;
   build) configure_and_build ;;
   all) install_apt; install_venv; configure_and_build ;;
-  *) log "usage: setup.sh [deps|build|all]"; exit 2 ;;
+  tests) install_apt; install_venv; install_other_venv; configure_and_build ;;
+  *) log "usage: setup.sh [deps|build|all|tests]"; exit 2 ;;
 esac
