@@ -63,15 +63,22 @@ install_venv() {
   cp "$PY_REQUIREMENTS" "$stamp"
 }
 
-# A second venv with an older torch and another Python (3.12 where pyenv has it, the GPU machine's),
-# where the tests run users' jobs under the preload (tests/e2e/test_capture_other_torch.py).
+# A second venv with an older torch and another Python (3.10 where pyenv has it: the oldest that
+# the test models install on, and older than 3.11's frame API), where the tests run users' jobs
+# under the preload (tests/e2e/test_capture_other_torch.py).
 OTHER_VENV="${ATTNREPLAY_OTHER_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/attnreplay/venv-other-torch}"
 OTHER_REQUIREMENTS="$ROOT/scripts/requirements-other-torch.txt"
 install_other_venv() {
   local stamp="$OTHER_VENV/.attnreplay-requirements" python
-  if [ -x "$OTHER_VENV/bin/python" ] && [ -f "$stamp" ] && cmp -s "$stamp" "$OTHER_REQUIREMENTS"; then return 0; fi
-  python="$(ls -d "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.12*/bin/python3.12 2>/dev/null | tail -n1 || true)"
+  python="$(ls -d "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.10*/bin/python3.10 2>/dev/null | tail -n1 || true)"
   [ -x "$python" ] || python=python3
+  if [ -x "$OTHER_VENV/bin/python" ] && [ -f "$stamp" ] && cmp -s "$stamp" "$OTHER_REQUIREMENTS" &&
+     [ "$("$OTHER_VENV/bin/python" --version)" = "$("$python" --version)" ]; then
+    return 0
+  fi
+  # Another Python than the venv's: start it afresh.
+  [ ! -x "$OTHER_VENV/bin/python" ] || [ "$("$OTHER_VENV/bin/python" --version)" = "$("$python" --version)" ] ||
+    rm -rf "$OTHER_VENV"
   log "creating the second venv at $OTHER_VENV ($("$python" --version), an older torch; minutes the first time)"
   mkdir -p "$(dirname "$OTHER_VENV")"
   [ -x "$OTHER_VENV/bin/python" ] || "$python" -m venv "$OTHER_VENV"

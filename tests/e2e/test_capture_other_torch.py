@@ -153,7 +153,13 @@ def test_after_the_build_the_job_is_captured_unchanged_and_replays(job, parts, t
     calls = read_calls(files[0])
     # MiniLM: 6 layers on one batch; the decoder: 2 layers, a prefill and 3 decode steps of generate()
     # plus the forward pass for the logits.
+    layers = {"minilm": 6, "decoder": 2}[job]
     assert len(calls) == {"minilm": 6, "decoder": 2 * 5}[job]
+    # The labels, read from this Python's frames: each pass through the layers is one step.
+    for index, call in enumerate(calls):
+        metadata = call["metadata"]
+        assert int(metadata["layer"]) == index % layers and int(metadata["step"]) == index // layers, metadata
+        assert metadata["caller"] in ("BertSelfAttention", "BertSdpaSelfAttention", "LlamaAttention"), metadata
     report = tmp_path / "replay.json"
     run_attnreplay("run", files[0], "--kernels", "reference,torch-math", "--json", report, "-q", *FAST, check=0)
     record = load_json(report)
