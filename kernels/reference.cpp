@@ -49,6 +49,32 @@ ReferenceOutput reference_output_for(const AttentionShape& s, std::vector<std::i
   return result;
 }
 
+void mark_rows_without_keys(const AttentionCall& call, ReferenceOutput& reference) {
+  const AttentionShape& s = reference.shape;
+  const std::int64_t offset = call.causal_alignment == CausalAlignment::bottom_right ? s.seq_kv - s.seq_q : 0;
+  // Only a mask, or causality with keys before the first query's diagonal cut away, hides a row.
+  if (!call.mask && !(call.is_causal && offset < 0)) return;
+  const MaskView mask(call.mask, s);
+  const auto n_rows = static_cast<std::int64_t>(reference.rows.size());
+  std::vector<std::uint8_t> no_key(static_cast<std::size_t>(s.batch * s.heads_q * n_rows), 0);
+  std::vector<double> bias(static_cast<std::size_t>(s.seq_kv), 0.0);
+  bool any = false;
+  for (std::int64_t b = 0; b < s.batch; ++b)
+    for (std::int64_t h = 0; h < s.heads_q; ++h)
+      for (std::int64_t slot = 0; slot < n_rows; ++slot) {
+        const std::int64_t i = reference.rows[static_cast<std::size_t>(slot)];
+        const std::int64_t key_end = call.is_causal ? std::clamp<std::int64_t>(i + offset + 1, 0, s.seq_kv) : s.seq_kv;
+        bool sees = key_end > 0;
+        if (sees && mask) {
+          mask.row(b, h, i, 0, key_end, bias.data());
+          sees = std::any_of(bias.begin(), bias.begin() + key_end,
+                             [](double v) { return v != -std::numeric_limits<double>::infinity(); });
+        }
+        if (!sees) no_key[static_cast<std::size_t>((b * s.heads_q + h) * n_rows + slot)] = 1, any = true;
+      }
+  if (any) reference.no_key = std::move(no_key);
+}
+
 ReferenceOutput reference_attention(const AttentionCall& call, std::vector<std::int64_t> rows, unsigned threads) {
   const AttentionShape s = call.shape();
   ReferenceOutput result = reference_output_for(s, std::move(rows));

@@ -18,6 +18,10 @@ struct ReferenceOutput {
   std::vector<double> values;
   // Rows whose every key is masked out. Their output is 0, as torch's math backend gives.
   std::int64_t fully_masked_rows = 0;
+  // Per (batch, head, row slot), 1 where the row sees no key; empty when every row sees one. Such
+  // rows (a left-padded prompt's pads) have no defined attention, and backends disagree on them:
+  // errors are also reported over the other rows (replay/error_stats.h).
+  std::vector<std::uint8_t> no_key;
 
   double at(std::int64_t b, std::int64_t h, std::size_t row_slot, std::int64_t d) const {
     const auto n = static_cast<std::int64_t>(rows.size());
@@ -29,6 +33,10 @@ struct ReferenceOutput {
 // The result's frame for `rows` of a call of shape `s` (all rows when `rows` is empty), without
 // values: what both references fill in.
 ReferenceOutput reference_output_for(const AttentionShape& s, std::vector<std::int64_t> rows);
+
+// Marks `reference`'s rows that see no key (every key masked by the mask or by causality), from
+// the call alone: the same on whichever device the reference ran.
+void mark_rows_without_keys(const AttentionCall& call, ReferenceOutput& reference);
 
 // `rows` empty: every query row. Dropout is not applied (replay is inference).
 ReferenceOutput reference_attention(const AttentionCall& call, std::vector<std::int64_t> rows = {},

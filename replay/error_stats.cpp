@@ -1,5 +1,6 @@
 #include "replay/error_stats.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "formats/errors.h"
@@ -25,6 +26,53 @@ struct Running {
     return {min, max, mean, std::sqrt(m2 / static_cast<double>(count))};
   }
 };
+
+double relative_l2(double sum_sq_error, double sum_sq_ref) {
+  return sum_sq_ref > 0 ? std::sqrt(sum_sq_error / sum_sq_ref) : (sum_sq_error > 0 ? INFINITY : 0.0);
+}
+
+// 1 when both are zero: nothing to tell apart.
+double cosine_of(double dot, double sum_sq_out, double sum_sq_ref) {
+  if (sum_sq_out > 0 && sum_sq_ref > 0) return dot / (std::sqrt(sum_sq_out) * std::sqrt(sum_sq_ref));
+  return (sum_sq_out == 0 && sum_sq_ref == 0) ? 1.0 : 0.0;
+}
+
+// The errors over the rows that see a key, when some do not.
+ErrorStats::Subset compare_rows_with_a_key(const HostTensor& output, const ReferenceOutput& reference) {
+  const AttentionShape& s = reference.shape;
+  ErrorStats::Subset subset;
+  double sum_abs = 0, sum_sq_error = 0, sum_sq_ref = 0, sum_sq_out = 0, dot = 0;
+  const std::size_t esize = dtype_size(output.dtype);
+  const auto n_rows = reference.rows.size();
+  for (std::int64_t b = 0; b < s.batch; ++b)
+    for (std::int64_t h = 0; h < s.heads_q; ++h)
+      for (std::size_t slot = 0; slot < n_rows; ++slot) {
+        if (reference.no_key[static_cast<std::size_t>(b * s.heads_q + h) * n_rows + slot]) continue;
+        const std::int64_t base = ((b * s.heads_q + h) * s.seq_q + reference.rows[slot]) * s.head_dim_vo;
+        for (std::int64_t d = 0; d < s.head_dim_vo; ++d) {
+          const double o = element_to_double(output.dtype, output.data() + static_cast<std::size_t>(base + d) * esize);
+          if (std::isnan(o) || std::isinf(o)) {
+            ++(std::isnan(o) ? subset.nan_count : subset.inf_count);
+            continue;
+          }
+          const double r = reference.at(b, h, slot, d);
+          const double error = std::abs(o - r);
+          ++subset.elements;
+          subset.max_abs = std::max(subset.max_abs, error);
+          sum_abs += error;
+          sum_sq_error += error * error;
+          sum_sq_ref += r * r;
+          sum_sq_out += o * o;
+          dot += o * r;
+        }
+      }
+  if (subset.elements > 0) {
+    subset.mean_abs = sum_abs / static_cast<double>(subset.elements);
+    subset.rel_l2 = relative_l2(sum_sq_error, sum_sq_ref);
+    subset.cosine = cosine_of(dot, sum_sq_out, sum_sq_ref);
+  }
+  return subset;
+}
 
 void check_output_shape(const HostTensor& output, const AttentionShape& s) {
   const std::vector<std::int64_t> want{s.batch, s.heads_q, s.seq_q, s.head_dim_vo};
@@ -84,12 +132,15 @@ ErrorStats compare_to_reference(const HostTensor& output, const ReferenceOutput&
     stats.mse = sum_sq_error / n;
     stats.rmse = std::sqrt(stats.mse);
     stats.rel_l1 = sum_abs_ref > 0 ? abs_error.mean * n / sum_abs_ref : (abs_error.mean > 0 ? INFINITY : 0.0);
-    stats.rel_l2 = sum_sq_ref > 0 ? std::sqrt(sum_sq_error / sum_sq_ref) : (sum_sq_error > 0 ? INFINITY : 0.0);
-    if (sum_sq_out > 0 && sum_sq_ref > 0) stats.cosine = dot / (std::sqrt(sum_sq_out) * std::sqrt(sum_sq_ref));
-    else stats.cosine = (sum_sq_out == 0 && sum_sq_ref == 0) ? 1.0 : 0.0;
+    stats.rel_l2 = relative_l2(sum_sq_error, sum_sq_ref);
+    stats.cosine = cosine_of(dot, sum_sq_out, sum_sq_ref);
   }
   stats.output = out_moments.moments();
   stats.reference = ref_moments.moments();
+  if (!reference.no_key.empty()) {
+    stats.no_key_rows = std::count(reference.no_key.begin(), reference.no_key.end(), std::uint8_t{1});
+    stats.rows_with_a_key = compare_rows_with_a_key(output, reference);
+  }
   return stats;
 }
 
@@ -129,9 +180,8 @@ std::vector<HeadError> compare_per_head(const HostTensor& output, const Referenc
         heads.push_back(head);
         continue;
       }
-      head.rel_l2 = sum_sq_ref > 0 ? std::sqrt(sum_sq_error / sum_sq_ref) : (sum_sq_error > 0 ? INFINITY : 0.0);
-      if (sum_sq_out > 0 && sum_sq_ref > 0) head.cosine = dot / (std::sqrt(sum_sq_out) * std::sqrt(sum_sq_ref));
-      else head.cosine = (sum_sq_out == 0 && sum_sq_ref == 0) ? 1.0 : 0.0;
+      head.rel_l2 = relative_l2(sum_sq_error, sum_sq_ref);
+      head.cosine = cosine_of(dot, sum_sq_out, sum_sq_ref);
       heads.push_back(head);
     }
   return heads;

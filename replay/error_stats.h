@@ -32,6 +32,15 @@ struct ErrorStats {
   // Where max_abs sits, as (batch, head, query row, channel).
   std::int64_t worst_batch = 0, worst_head = 0, worst_row = 0, worst_channel = 0;
   TensorMoments output, reference;
+  // Rows that see no key (a left-padded prompt's pads) have no defined attention and backends give
+  // them different things (0, NaN, the mean of V): the figures above include them, these leave
+  // them out. Set only when some (batch, head, row) sees no key (ReferenceOutput::no_key).
+  std::int64_t no_key_rows = 0;
+  struct Subset {
+    std::int64_t elements = 0, nan_count = 0, inf_count = 0;
+    double max_abs = 0, mean_abs = 0, rel_l2 = 0, cosine = 0;
+  };
+  std::optional<Subset> rows_with_a_key;
 };
 
 // `output` is (batch, heads_q, seq_q, head_dim_vo) in any dtype; compared on the reference's rows.

@@ -31,7 +31,7 @@ nlohmann::json moments_json(const TensorMoments& m) {
 }
 
 nlohmann::json error_json(const ErrorStats& e) {
-  return {{"elements", e.elements},
+  nlohmann::json j = {{"elements", e.elements},
           {"sampled", e.sampled},
           {"rows_compared", e.rows_compared},
           {"max_abs", number(e.max_abs)},
@@ -47,6 +47,14 @@ nlohmann::json error_json(const ErrorStats& e) {
           {"worst", {{"batch", e.worst_batch}, {"head", e.worst_head}, {"row", e.worst_row}, {"channel", e.worst_channel}}},
           {"output", moments_json(e.output)},
           {"reference", moments_json(e.reference)}};
+  if (const auto& subset = e.rows_with_a_key) {
+    j["no_key_rows"] = e.no_key_rows;
+    j["rows_with_a_key"] = {{"elements", subset->elements}, {"max_abs", number(subset->max_abs)},
+                            {"mean_abs", number(subset->mean_abs)}, {"rel_l2", number(subset->rel_l2)},
+                            {"cosine", number(subset->cosine)}, {"nan_count", subset->nan_count},
+                            {"inf_count", subset->inf_count}};
+  }
+  return j;
 }
 
 nlohmann::json work_json(const AttentionWork& w) {

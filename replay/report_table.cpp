@@ -50,6 +50,14 @@ void print_call_table(const CallResult& call, std::ostream& out) {
       if (k.error->nan_count || k.error->inf_count) {
         footnotes.push_back(fmt::format("{}: {} NaN, {} Inf in the output", k.kernel, k.error->nan_count, k.error->inf_count));
       }
+      if (const auto& subset = k.error->rows_with_a_key) {
+        footnotes.push_back(fmt::format("{}: over the rows that see a key (not the {} that see none): max_abs {}, "
+                                        "rel_l2 {}, cosine {:.8f}{}", k.kernel, k.error->no_key_rows,
+                                        g(subset->max_abs), g(subset->rel_l2), subset->cosine,
+                                        subset->nan_count + subset->inf_count > 0
+                                            ? fmt::format(", {} NaN, {} Inf", subset->nan_count, subset->inf_count)
+                                            : std::string()));
+      }
     }
     // The larger of the two fractions of this GPU's measured ceilings: what bounds the kernel.
     std::string peak = "-";

@@ -193,9 +193,15 @@ ReferenceOutput reference_for(const AttentionCall& call, const ReplayOptions& op
   if (options.ref_sample_rows > 0 && options.ref_sample_rows < seq_q) {
     rows = sample_query_rows(seq_q, options.ref_sample_rows, options.seed ^ static_cast<std::uint64_t>(call.call_index));
   }
-  if (!uses_gpu_reference(options)) return reference_attention(call, rows);
-  if (!gpu_reference_available()) throw InputError("--reference cuda: no CUDA device");
-  return reference_attention_gpu(call, rows);
+  ReferenceOutput reference;
+  if (!uses_gpu_reference(options)) {
+    reference = reference_attention(call, rows);
+  } else {
+    if (!gpu_reference_available()) throw InputError("--reference cuda: no CUDA device");
+    reference = reference_attention_gpu(call, rows);
+  }
+  mark_rows_without_keys(call, reference);
+  return reference;
 }
 
 CallResult replay_call(const AttentionCall& captured, const ReplayOptions& options, const std::string& rerun_input) {
@@ -235,7 +241,8 @@ CallResult replay_call(const AttentionCall& captured, const ReplayOptions& optio
   result.reference_rows = static_cast<std::int64_t>(reference.rows.size());
   result.reference_sampled = reference.sampled;
   if (reference.fully_masked_rows > 0) {
-    result.notes.push_back(fmt::format("{} (batch, head, row) triples have every key masked; the reference gives 0",
+    result.notes.push_back(fmt::format("{} (batch, head, row) triples have every key masked; the reference gives 0, and "
+                                       "each kernel's errors are also given without them",
                                        reference.fully_masked_rows));
   }
   // Sampled rows depend on the seed. A generated call's flags already carry it (as its inputs'

@@ -64,6 +64,19 @@ def as_f64(tensor):
     return tensor.to(torch.float64).numpy()
 
 
+def numpy_scores_bias(call):
+    """The additive term of every score: causality and the mask, 0 or -inf (or the float mask)."""
+    q, k = call["q"], call["k"]
+    sq, skv = q.shape[2], k.shape[2]
+    bias = np.zeros((1, 1, sq, skv))
+    if call.get("is_causal"):
+        bias = bias + np.where(np.tril(np.ones((sq, skv), dtype=bool)), 0.0, -np.inf)  # top-left
+    mask = call.get("attn_mask")
+    if mask is not None:
+        bias = bias + (np.where(mask.numpy(), 0.0, -np.inf) if mask.dtype == torch.bool else as_f64(mask))
+    return bias
+
+
 def numpy_reference(call):
     """Attention in float64 with full score matrices and a plain softmax."""
     q, k, v = (as_f64(call[n]) for n in "qkv")
@@ -195,6 +208,32 @@ def test_fully_masked_row_is_reported(replayed):
     heads = CASES[case]["hq"]
     # Mask (b, 1, s, s) broadcasts over heads: one masked row is a (batch, head, row) triple per head.
     assert any(n.startswith(f"{heads} (batch, head, row) triples") for n in masked_notes), json_call["notes"]
+
+
+def test_errors_without_the_rows_that_see_no_key_equal_numpy(replayed):
+    case, call, json_call, outs = replayed
+    reference = numpy_reference(call)
+    # A row sees no key when every score of it is masked: numpy's own bias says which.
+    sees_key = np.isfinite(numpy_scores_bias(call)).any(axis=-1)  # (b or 1, h or 1, sq)
+    sees_key = np.broadcast_to(sees_key, reference.shape[:3])
+    for kernel in ran_kernels(json_call):
+        got = kernel["error"]
+        if sees_key.all():
+            assert "rows_with_a_key" not in got and "no_key_rows" not in got, kernel["kernel"]
+            continue
+        assert got["no_key_rows"] == int((~sees_key).sum())
+        output = as_f64(load_pt(outs / f"call0_{kernel['kernel']}.pt")["out"])
+        o, r = output[sees_key], reference[sees_key]
+        finite = np.isfinite(o)
+        o, r = o[finite], r[finite]
+        e = np.abs(o - r)
+        subset = got["rows_with_a_key"]
+        assert subset["elements"] == o.size
+        assert_close(f"{case} {kernel['kernel']} max_abs", subset["max_abs"], e.max())
+        assert_close(f"{case} {kernel['kernel']} mean_abs", subset["mean_abs"], e.mean())
+        assert_close(f"{case} {kernel['kernel']} rel_l2", subset["rel_l2"], math.sqrt((e * e).sum() / (r * r).sum()))
+        cosine = (o * r).sum() / (math.sqrt((o * o).sum()) * math.sqrt((r * r).sum()))
+        assert_close(f"{case} {kernel['kernel']} cosine", subset["cosine"], cosine)
 
 
 def test_reference_has_zero_error_against_itself(replayed):
