@@ -235,3 +235,28 @@ def test_graph_timing_says_which_kernels_cannot_be_captured(tmp_path):
     assert kernels["reference-cuda"]["status"] == "failed"
     assert "not capturable in a CUDA graph" in kernels["reference-cuda"]["reason"], kernels["reference-cuda"]
     assert kernels["torch-flash"]["timing"]["method"] == "cuda-graph", kernels["torch-flash"]
+
+
+def test_decoder_in_bf16_on_cuda_every_masked_call_replays_through_efficient_and_cudnn(tmp_path):
+    """tests/e2e/jobs/decoder_job.py on the GPU in bf16 (GQA, a left-padded batch, generate()):
+    captured unchanged, and every call, masked or not, replayed by torch-efficient and torch-cudnn
+    within bf16's error on the rows that see a key."""
+    job = ROOT / "tests/e2e/jobs/decoder_job.py"
+    args = [sys.executable, str(job), "--device", "cuda", "--dtype", "bfloat16"]
+    subprocess.run([*args, "--save", str(tmp_path / "plain.npz")], check=True, capture_output=True)
+    env = dict(os.environ, LD_PRELOAD=ATTNCAP, ATTNCAP_OUT=str(tmp_path / "caps"))
+    captured = subprocess.run([*args, "--save", str(tmp_path / "captured.npz")], env=env, capture_output=True, text=True)
+    assert captured.returncode == 0, captured.stderr
+    import numpy as np
+    plain, with_capture = np.load(tmp_path / "plain.npz"), np.load(tmp_path / "captured.npz")
+    assert all(np.array_equal(plain[k], with_capture[k]) for k in plain.files)
+    (capture,) = (tmp_path / "caps").glob("*.h5")
+    report, _ = replay(tmp_path, capture, "--kernels", "torch-efficient,torch-cudnn")
+    assert len(report["calls"]) == 10
+    masked = [c for c in report["calls"] if c["mask"] != "none"]
+    assert masked, [c["mask"] for c in report["calls"]]
+    for call in report["calls"]:
+        for kernel in call["kernels"]:
+            assert kernel["status"] == "not_verified", (call["call_index"], kernel["kernel"], kernel["reason"])
+            error = kernel["error"].get("rows_with_a_key", kernel["error"])
+            assert error["rel_l2"] < 2e-2 and error["nan_count"] == 0, (call["call_index"], kernel["kernel"], error)

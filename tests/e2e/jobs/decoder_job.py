@@ -1,7 +1,7 @@
 """A decoder-only LLM as transformers serves it: a Llama built from a config with random weights
 (seeded; nothing is downloaded), grouped-query attention (4 query heads, 2 key/value heads), a
 left-padded batch and greedy `generate()`, on the CPU through torch's SDPA. It knows nothing of
-attnreplay; `--save` writes the generated tokens and the logits so that a test can check that
+attnreplay; `--device cuda --dtype bfloat16` runs it as a GPU server would; `--save` writes the generated tokens and the logits so that a test can check that
 capture changed nothing."""
 import argparse
 
@@ -14,22 +14,25 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--save", help="write the tokens and logits here (.npz)")
     parser.add_argument("--new-tokens", type=int, default=4)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     args = parser.parse_args()
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
                          pad_token_id=0, bos_token_id=1, eos_token_id=2, attn_implementation="sdpa")
-    model = LlamaForCausalLM(config).eval()
+    model = LlamaForCausalLM(config).eval().to(device=args.device, dtype=getattr(torch, args.dtype))
     ids = torch.randint(3, 256, (2, 12))
     mask = torch.ones_like(ids)
     ids[1, :4] = 0  # the second prompt is 4 tokens shorter, padded on the left as generate() wants
     mask[1, :4] = 0
+    ids, mask = ids.to(args.device), mask.to(args.device)
     with torch.inference_mode():
         logits = model(input_ids=ids, attention_mask=mask).logits
         tokens = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=args.new_tokens, do_sample=False,
                                 pad_token_id=0)
     if args.save:
-        np.savez(args.save, tokens=tokens.numpy(), logits=logits.float().numpy())
+        np.savez(args.save, tokens=tokens.cpu().numpy(), logits=logits.float().cpu().numpy())
     print(f"generated {tokens.shape[1] - ids.shape[1]} tokens for {ids.shape[0]} prompts")
 
 
