@@ -210,8 +210,17 @@ void fill_call(PendingCall& pending, const std::string& op, const c10::FunctionS
                                                 "attn_bias", "scale", "softmax_scale", "sm_scale", "is_causal",
                                                 "causal", "dropout_p", "dropout", "enable_gqa"};
   for (const auto& input : inputs) {
-    if (kMapped.count(input.name) || input.value->isTensor()) continue;
-    const std::string text = scalar_text(*input.value);
+    if (kMapped.count(input.name) || (input.value == qkv[0] || input.value == qkv[1] || input.value == qkv[2])) continue;
+    // Other tensors (ALiBi slopes, a block table, cu_seqlens) are named with their dtype and shape,
+    // so that replay knows they were there; an absent optional tensor is None.
+    std::string text;
+    if (input.value->isTensor()) {
+      const at::Tensor& tensor = input.value->toTensor();
+      text = tensor.defined() ? fmt::format("tensor {} [{}]", c10::toString(tensor.scalar_type()), fmt::join(tensor.sizes(), ","))
+                              : "None";
+    } else {
+      text = scalar_text(*input.value);
+    }
     if (!text.empty()) call.metadata["arg." + input.name] = text;
   }
   call.metadata["pid"] = std::to_string(getpid());

@@ -11,6 +11,7 @@
 #include "formats/pt_format.h"
 #include "kernels/kernel.h"
 #include "kernels/reference.h"
+#include "replay/call_semantics.h"
 #include "replay/prefetch.h"
 #ifdef ATTNREPLAY_HAVE_CUDA
 #include "replay/cuda_timing.h"
@@ -224,6 +225,23 @@ CallResult replay_call(const AttentionCall& captured, const ReplayOptions& optio
   // Kernels prepare a call from the call alone, so the quantized ones read the run's options here.
   set_quant_options(options.quant);
 
+  // An argument the replay cannot honour (a sliding window, a softcap, ...) would make every kernel
+  // be judged against the wrong answer: the call is refused, loudly, kernel by kernel.
+  if (const auto refused = unreplayable_arguments(captured); !refused.empty()) {
+    const std::string reason = fmt::format("not replayed: the call has {}, which the replay cannot honour",
+                                           fmt::join(refused, ", "));
+    result.notes.push_back(reason);
+    for (const Kernel* kernel : select_kernels(options.kernels)) {
+      KernelResult k;
+      k.kernel = kernel->name();
+      k.source = KernelRegistry::instance().source_of(k.kernel);
+      k.work = result.work;
+      k.disposition = Disposition::not_supported;
+      k.reason = reason;
+      result.kernels.push_back(std::move(k));
+    }
+    return result;
+  }
   AttentionCall call = captured;
   if (call.dropout_p > 0) {
     result.notes.push_back(fmt::format("captured with dropout_p={}; replayed without dropout", call.dropout_p));

@@ -1,0 +1,31 @@
+#include "replay/call_semantics.h"
+
+#include <catch2/catch_test_macros.hpp>
+
+namespace attnreplay {
+namespace {
+
+AttentionCall with_args(std::map<std::string, std::string> args) {
+  AttentionCall call;
+  for (const auto& [name, value] : args) call.metadata["arg." + name] = value;
+  call.metadata["step"] = "0";  // not an argument
+  return call;
+}
+
+TEST_CASE("unreplayable_arguments: neutral arguments and defaults pass, the rest are named") {
+  CHECK(unreplayable_arguments(with_args({})).empty());
+  CHECK(unreplayable_arguments(with_args({{"return_softmax", "True"}, {"deterministic", "True"},
+                                          {"window_size_left", "-1"}, {"window_size_right", "-1"},
+                                          {"softcap", "0"}, {"alibi_slopes", "None"}, {"block_table", "None"}}))
+            .empty());
+  CHECK(unreplayable_arguments(with_args({{"window_size_left", "64"}})) ==
+        std::vector<std::string>{"window_size_left=64 (a sliding window)"});
+  CHECK(unreplayable_arguments(with_args({{"custom_mask_type", "1"}})) ==
+        std::vector<std::string>{"custom_mask_type=1 (a causal mask given as xformers' mask type)"});
+  CHECK(unreplayable_arguments(with_args({{"block_table", "tensor Int [2,8]"}, {"softcap", "50"}})).size() == 2);
+  CHECK(unreplayable_arguments(with_args({{"frobnicate", "3"}})) ==
+        std::vector<std::string>{"frobnicate=3 (an argument the record does not know)"});
+}
+
+}  // namespace
+}  // namespace attnreplay
