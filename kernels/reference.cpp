@@ -1,5 +1,7 @@
 #include "kernels/reference.h"
 
+#include <ATen/ATen.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -47,6 +49,12 @@ ReferenceOutput reference_output_for(const AttentionShape& s, std::vector<std::i
   }
   result.rows = std::move(rows);
   return result;
+}
+
+void host_values(ReferenceOutput& reference) {
+  if (!reference.values.empty() || !reference.device_values) return;
+  const at::Tensor host = reference.device_values->to(at::kCPU).contiguous();
+  reference.values.assign(host.data_ptr<double>(), host.data_ptr<double>() + host.numel());
 }
 
 void mark_rows_without_keys(const AttentionCall& call, ReferenceOutput& reference) {

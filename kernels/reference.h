@@ -1,7 +1,10 @@
 #pragma once
 // Exact softmax attention: every product and sum in fp64 from the stored inputs, streaming over
 // keys (no s_q x s_kv matrix), so it stays valid at 100K+ tokens. Optionally only some query rows.
+#include <ATen/core/Tensor.h>
+
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "formats/attention_call.h"
@@ -14,8 +17,12 @@ struct ReferenceOutput {
   // Query positions computed, ascending; all of 0..seq_q-1 unless sampled.
   std::vector<std::int64_t> rows;
   bool sampled = false;
-  // (batch, heads_q, rows.size(), head_dim_vo), row-major.
+  // (batch, heads_q, rows.size(), head_dim_vo), row-major. Empty while the values are only on the
+  // GPU (`device_values`): host_values() brings them over.
   std::vector<double> values;
+  // The same on the GPU when it computed them: outputs are then compared there
+  // (replay/error_stats.h), without moving the reference to the host.
+  std::optional<at::Tensor> device_values;
   // Rows whose every key is masked out. Their output is 0, as torch's math backend gives.
   std::int64_t fully_masked_rows = 0;
   // Per (batch, head, row slot), 1 where the row sees no key; empty when every row sees one. Such
@@ -34,6 +41,10 @@ struct ReferenceOutput {
 // values: what both references fill in.
 ReferenceOutput reference_output_for(const AttentionShape& s, std::vector<std::int64_t> rows);
 
+// Fills `values` from `device_values` when only the GPU has them (for host-side readers: audit's
+// per-head errors, CPU kernels' observers).
+void host_values(ReferenceOutput& reference);
+
 // Marks `reference`'s rows that see no key (every key masked by the mask or by causality), from
 // the call alone: the same on whichever device the reference ran.
 void mark_rows_without_keys(const AttentionCall& call, ReferenceOutput& reference);
@@ -44,7 +55,9 @@ ReferenceOutput reference_attention(const AttentionCall& call, std::vector<std::
 
 // The same on a GPU (fp64 DGEMMs in chunks of query rows), for calls too large for the CPU.
 bool gpu_reference_available();
-ReferenceOutput reference_attention_gpu(const AttentionCall& call, std::vector<std::int64_t> rows = {});
+// With `keep_on_device`, the values stay on the GPU (`device_values`) and `values` is left empty.
+ReferenceOutput reference_attention_gpu(const AttentionCall& call, std::vector<std::int64_t> rows = {},
+                                        bool keep_on_device = false);
 
 // A reference run as a kernel, so that it is timed and checked like any other (the CPU one against
 // itself, the GPU one against the CPU one).

@@ -203,7 +203,7 @@ ATTNREPLAY_REGISTER_KERNEL(CudaReferenceKernel);
 
 }  // namespace
 
-ReferenceOutput reference_attention_gpu(const AttentionCall& call, std::vector<std::int64_t> rows) {
+ReferenceOutput reference_attention_gpu(const AttentionCall& call, std::vector<std::int64_t> rows, bool keep_on_device) {
   ATTNREPLAY_ASSERT(gpu_reference_available(), "GPU reference without a GPU");
   at::InferenceMode inference;
   ReferenceOutput result = reference_output_for(call.shape(), std::move(rows));
@@ -211,7 +211,12 @@ ReferenceOutput reference_attention_gpu(const AttentionCall& call, std::vector<s
   at::Tensor out = empty_output(inputs);
   at::Tensor fully_masked = at::zeros({1}, inputs.row_index.options());
   compute(inputs, out, fully_masked);
-  download(out, fully_masked, result);
+  if (keep_on_device) {
+    result.fully_masked_rows = fully_masked.item<std::int64_t>();
+    result.device_values = out;
+  } else {
+    download(out, fully_masked, result);
+  }
   return result;
 }
 

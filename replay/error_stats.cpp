@@ -1,31 +1,15 @@
 #include "replay/error_stats.h"
 
+#include <ATen/ATen.h>
+
 #include <algorithm>
 #include <cmath>
 
 #include "formats/errors.h"
+#include "formats/torch_tensor.h"
 
 namespace attnreplay {
 namespace {
-
-// Welford's running mean and variance: one pass, no cancellation on large tensors.
-struct Running {
-  std::int64_t count = 0;
-  double mean = 0, m2 = 0;
-  double min = INFINITY, max = -INFINITY;
-  void add(double x) {
-    ++count;
-    const double delta = x - mean;
-    mean += delta / static_cast<double>(count);
-    m2 += delta * (x - mean);
-    min = std::min(min, x);
-    max = std::max(max, x);
-  }
-  TensorMoments moments() const {
-    if (count == 0) return {};
-    return {min, max, mean, std::sqrt(m2 / static_cast<double>(count))};
-  }
-};
 
 double relative_l2(double sum_sq_error, double sum_sq_ref) {
   return sum_sq_ref > 0 ? std::sqrt(sum_sq_error / sum_sq_ref) : (sum_sq_error > 0 ? INFINITY : 0.0);
@@ -37,43 +21,6 @@ double cosine_of(double dot, double sum_sq_out, double sum_sq_ref) {
   return (sum_sq_out == 0 && sum_sq_ref == 0) ? 1.0 : 0.0;
 }
 
-// The errors over the rows that see a key, when some do not.
-ErrorStats::Subset compare_rows_with_a_key(const HostTensor& output, const ReferenceOutput& reference) {
-  const AttentionShape& s = reference.shape;
-  ErrorStats::Subset subset;
-  double sum_abs = 0, sum_sq_error = 0, sum_sq_ref = 0, sum_sq_out = 0, dot = 0;
-  const std::size_t esize = dtype_size(output.dtype);
-  const auto n_rows = reference.rows.size();
-  for (std::int64_t b = 0; b < s.batch; ++b)
-    for (std::int64_t h = 0; h < s.heads_q; ++h)
-      for (std::size_t slot = 0; slot < n_rows; ++slot) {
-        if (reference.no_key[static_cast<std::size_t>(b * s.heads_q + h) * n_rows + slot]) continue;
-        const std::int64_t base = ((b * s.heads_q + h) * s.seq_q + reference.rows[slot]) * s.head_dim_vo;
-        for (std::int64_t d = 0; d < s.head_dim_vo; ++d) {
-          const double o = element_to_double(output.dtype, output.data() + static_cast<std::size_t>(base + d) * esize);
-          if (std::isnan(o) || std::isinf(o)) {
-            ++(std::isnan(o) ? subset.nan_count : subset.inf_count);
-            continue;
-          }
-          const double r = reference.at(b, h, slot, d);
-          const double error = std::abs(o - r);
-          ++subset.elements;
-          subset.max_abs = std::max(subset.max_abs, error);
-          sum_abs += error;
-          sum_sq_error += error * error;
-          sum_sq_ref += r * r;
-          sum_sq_out += o * o;
-          dot += o * r;
-        }
-      }
-  if (subset.elements > 0) {
-    subset.mean_abs = sum_abs / static_cast<double>(subset.elements);
-    subset.rel_l2 = relative_l2(sum_sq_error, sum_sq_ref);
-    subset.cosine = cosine_of(dot, sum_sq_out, sum_sq_ref);
-  }
-  return subset;
-}
-
 void check_output_shape(const HostTensor& output, const AttentionShape& s) {
   const std::vector<std::int64_t> want{s.batch, s.heads_q, s.seq_q, s.head_dim_vo};
   if (output.shape != want) {
@@ -83,63 +30,106 @@ void check_output_shape(const HostTensor& output, const AttentionShape& s) {
 
 }  // namespace
 
+namespace {
+
+// The reference where it lives: on the GPU when it was computed there, else over the host values
+// (no copy). (b, h_q, rows, d_vo) fp64.
+at::Tensor reference_tensor(const ReferenceOutput& reference) {
+  if (reference.device_values) return *reference.device_values;
+  const AttentionShape& s = reference.shape;
+  return at::from_blob(const_cast<double*>(reference.values.data()),
+                       {s.batch, s.heads_q, static_cast<std::int64_t>(reference.rows.size()), s.head_dim_vo},
+                       at::TensorOptions().dtype(at::kDouble));
+}
+
+// Population mean and std, over what `values` holds (1-D).
+std::pair<at::Tensor, at::Tensor> mean_and_std(const at::Tensor& values) {
+  const at::Tensor mean = values.mean();
+  return {mean, values.sub(mean).square_().mean().sqrt_()};
+}
+
+}  // namespace
+
+// Computed with tensor reductions in fp64 on the device the reference is on: on the GPU a call's
+// output is compared where the reference already is, and on the CPU the reductions use every core.
+// Figures are as the docs define them (docs/metrics.md); the summation order is the library's, so
+// they agree with a serial sum to fp64 rounding.
 ErrorStats compare_to_reference(const HostTensor& output, const ReferenceOutput& reference) {
   const AttentionShape& s = reference.shape;
   check_output_shape(output, s);
+  at::InferenceMode inference;
   ErrorStats stats;
   stats.sampled = reference.sampled;
   stats.rows_compared = static_cast<std::int64_t>(reference.rows.size());
-  Running out_moments, ref_moments, abs_error;
-  double sum_sq_error = 0, sum_abs_ref = 0, sum_sq_ref = 0, sum_sq_out = 0, dot = 0;
-  const std::size_t esize = dtype_size(output.dtype);
-  const std::byte* data = output.data();
-  for (std::int64_t b = 0; b < s.batch; ++b)
-    for (std::int64_t h = 0; h < s.heads_q; ++h)
-      for (std::size_t slot = 0; slot < reference.rows.size(); ++slot) {
-        const std::int64_t row = reference.rows[slot];
-        const std::int64_t base = ((b * s.heads_q + h) * s.seq_q + row) * s.head_dim_vo;
-        for (std::int64_t d = 0; d < s.head_dim_vo; ++d) {
-          const double o = element_to_double(output.dtype, data + static_cast<std::size_t>(base + d) * esize);
-          const double r = reference.at(b, h, slot, d);
-          if (std::isnan(o)) {
-            ++stats.nan_count;
-            continue;
-          }
-          if (std::isinf(o)) {
-            ++stats.inf_count;
-            continue;
-          }
-          const double error = std::abs(o - r);
-          if (error > stats.max_abs || abs_error.count == 0) {
-            stats.max_abs = error;
-            stats.worst_batch = b, stats.worst_head = h, stats.worst_row = row, stats.worst_channel = d;
-          }
-          abs_error.add(error);
-          out_moments.add(o);
-          ref_moments.add(r);
-          sum_sq_error += error * error;
-          sum_abs_ref += std::abs(r);
-          sum_sq_ref += r * r;
-          sum_sq_out += o * o;
-          dot += o * r;
-        }
-      }
-  stats.elements = abs_error.count;
-  if (stats.elements > 0) {
-    const auto n = static_cast<double>(stats.elements);
-    stats.mean_abs = abs_error.mean;
-    stats.std_abs = abs_error.moments().std;
-    stats.mse = sum_sq_error / n;
-    stats.rmse = std::sqrt(stats.mse);
-    stats.rel_l1 = sum_abs_ref > 0 ? abs_error.mean * n / sum_abs_ref : (abs_error.mean > 0 ? INFINITY : 0.0);
-    stats.rel_l2 = relative_l2(sum_sq_error, sum_sq_ref);
-    stats.cosine = cosine_of(dot, sum_sq_out, sum_sq_ref);
+  const at::Tensor r = reference_tensor(reference);
+  at::Tensor o = torch_from_host_tensor(output, /*restore_strides=*/false).to(r.device()).to(at::kDouble);
+  if (reference.sampled) {
+    o = o.index_select(2, at::tensor(reference.rows, at::TensorOptions().dtype(at::kLong)).to(r.device()));
   }
-  stats.output = out_moments.moments();
-  stats.reference = ref_moments.moments();
+  const at::Tensor nan = at::isnan(o), inf = at::isinf(o);
+  const at::Tensor counts = at::stack({nan.sum(), inf.sum()}).cpu();
+  stats.nan_count = counts[0].item<std::int64_t>();
+  stats.inf_count = counts[1].item<std::int64_t>();
+  // Over the elements where the output is finite; the whole tensors when all are (no copies).
+  const bool all_finite = stats.nan_count + stats.inf_count == 0;
+  const at::Tensor finite = all_finite ? at::Tensor() : at::isfinite(o);
+  const at::Tensor of = all_finite ? o.reshape(-1) : o.masked_select(finite);
+  const at::Tensor rf = all_finite ? r.reshape(-1) : r.masked_select(finite);
+  stats.elements = of.numel();
+  if (stats.elements > 0) {
+    const at::Tensor e = (of - rf).abs_();
+    const auto [e_mean, e_std] = mean_and_std(e);
+    const auto [o_mean, o_std] = mean_and_std(of);
+    const auto [r_mean, r_std] = mean_and_std(rf);
+    const at::Tensor sums = at::stack({e.max(), e_mean, e.square().mean(), e_std, e.sum(), rf.abs().sum(),
+                                       e.square().sum(), rf.square().sum(), of.square().sum(), (of * rf).sum(),
+                                       of.min(), of.max(), o_mean, o_std, rf.min(), rf.max(), r_mean, r_std})
+                                .cpu();
+    const double* v = sums.data_ptr<double>();
+    stats.max_abs = v[0], stats.mean_abs = v[1], stats.mse = v[2], stats.std_abs = v[3];
+    stats.rmse = std::sqrt(stats.mse);
+    stats.rel_l1 = v[5] > 0 ? v[4] / v[5] : (v[4] > 0 ? INFINITY : 0.0);
+    stats.rel_l2 = relative_l2(v[6], v[7]);
+    stats.cosine = cosine_of(v[9], v[8], v[7]);
+    stats.output = {v[10], v[11], v[12], v[13]};
+    stats.reference = {v[14], v[15], v[16], v[17]};
+    // Where the largest error sits: the first such element in (batch, head, row, channel) order.
+    const at::Tensor error = (o - r).abs_();
+    const std::int64_t flat =
+        (all_finite ? error : error.masked_fill_(finite.logical_not(), -1.0)).reshape(-1).argmax().item<std::int64_t>();
+    const auto n_rows = static_cast<std::int64_t>(reference.rows.size());
+    stats.worst_channel = flat % s.head_dim_vo;
+    const std::int64_t slot = flat / s.head_dim_vo % n_rows;
+    stats.worst_row = reference.rows[static_cast<std::size_t>(slot)];
+    stats.worst_head = flat / s.head_dim_vo / n_rows % s.heads_q;
+    stats.worst_batch = flat / s.head_dim_vo / n_rows / s.heads_q;
+  }
   if (!reference.no_key.empty()) {
     stats.no_key_rows = std::count(reference.no_key.begin(), reference.no_key.end(), std::uint8_t{1});
-    stats.rows_with_a_key = compare_rows_with_a_key(output, reference);
+    // The same over the rows that see a key.
+    const at::Tensor sees = at::from_blob(const_cast<std::uint8_t*>(reference.no_key.data()),
+                                          {s.batch, s.heads_q, static_cast<std::int64_t>(reference.rows.size()), 1},
+                                          at::TensorOptions().dtype(at::kByte))
+                                .to(r.device())
+                                .eq(0)
+                                .expand_as(o);
+    const at::Tensor kept = all_finite ? sees : sees.logical_and(finite);
+    const at::Tensor ok = o.masked_select(kept), rk = r.masked_select(kept);
+    ErrorStats::Subset subset;
+    const at::Tensor seen_counts = at::stack({sees.logical_and(nan).sum(), sees.logical_and(inf).sum()}).cpu();
+    subset.nan_count = seen_counts[0].item<std::int64_t>();
+    subset.inf_count = seen_counts[1].item<std::int64_t>();
+    subset.elements = ok.numel();
+    if (subset.elements > 0) {
+      const at::Tensor e = (ok - rk).abs_();
+      const at::Tensor sums =
+          at::stack({e.max(), e.mean(), e.square().sum(), rk.square().sum(), ok.square().sum(), (ok * rk).sum()}).cpu();
+      const double* v = sums.data_ptr<double>();
+      subset.max_abs = v[0], subset.mean_abs = v[1];
+      subset.rel_l2 = relative_l2(v[2], v[3]);
+      subset.cosine = cosine_of(v[5], v[4], v[3]);
+    }
+    stats.rows_with_a_key = subset;
   }
   return stats;
 }

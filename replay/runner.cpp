@@ -199,7 +199,8 @@ ReferenceOutput reference_for(const AttentionCall& call, const ReplayOptions& op
     reference = reference_attention(call, rows);
   } else {
     if (!gpu_reference_available()) throw InputError("--reference cuda: no CUDA device");
-    reference = reference_attention_gpu(call, rows);
+    // Kept on the GPU: kernels' outputs are compared there (replay/error_stats.h).
+    reference = reference_attention_gpu(call, rows, /*keep_on_device=*/true);
   }
   mark_rows_without_keys(call, reference);
   return reference;
@@ -250,7 +251,9 @@ CallResult replay_call(const AttentionCall& captured, const ReplayOptions& optio
   using Clock = std::chrono::steady_clock;
   auto since = [](Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); };
   const auto reference_start = Clock::now();
-  const ReferenceOutput reference = reference_for(call, options);
+  ReferenceOutput reference = reference_for(call, options);
+  // Observers read the reference on the host.
+  if (options.on_kernel_output) host_values(reference);
   result.replay_seconds["reference"] = since(reference_start);
   double& prepare_s = result.replay_seconds["prepare"];
   double& measure_s = result.replay_seconds["measure"];

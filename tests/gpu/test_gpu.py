@@ -260,3 +260,22 @@ def test_decoder_in_bf16_on_cuda_every_masked_call_replays_through_efficient_and
             assert kernel["status"] == "not_verified", (call["call_index"], kernel["kernel"], kernel["reason"])
             error = kernel["error"].get("rows_with_a_key", kernel["error"])
             assert error["rel_l2"] < 2e-2 and error["nan_count"] == 0, (call["call_index"], kernel["kernel"], error)
+
+
+def test_error_statistics_are_the_same_compared_on_the_gpu_and_on_the_cpu(tmp_path):
+    """With the GPU reference, outputs are compared on the GPU (replay/error_stats.h); with the CPU
+    one, on the CPU: the same figures to fp64 rounding, no-key rows included."""
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 4, 64, 32, generator=g).bfloat16() for _ in range(3))
+    mask = torch.rand(2, 1, 64, 64, generator=g) > 0.3
+    mask[1, 0, :5] = False  # rows that see no key
+    torch.save({"q": q, "k": k, "v": v, "attn_mask": mask}, tmp_path / "m.pt")
+    on_gpu, _ = replay(tmp_path, tmp_path / "m.pt", "--reference", "cuda", "--kernels", "torch-math")
+    on_cpu, _ = replay(tmp_path, tmp_path / "m.pt", "--reference", "cpu", "--kernels", "torch-math")
+    a, b = on_gpu["calls"][0]["kernels"][0]["error"], on_cpu["calls"][0]["kernels"][0]["error"]
+    assert a["no_key_rows"] == b["no_key_rows"] == 5 * 4
+    for field in ("max_abs", "mean_abs", "mse", "std_abs", "rel_l1", "rel_l2", "cosine"):
+        assert abs(a[field] - b[field]) <= 1e-9 * abs(b[field]) + 1e-15, (field, a[field], b[field])
+    for field in ("max_abs", "rel_l2", "cosine"):
+        assert abs(a["rows_with_a_key"][field] - b["rows_with_a_key"][field]) <= 1e-9 * abs(b["rows_with_a_key"][field])
+    assert a["worst"] == b["worst"] and a["elements"] == b["elements"]
