@@ -70,7 +70,8 @@ struct CallResult {
   std::vector<KernelResult> kernels;
   // Where this call's replay spent its wall time, in seconds: "read" (waiting for the call to be
   // read), "reference", "prepare" (kernels' uploads and set-up), "measure" (timing), "judge" (runs
-  // that give the judged output, and the comparisons): what to look at when a replay is slow.
+  // that give the judged output, and the comparisons), "compare" (the comparisons alone, part of
+  // "judge"): what to look at when a replay is slow.
   std::map<std::string, double> replay_seconds;
 };
 

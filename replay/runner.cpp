@@ -258,6 +258,14 @@ CallResult replay_call(const AttentionCall& captured, const ReplayOptions& optio
   double& prepare_s = result.replay_seconds["prepare"];
   double& measure_s = result.replay_seconds["measure"];
   double& judge_s = result.replay_seconds["judge"];
+  double& compare_s = result.replay_seconds["compare"];
+  // Compares with the reference, timed apart from the rest of judging (runs, downloads).
+  auto compare = [&](const HostTensor& output) {
+    const auto start = Clock::now();
+    ErrorStats error = compare_to_reference(output, reference);
+    compare_s += since(start);
+    return error;
+  };
   result.reference_device = uses_gpu_reference(options) ? "cuda" : "cpu";
   result.reference_rows = static_cast<std::int64_t>(reference.rows.size());
   result.reference_sampled = reference.sampled;
@@ -332,7 +340,7 @@ CallResult replay_call(const AttentionCall& captured, const ReplayOptions& optio
         if (options.ceilings.copy_gbps > 0) k.copy_ceiling_fraction = k.gbytes_per_s() / options.ceilings.copy_gbps;
       }
       const HostTensor output = prepared->output();
-      k.error = compare_to_reference(output, reference);
+      k.error = compare(output);
       judge(k, options, kernel->description().reduced_precision.value_or(call.q.dtype));
       if (!k.refcheck_failures.empty()) k.reason = fmt::format("{}", fmt::join(k.refcheck_failures, "; "));
       if (options.on_kernel_output) options.on_kernel_output(call, reference, k, output);
@@ -376,7 +384,7 @@ CallResult replay_call(const AttentionCall& captured, const ReplayOptions& optio
     model.kernel = "model-output";
     model.work = result.work;
     const HostTensor model_output = to_bhsd(*call.out, call.layout);
-    model.error = compare_to_reference(model_output, reference);
+    model.error = compare(model_output);
     judge(model, options, call.q.dtype);
     if (options.on_kernel_output) options.on_kernel_output(call, reference, model, model_output);
     model.reason = call.backend.empty() ? "the output the model got" : "the output the model got from " + call.backend;
