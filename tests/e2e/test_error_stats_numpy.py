@@ -80,19 +80,12 @@ def numpy_scores_bias(call):
 def numpy_reference(call):
     """Attention in float64 with full score matrices and a plain softmax."""
     q, k, v = (as_f64(call[n]) for n in "qkv")
-    b, hq, sq, dqk = q.shape
-    hkv, skv = k.shape[1], k.shape[2]
+    hq, dqk = q.shape[1], q.shape[3]
+    hkv = k.shape[1]
     scale = call.get("scale") or 1.0 / math.sqrt(dqk)
     k = np.repeat(k, hq // hkv, axis=1)  # GQA: query head h uses kv head h // (hq / hkv)
     v = np.repeat(v, hq // hkv, axis=1)
-    scores = np.einsum("bhid,bhjd->bhij", q, k) * scale
-    bias = np.zeros((1, 1, sq, skv))
-    if call.get("is_causal"):
-        bias = bias + np.where(np.tril(np.ones((sq, skv), dtype=bool)), 0.0, -np.inf)  # top-left
-    mask = call.get("attn_mask")
-    if mask is not None:
-        bias = bias + (np.where(mask.numpy(), 0.0, -np.inf) if mask.dtype == torch.bool else as_f64(mask))
-    scores = scores + bias
+    scores = np.einsum("bhid,bhjd->bhij", q, k) * scale + numpy_scores_bias(call)
     row_max = scores.max(axis=-1, keepdims=True)
     live = np.isfinite(row_max)
     weights = np.exp(scores - np.where(live, row_max, 0.0))
