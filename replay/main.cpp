@@ -24,18 +24,15 @@
 #endif
 #include "replay/generate.h"
 #include "replay/merge.h"
+#include "replay/record_files.h"
 #include "replay/report.h"
 #include "replay/runner.h"
+#include "replay/sharded_run.h"
 #include "replay/sharding.h"
 
 namespace attnreplay {
 namespace {
 namespace fs = std::filesystem;
-
-constexpr int kExitOk = 0;
-constexpr int kExitFailures = 1;   // an input, call or kernel failed
-constexpr int kExitUsage = 2;
-constexpr int kExitIncorrect = 3;  // --refcheck thresholds exceeded
 
 // A flag that cannot work, as opposed to an input that turned out bad.
 class UsageError : public InputError {
@@ -420,72 +417,15 @@ std::string now_utc() {
   return fmt::format("{:%Y-%m-%dT%H:%M:%SZ}", fmt::gmtime(now));
 }
 
-void write_file_atomically(const std::string& path, const std::function<void(std::ostream&)>& write) {
-  const std::string partial = path + ".partial";
-  {
-    std::ofstream out(partial);
-    if (!out) throw InputError(fmt::format("{}: cannot open for writing", path));
-    write(out);
-    if (!out.flush()) throw InputError(fmt::format("{}: write failed", path));
-  }
-  fs::rename(partial, path);
-}
-
-// The closing line of a results record (a run's, or one joined from parts).
-void print_summary(const nlohmann::json& record) {
-  std::map<std::string, int> counts;
-  int runs = 0;
-  for (const auto& call : record["calls"])
-    for (const auto& kernel : call["kernels"]) ++counts[kernel["status"].get<std::string>()], ++runs;
-  std::vector<std::string> parts;
-  for (const auto& [name, count] : counts) parts.push_back(fmt::format("{} {}", count, name));
-  std::cout << fmt::format("{} calls, {} results: {}; {} input errors\n", record["calls"].size(), runs,
-                           parts.empty() ? "none" : fmt::format("{}", fmt::join(parts, ", ")),
-                           record["input_errors"].size());
-}
-
-// Exit 1 when an input, call or kernel failed, else 3 when a --refcheck threshold was exceeded.
-int exit_status(const nlohmann::json& record) {
-  bool incorrect = false;
-  if (!record["input_errors"].empty()) return kExitFailures;
-  for (const auto& call : record["calls"]) {
-    for (const auto& kernel : call["kernels"]) {
-      if (kernel["status"] == "failed") return kExitFailures;
-      incorrect = incorrect || kernel["status"] == "incorrect";
-    }
-  }
-  return incorrect ? kExitIncorrect : kExitOk;
-}
-
-// How `run` shares its calls among processes, and where the parts go (replay/sharding.h).
+// How `run` shares its calls among processes (replay/sharding.h).
 struct ShardArgs {
   std::string shard = "auto";
   std::optional<double> merge_wait_s;  // unset: twice rank 0's own time, plus a minute
 };
 
-// This process's part files when sharded: the JSON part always (merge reads it), the CSV's when
-// asked. `json_path` falls back on the CSV's name with .json.
-struct PartFiles {
-  std::string json, csv;
-};
-
-PartFiles part_files(const Shard& shard, const std::string& json_path, const std::string& csv_path) {
-  if (json_path.empty() && csv_path.empty()) return {};
-  const std::string json = json_path.empty() ? fs::path(csv_path).replace_extension(".json").string() : json_path;
-  return {part_path(json, shard.rank, shard.world_size),
-          csv_path.empty() ? "" : part_path(csv_path, shard.rank, shard.world_size)};
-}
-
-std::string host_name() {
-  char name[256] = {};
-  return gethostname(name, sizeof(name) - 1) == 0 ? name : "";
-}
-
 int command_run(const RunArgs& args, const std::string& testlist, const std::string& json_path,
                 const std::string& csv_path, Output output, bool measure_gpu_ceilings, const LoadedPlugins& plugins,
                 const std::vector<std::string>& argv, const ShardArgs& sharding) {
-  const auto started = fs::file_time_type::clock::now();
-  const auto started_steady = std::chrono::steady_clock::now();
   Shard shard;
   try {
     shard = shard_from_flag(sharding.shard, process_environment());
@@ -493,32 +433,13 @@ int command_run(const RunArgs& args, const std::string& testlist, const std::str
     throw UsageError(error.what());
   }
   Report report;
-  std::optional<CallShare> share;
-  PartFiles parts;
+  // Before anything touches CUDA: a shared run's process takes its local GPU.
+  std::optional<ShardedRun> sharded;
   if (shard.sharded()) {
-    // Before anything touches CUDA: the GPU this process runs on is its local rank's.
-#ifdef ATTNREPLAY_HAVE_CUDA
-    const int gpu = use_local_gpu(shard.local_rank);
-#else
-    const int gpu = -1;
-#endif
-    report.shard_part = ShardPart{shard, host_name()};
-    share.emplace(*report.shard_part, args.time_every_call ? 0 : args.timed_calls_per_group);
-    parts = part_files(shard, json_path, csv_path);
-    // A part of an earlier run must not pass for this one's while this process works.
-    for (const std::string& part : {parts.json, parts.csv}) {
-      if (!part.empty()) fs::remove(part);
-    }
-    if (gpu >= 0 && gpu != shard.local_rank) {
-      std::cerr << fmt::format("attnreplay: warning: local rank {} shares GPU {} with local rank {}: their timings "
-                               "disturb each other (start one process per GPU)\n", shard.local_rank, gpu, gpu);
-    }
-    if (!output.quiet) {
-      std::cerr << fmt::format("attnreplay: {}{}; {}\n", shard.describe(), gpu >= 0 ? fmt::format(", GPU {}", gpu) : "",
-                               parts.json.empty() ? "no --json or --csv: results are only printed"
-                                                  : "writes " + parts.json);
-    }
+    sharded.emplace(shard, args.time_every_call ? 0 : args.timed_calls_per_group, json_path, csv_path, output.quiet,
+                    report);
   }
+  CallShare* share = sharded ? &sharded->share() : nullptr;
   report.input_errors = plugins.errors;
   report.tool_version = tool_version();
   report.argv = argv;
@@ -570,7 +491,7 @@ int command_run(const RunArgs& args, const std::string& testlist, const std::str
         add_run_options(parser, line_args);
         parser.parse(line, false);
         if (line_args.case_tag.empty()) line_args.case_tag = where;
-        run_one(line_args, report, output, plugins, share ? &*share : nullptr, where);
+        run_one(line_args, report, output, plugins, share, where);
       } catch (const CLI::Error& error) {
         report.input_errors.push_back(fmt::format("{}: {}", where, error.what()));
       } catch (const InputError& error) {
@@ -583,44 +504,18 @@ int command_run(const RunArgs& args, const std::string& testlist, const std::str
       throw UsageError("nothing to replay: give capture files or folders, --shape, or --testlist");
     }
     try {
-      run_one(args, report, output, plugins, share ? &*share : nullptr);
+      run_one(args, report, output, plugins, share);
     } catch (const InputError& error) {
       report.input_errors.push_back(error.what());
     }
   }
   for (const std::string& error : report.input_errors) std::cerr << "error: " << error << '\n';
-  if (!shard.sharded()) {
-    if (!json_path.empty()) write_file_atomically(json_path, [&](std::ostream& out) { write_json(report, out); });
-    if (!csv_path.empty()) write_file_atomically(csv_path, [&](std::ostream& out) { write_csv(report, out); });
-    const nlohmann::json record = report_to_json(report);
-    print_summary(record);
-    return exit_status(record);
-  }
-  if (!parts.json.empty()) write_file_atomically(parts.json, [&](std::ostream& out) { write_json(report, out); });
-  if (!parts.csv.empty()) write_file_atomically(parts.csv, [&](std::ostream& out) { write_csv(report, out); });
-  const nlohmann::json own_record = report_to_json(report);
-  std::cout << "rank " << shard.rank << ": ";
-  print_summary(own_record);
-  const int own_status = exit_status(own_record);
-  // Rank 0 joins the parts when they land in a shared folder; elsewhere `attnreplay merge` does.
-  const std::chrono::duration<double> own_time = std::chrono::steady_clock::now() - started_steady;
-  const double wait_s = sharding.merge_wait_s.value_or(2 * own_time.count() + 60);
-  if (shard.rank != 0 || parts.json.empty() || wait_s <= 0) return own_status;
-  const std::string joined_json = json_path.empty() ? fs::path(csv_path).replace_extension(".json").string() : json_path;
-  try {
-    const auto found = wait_for_parts(joined_json, parts.json, *report.shard_part, started,
-                                      std::chrono::duration<double>(wait_s));
-    const nlohmann::json merged = merge_parts(found);
-    if (!json_path.empty()) write_file_atomically(json_path, [&](std::ostream& out) { out << merged.dump(2) << '\n'; });
-    if (!csv_path.empty()) write_file_atomically(csv_path, [&](std::ostream& out) { write_csv(merged, out); });
-    std::cout << fmt::format("merged {} parts: ", shard.world_size);
-    print_summary(merged);
-    return exit_status(merged);
-  } catch (const InputError& error) {
-    std::cerr << fmt::format("error: {}\nmerge the parts later with: attnreplay merge {} --json {}\n", error.what(),
-                             part_pattern(joined_json, shard.world_size), shell_quote(joined_json));
-    return kExitFailures;
-  }
+  if (sharded) return sharded->finish(report, sharding.merge_wait_s);
+  if (!json_path.empty()) write_file_atomically(json_path, [&](std::ostream& out) { write_json(report, out); });
+  if (!csv_path.empty()) write_file_atomically(csv_path, [&](std::ostream& out) { write_csv(report, out); });
+  const nlohmann::json record = report_to_json(report);
+  print_summary(record);
+  return exit_status(record);
 }
 
 int command_info(const std::vector<std::string>& inputs) {
@@ -709,13 +604,7 @@ int command_kernels(const LoadedPlugins& plugins) {
 
 int command_merge(const std::vector<std::string>& parts, const std::string& json_path, const std::string& csv_path) {
   if (json_path.empty() && csv_path.empty()) throw UsageError("merge: give --json or --csv (or both) to write");
-  const nlohmann::json merged = merge_parts(parts);
-  if (!json_path.empty()) write_file_atomically(json_path, [&](std::ostream& out) { out << merged.dump(2) << '\n'; });
-  if (!csv_path.empty()) write_file_atomically(csv_path, [&](std::ostream& out) { write_csv(merged, out); });
-  for (const auto& error : merged["input_errors"]) std::cerr << "error: " << error.get<std::string>() << '\n';
-  std::cout << fmt::format("merged {} parts: ", parts.size());
-  print_summary(merged);
-  return exit_status(merged);
+  return write_joined_record(merge_parts(parts), parts.size(), json_path, csv_path);
 }
 
 // The flags of `audit`: the ones it shares with `run`, defined by the same code, and its own.
