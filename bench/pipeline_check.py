@@ -20,6 +20,8 @@ import time
 
 import torch
 
+from pt_calls import save_call
+
 SHAPE = (1, 24, 4608, 128)
 
 
@@ -39,10 +41,7 @@ def main():
         q, k, v = (torch.randn(SHAPE, generator=generator).bfloat16() for _ in range(3))
         out = torch.nn.functional.scaled_dot_product_attention(q[:, :, :64].float(), k.float(), v.float()).bfloat16()
         out = torch.cat([out, torch.zeros(1, 24, SHAPE[2] - 64, 128, dtype=torch.bfloat16)], dim=2)
-        torch.save({"format": "attnreplay.call", "schema_version": 1, "call_index": index, "op": "sdpa",
-                    "backend": "", "layout": "bhsd", "is_causal": False, "causal_alignment": "top_left",
-                    "scale": None, "dropout_p": 0.0, "enable_gqa": False, "q": q, "k": k, "v": v, "mask": None,
-                    "out": out, "metadata": {}}, os.path.join(calls, f"call_{index:06d}.pt"))
+        save_call(calls, index, q, k, v, op="sdpa", out=out)
     capture = os.path.join(folder, "capture.h5")
     subprocess.run([args.attnreplay, "convert", calls + "/", capture], check=True, stdout=subprocess.DEVNULL)
     size = os.path.getsize(capture)

@@ -1,6 +1,6 @@
 """Sharded replay on this machine's GPUs under torchrun, against one process.
 
-Writes a capture of 200 fp16 calls in 4 shapes (bench/timing_groups_check.py's), replays it in one
+Writes a capture of 200 fp16 calls in 4 shapes (bench/pt_calls.py's, as timing_groups_check.py), replays it in one
 process and under `torchrun --standalone --nproc-per-node N --no-python` (N: the GPUs here, at
 least 2), and checks that the joined record holds every call once with error statistics identical
 to the one process's. The speed-up is reported; with fewer GPUs than processes, ranks share a GPU
@@ -19,7 +19,8 @@ import time
 
 import torch
 
-SHAPES = [(1, 8, 512, 128, False), (2, 4, 1024, 64, False), (1, 8, 1024, 128, True), (4, 4, 256, 128, False)]
+from pt_calls import write_small_shapes
+
 KERNELS = "torch-flash,torch-cudnn,flash"
 
 
@@ -33,15 +34,7 @@ def main():
     processes = max(2, gpus)
     folder = tempfile.mkdtemp()
     capture = os.path.join(folder, "calls")
-    os.makedirs(capture)
-    generator = torch.Generator().manual_seed(0)
-    for index in range(args.calls):
-        b, h, s, d, causal = SHAPES[index % len(SHAPES)]
-        q, k, v = (torch.randn(b, h, s, d, generator=generator).half() for _ in range(3))
-        torch.save({"format": "attnreplay.call", "schema_version": 1, "call_index": index, "op": "", "backend": "",
-                    "layout": "bhsd", "is_causal": causal, "causal_alignment": "top_left", "scale": None,
-                    "dropout_p": 0.0, "enable_gqa": False, "q": q, "k": k, "v": v, "mask": None, "out": None,
-                    "metadata": {}}, os.path.join(capture, f"call_{index:06d}.pt"))
+    write_small_shapes(capture, args.calls)
     flags = ["run", capture, "--kernels", KERNELS, "--no-ceilings", "-q"]
 
     def timed(command, cwd):

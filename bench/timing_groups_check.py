@@ -16,10 +16,8 @@ import sys
 import tempfile
 import time
 
-import torch
+from pt_calls import SMALL_SHAPES, write_small_shapes
 
-# Small calls (about 1.5 MB each), where timing dominates a replay and grouping matters most.
-SHAPES = [(1, 8, 512, 128, False), (2, 4, 1024, 64, False), (1, 8, 1024, 128, True), (4, 4, 256, 128, False)]
 KERNELS = "torch-flash,torch-cudnn,torch-efficient,flash,sage2-int8-fp8"
 CALLS = 200
 
@@ -30,22 +28,9 @@ def main():
     parser.add_argument("--out", required=True)
     parser.add_argument("--every-calls", type=int, default=40)
     args = parser.parse_args()
-    generator = torch.Generator().manual_seed(0)
     with tempfile.TemporaryDirectory() as folder:
-        # A folder of attnreplay's .pt calls (docs/format.md): torch.save writes them at disk speed,
-        # where the HDF5 writer in Python spends seconds a call on its content hashes.
         capture = os.path.join(folder, "calls")
-        os.makedirs(capture)
-        size = 0
-        for index in range(CALLS):
-            b, h, s, d, causal = SHAPES[index % len(SHAPES)]
-            q, k, v = (torch.randn(b, h, s, d, generator=generator).half() for _ in range(3))
-            path = os.path.join(capture, f"call_{index:06d}.pt")
-            torch.save({"format": "attnreplay.call", "schema_version": 1, "call_index": index, "op": "", "backend": "",
-                        "layout": "bhsd", "is_causal": causal, "causal_alignment": "top_left", "scale": None,
-                        "dropout_p": 0.0, "enable_gqa": False, "q": q, "k": k, "v": v, "mask": None, "out": None,
-                        "metadata": {}}, path)
-            size += os.path.getsize(path)
+        size = write_small_shapes(capture, CALLS)
         print(f"capture: {CALLS} calls, {size / 1e6:.0f} MB", flush=True)
 
         def replay(name, *flags):
@@ -70,7 +55,7 @@ def main():
                         if k.get("timing") and "timing_shared_from" not in k)
     every_scaled_s = every_s * CALLS / args.every_calls
     result = {
-        "gpu": grouped["environment"].get("gpu"), "calls": CALLS, "shapes": len(SHAPES), "kernels": KERNELS.split(","),
+        "gpu": grouped["environment"].get("gpu"), "calls": CALLS, "shapes": len(SMALL_SHAPES), "kernels": KERNELS.split(","),
         "capture_bytes": size, "grouped_s": grouped_s, "grouped_timed_measurements": timed_grouped,
         "every_call_s": every_s, "every_call_calls": args.every_calls,
         "every_call_scaled_to_all_s": every_scaled_s, "speedup": every_scaled_s / grouped_s,
