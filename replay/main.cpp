@@ -604,7 +604,9 @@ int command_kernels(const LoadedPlugins& plugins) {
 
 int command_merge(const std::vector<std::string>& parts, const std::string& json_path, const std::string& csv_path) {
   if (json_path.empty() && csv_path.empty()) throw UsageError("merge: give --json or --csv (or both) to write");
-  return write_joined_record(merge_parts(parts), parts.size(), json_path, csv_path);
+  const nlohmann::json joined = merge_parts(parts);
+  for (const auto& error : joined["input_errors"]) std::cerr << "error: " << error.get<std::string>() << '\n';
+  return write_joined_record(joined, parts.size(), json_path, csv_path);
 }
 
 // The flags of `audit`: the ones it shares with `run`, defined by the same code, and its own.

@@ -49,7 +49,6 @@ int write_joined_record(const nlohmann::json& joined, std::size_t parts, const s
                         const std::string& csv_path) {
   if (!json_path.empty()) write_file_atomically(json_path, [&](std::ostream& out) { out << joined.dump(2) << '\n'; });
   if (!csv_path.empty()) write_file_atomically(csv_path, [&](std::ostream& out) { write_csv(joined, out); });
-  for (const auto& error : joined["input_errors"]) std::cerr << "error: " << error.get<std::string>() << '\n';
   std::cout << fmt::format("merged {} parts: ", parts);
   print_summary(joined);
   return exit_status(joined);

@@ -23,8 +23,8 @@ void print_summary(const nlohmann::json& record);
 // 1 when an input, call or kernel failed, else 3 when a --refcheck threshold was exceeded, else 0.
 int exit_status(const nlohmann::json& record);
 
-// A record joined from `parts` parts: written to the paths given (either may be empty), its input
-// errors and closing line printed. Returns its exit status.
+// A record joined from `parts` parts: written to the paths given (either may be empty), its closing
+// line printed. Returns its exit status.
 int write_joined_record(const nlohmann::json& joined, std::size_t parts, const std::string& json_path,
                         const std::string& csv_path);
 
