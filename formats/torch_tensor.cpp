@@ -45,16 +45,18 @@ HostTensor host_tensor_from_torch(const at::Tensor& tensor) {
   return host;
 }
 
-at::Tensor torch_from_host_tensor(const HostTensor& tensor, bool restore_strides) {
+at::Tensor torch_view_of_host_tensor(const HostTensor& tensor) {
   const auto options = at::TensorOptions().dtype(torch_scalar_type(tensor.dtype)).device(at::kCPU);
-  at::Tensor contiguous = at::empty(tensor.shape, options);
-  if (tensor.nbytes() > 0) {
-    ATTNREPLAY_ASSERT(tensor.data() && tensor.bytes->size() == tensor.nbytes(), "tensor without data");
-    std::memcpy(contiguous.data_ptr(), tensor.data(), tensor.nbytes());
-  }
-  if (!restore_strides || tensor.captured_contiguous() || tensor.captured_strides.size() != tensor.shape.size()) {
-    return contiguous;
-  }
+  if (tensor.nbytes() == 0) return at::empty(tensor.shape, options);
+  ATTNREPLAY_ASSERT(tensor.data() && tensor.bytes->size() == tensor.nbytes(), "tensor without data");
+  // The view holds a reference to the bytes, so it may outlive the HostTensor it came from.
+  auto bytes = tensor.bytes;
+  return at::from_blob(const_cast<std::byte*>(bytes->data()), tensor.shape,
+                       [bytes](void*) mutable { bytes.reset(); }, options);
+}
+
+at::Tensor with_captured_strides(const at::Tensor& contiguous, const HostTensor& tensor) {
+  if (tensor.captured_contiguous() || tensor.captured_strides.size() != tensor.shape.size()) return contiguous;
   // Dims of stride 0 were expanded: keep one slice and expand it again, as the model did.
   std::vector<std::int64_t> base_shape = tensor.shape;
   std::vector<std::int64_t> base_strides = tensor.captured_strides;
@@ -69,13 +71,18 @@ at::Tensor torch_from_host_tensor(const HostTensor& tensor, bool restore_strides
     }
   }
   try {
-    at::Tensor strided = at::empty_strided(base_shape, base_strides, options);
+    at::Tensor strided = at::empty_strided(base_shape, base_strides, contiguous.options());
     strided.zero_();  // gaps between rows (a slice of a fused QKV) hold zeros, never garbage
     strided.copy_(source);
     return expanded ? strided.expand(tensor.shape) : strided;
   } catch (const c10::Error&) {
     return contiguous;  // overlapping strides cannot be written to; the values are what matter
   }
+}
+
+at::Tensor torch_from_host_tensor(const HostTensor& tensor, bool restore_strides) {
+  const at::Tensor contiguous = torch_view_of_host_tensor(tensor).clone();
+  return restore_strides ? with_captured_strides(contiguous, tensor) : contiguous;
 }
 
 }  // namespace attnreplay

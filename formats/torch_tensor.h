@@ -15,5 +15,11 @@ HostTensor host_tensor_from_torch(const at::Tensor& tensor);
 // A CPU tensor with the recorded strides restored (same memory layout as the model's tensor:
 // transposed views stay transposed, expanded dims stay expanded), or contiguous when asked.
 at::Tensor torch_from_host_tensor(const HostTensor& tensor, bool restore_strides = true);
+// The host bytes themselves as a contiguous CPU tensor, without a copy (it keeps them alive): for
+// reading and uploading only, since the bytes may be shared with other copies of the call.
+at::Tensor torch_view_of_host_tensor(const HostTensor& tensor);
+// `contiguous` (on any device, in `tensor`'s shape) copied into the strides `tensor` recorded, as
+// torch_from_host_tensor restores them; itself when those are contiguous or unknown.
+at::Tensor with_captured_strides(const at::Tensor& contiguous, const HostTensor& tensor);
 
 }  // namespace attnreplay

@@ -6,7 +6,12 @@
 #include <c10/cuda/CUDAStream.h>
 #endif
 
+#include <ATen/ATen.h>
+
+#include "formats/torch_tensor.h"
 #include "kernels/cuda/cuda_attention.h"
+#include "kernels/device_output.h"
+#include "kernels/torch_inputs.h"
 
 namespace attnreplay {
 namespace {
@@ -69,7 +74,7 @@ cudaStream_t current_stream() {
 #endif
 }
 
-class PreparedCudaAttention final : public PreparedKernel {
+class PreparedCudaAttention final : public PreparedKernel, public DeviceOutput {
  public:
   PreparedCudaAttention(const AttentionCall& call, QuantizedKind kind, const QuantOptions& options)
       : dtype_(call.q.dtype),
@@ -88,6 +93,12 @@ class PreparedCudaAttention final : public PreparedKernel {
     HostTensor out = HostTensor::allocate(dtype_, {shape_.batch, shape_.heads_q, shape_.seq_q, shape_.head_dim_vo});
     attention_.download_output(out.mutable_data(), out.nbytes());
     return out;
+  }
+  at::Tensor device_output() override {
+    attention_.synchronize();
+    return at::from_blob(const_cast<void*>(attention_.device_output()),
+                         {shape_.batch, shape_.heads_q, shape_.seq_q, shape_.head_dim_vo},
+                         at::TensorOptions().dtype(torch_scalar_type(dtype_)).device(current_gpu()));
   }
 
  private:

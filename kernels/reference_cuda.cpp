@@ -11,6 +11,7 @@
 
 #include "formats/errors.h"
 #include "formats/torch_tensor.h"
+#include "kernels/device_output.h"
 #include "kernels/kernel.h"
 #include "kernels/reference.h"
 #include "kernels/torch_inputs.h"
@@ -25,13 +26,12 @@ namespace {
 constexpr std::int64_t kScoreChunkBytes = 1ll << 30;  // one chunk of fp64 scores
 
 at::Tensor to_gpu_fp64(const HostTensor& tensor, Layout layout) {
-  const at::Tensor host = torch_from_host_tensor(to_bhsd(tensor, layout), /*restore_strides=*/false);
-  return host.to(current_gpu()).to(at::kDouble);
+  return bhsd_view(device_copy(tensor, current_gpu()), layout).to(at::kDouble).contiguous();
 }
 
 // The additive mask broadcast to (b, h_q, rows, s_kv) lazily: bool masks become 0 / -inf.
 at::Tensor additive_mask(const AttentionCall& call, const at::Tensor& rows) {
-  at::Tensor mask = torch_from_host_tensor(*call.mask, false).to(current_gpu());
+  at::Tensor mask = device_copy(*call.mask, current_gpu());
   while (mask.dim() < 4) mask = mask.unsqueeze(0);
   if (mask.size(2) != 1) mask = mask.index_select(2, rows);
   if (mask.scalar_type() == at::kBool) {
@@ -63,7 +63,8 @@ GpuReferenceInputs upload(const AttentionCall& call, const std::vector<std::int6
   in.shape = call.shape();
   const auto device = current_gpu();
   in.row_index = at::tensor(rows, at::TensorOptions().dtype(at::kLong)).to(device);
-  in.q = to_gpu_fp64(call.q, call.layout).index_select(2, in.row_index).contiguous();
+  in.q = to_gpu_fp64(call.q, call.layout);
+  if (static_cast<std::int64_t>(rows.size()) != in.shape.seq_q) in.q = in.q.index_select(2, in.row_index).contiguous();
   in.k = to_gpu_fp64(call.k, call.layout);
   in.v = to_gpu_fp64(call.v, call.layout);
   if (call.mask) in.mask = additive_mask(call, in.row_index);
@@ -152,7 +153,7 @@ void download(const at::Tensor& out, const at::Tensor& fully_masked, ReferenceOu
 
 // The GPU reference as a timed kernel, like the other GPU kernels: inputs go up in prepare(),
 // run() queues only the computation, and output() brings the result down.
-class PreparedCudaReference final : public PreparedKernel {
+class PreparedCudaReference final : public PreparedKernel, public DeviceOutput {
  public:
   explicit PreparedCudaReference(const AttentionCall& call)
       : call_(call), result_(reference_output_for(call.shape(), {})) {
@@ -172,6 +173,7 @@ class PreparedCudaReference final : public PreparedKernel {
     const AttentionShape& s = result_.shape;
     return HostTensor::from_doubles(DType::float64, {s.batch, s.heads_q, s.seq_q, s.head_dim_vo}, result_.values);
   }
+  at::Tensor device_output() override { return out_; }  // every row: the kernel is never sampled
 
  private:
   AttentionCall call_;

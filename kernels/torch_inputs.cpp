@@ -3,18 +3,60 @@
 #include <ATen/ATen.h>
 #include <ATen/detail/CUDAHooksInterface.h>
 
+#include <map>
+#include <tuple>
+
 #include "formats/torch_tensor.h"
 
 namespace attnreplay {
+namespace {
 
-ModelInputs model_inputs(const AttentionCall& call, at::Device device) {
-  auto bhsd = [&](const HostTensor& tensor) {
-    at::Tensor t = torch_from_host_tensor(tensor).to(device);  // .to keeps dense strides
-    if (t.dim() == 3) t = t.unsqueeze(1);
-    return call.layout == Layout::bshd ? t.transpose(1, 2) : t;
+// Keyed by the bytes and how they are read; an entry holds the bytes, so their address cannot be
+// reused by another tensor while it lives.
+using UploadKey = std::tuple<const void*, DType, std::vector<std::int64_t>, int, int>;
+struct Upload {
+  std::shared_ptr<const std::vector<std::byte>> bytes;
+  at::Tensor copy;
+};
+thread_local std::map<UploadKey, Upload>* shared_uploads = nullptr;
+
+}  // namespace
+
+SharedUploads::SharedUploads() {
+  if (!shared_uploads) shared_uploads = new std::map<UploadKey, Upload>();
+}
+
+SharedUploads::~SharedUploads() {
+  delete shared_uploads;
+  shared_uploads = nullptr;
+}
+
+at::Tensor device_copy(const HostTensor& tensor, at::Device device) {
+  const at::Tensor host = torch_view_of_host_tensor(tensor);
+  if (device.is_cpu()) return host;
+  if (!shared_uploads || !tensor.bytes) return host.to(device);
+  UploadKey key{tensor.bytes.get(), tensor.dtype, tensor.shape, static_cast<int>(device.type()), device.index()};
+  auto found = shared_uploads->find(key);
+  if (found == shared_uploads->end()) {
+    found = shared_uploads->emplace(std::move(key), Upload{tensor.bytes, host.to(device)}).first;
+  }
+  return found->second.copy;
+}
+
+at::Tensor bhsd_view(at::Tensor tensor, Layout layout) {
+  if (tensor.dim() == 3) return tensor.unsqueeze(1);
+  return layout == Layout::bshd ? tensor.transpose(1, 2) : tensor;
+}
+
+ModelInputs model_inputs(const AttentionCall& call, at::Device device, bool writable) {
+  auto as_model_had = [&](const HostTensor& tensor) {
+    const at::Tensor shared = device_copy(tensor, device);
+    const at::Tensor strided = with_captured_strides(shared, tensor);
+    return writable && strided.is_same(shared) ? shared.clone() : strided;
   };
-  ModelInputs in{bhsd(call.q), bhsd(call.k), bhsd(call.v), std::nullopt};
-  if (call.mask) in.mask = torch_from_host_tensor(*call.mask).to(device);
+  ModelInputs in{bhsd_view(as_model_had(call.q), call.layout), bhsd_view(as_model_had(call.k), call.layout),
+                 bhsd_view(as_model_had(call.v), call.layout), std::nullopt};
+  if (call.mask) in.mask = as_model_had(*call.mask);
   return in;
 }
 

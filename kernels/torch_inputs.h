@@ -1,6 +1,7 @@
 #pragma once
 // A call's Q, K, V and mask as libtorch tensors on a device, as the model passed them: the kernels
-// that hand tensors to torch (its SDPA backends, Python plug-ins) start from these.
+// that hand tensors to torch (its SDPA backends, Python plug-ins) and the GPU reference start
+// from these.
 #include <ATen/core/Tensor.h>
 
 #include <optional>
@@ -9,6 +10,25 @@
 
 namespace attnreplay {
 
+// `tensor` on `device`, contiguous in its own shape, copied straight from the host bytes (on the
+// CPU: those bytes themselves). While a SharedUploads lives on this thread, each host tensor goes
+// to each device once: the reference, every kernel and every comparison of a call share that
+// copy. Callers read it and never write to it.
+at::Tensor device_copy(const HostTensor& tensor, at::Device device);
+
+// Scope of the shared copies: one call's replay. They are freed when it ends.
+class SharedUploads {
+ public:
+  SharedUploads();
+  ~SharedUploads();
+  SharedUploads(const SharedUploads&) = delete;
+  SharedUploads& operator=(const SharedUploads&) = delete;
+};
+
+// A call's Q, K, V or output as (b, h, s, d): a view (BSHD is transposed; a 3-dim tensor gets a
+// head dim of 1).
+at::Tensor bhsd_view(at::Tensor tensor, Layout layout);
+
 // Q, K, V with the model's strides restored, as (b, h, s, d) views (BSHD calls are transposed
 // views, which cost nothing); the mask as captured.
 struct ModelInputs {
@@ -16,7 +36,9 @@ struct ModelInputs {
   std::optional<at::Tensor> mask;
 };
 
-ModelInputs model_inputs(const AttentionCall& call, at::Device device);
+// Read-only, they may be the shared copies (device_copy); `writable` gives the kernel its own, for
+// code that may write into its inputs (a user's plug-in).
+ModelInputs model_inputs(const AttentionCall& call, at::Device device, bool writable = false);
 
 // The GPU this process runs on: the current CUDA device, which a sharded run sets to its local one
 // (replay/sharding.h). Every GPU kernel and the GPU reference put their tensors there.

@@ -13,6 +13,7 @@
 
 #include "formats/errors.h"
 #include "formats/torch_tensor.h"
+#include "kernels/device_output.h"
 #include "kernels/kernel.h"
 #include "kernels/torch_inputs.h"
 
@@ -100,7 +101,7 @@ class TorchSdpaKernel final : public Kernel {
     return backend_.unsupported(call);
   }
 
-  class Prepared final : public PreparedKernel {
+  class Prepared final : public PreparedKernel, public DeviceOutput {
    public:
     Prepared(const TorchBackend& backend, const AttentionCall& call)
         : backend_(backend), call_(call), scale_(call.softmax_scale()),
@@ -127,6 +128,7 @@ class TorchSdpaKernel final : public Kernel {
     // torch's CUDA ops queue on the current stream and allocate through the caching allocator.
     bool runs_on_current_stream() const override { return backend_.device == "cuda"; }
     HostTensor output() override { return host_tensor_from_torch(output_.contiguous()); }
+    at::Tensor device_output() override { return output_; }
 
    private:
     const TorchBackend& backend_;

@@ -21,10 +21,10 @@ double cosine_of(double dot, double sum_sq_out, double sum_sq_ref) {
   return (sum_sq_out == 0 && sum_sq_ref == 0) ? 1.0 : 0.0;
 }
 
-void check_output_shape(const HostTensor& output, const AttentionShape& s) {
+void check_output_shape(const std::vector<std::int64_t>& shape, const AttentionShape& s) {
   const std::vector<std::int64_t> want{s.batch, s.heads_q, s.seq_q, s.head_dim_vo};
-  if (output.shape != want) {
-    throw InputError(fmt::format("kernel output is {}, expected {}", shape_string(output.shape), shape_string(want)));
+  if (shape != want) {
+    throw InputError(fmt::format("kernel output is {}, expected {}", shape_string(shape), shape_string(want)));
   }
 }
 
@@ -55,14 +55,21 @@ std::pair<at::Tensor, at::Tensor> mean_and_std(const at::Tensor& values) {
 // Figures are as the docs define them (docs/metrics.md); the summation order is the library's, so
 // they agree with a serial sum to fp64 rounding.
 ErrorStats compare_to_reference(const HostTensor& output, const ReferenceOutput& reference) {
+  check_output_shape(output.shape, reference.shape);
+  at::InferenceMode inference;
+  return compare_to_reference(torch_view_of_host_tensor(output), reference);
+}
+
+ErrorStats compare_to_reference(const at::Tensor& output, const ReferenceOutput& reference) {
   const AttentionShape& s = reference.shape;
-  check_output_shape(output, s);
+  check_output_shape(output.sizes().vec(), s);
   at::InferenceMode inference;
   ErrorStats stats;
   stats.sampled = reference.sampled;
   stats.rows_compared = static_cast<std::int64_t>(reference.rows.size());
   const at::Tensor r = reference_tensor(reference);
-  at::Tensor o = torch_from_host_tensor(output, /*restore_strides=*/false).to(r.device()).to(at::kDouble);
+  // Uploaded (or downloaded) in its own dtype, widened where the reference is.
+  at::Tensor o = output.to(r.device()).to(at::kDouble).contiguous();
   if (reference.sampled) {
     o = o.index_select(2, at::tensor(reference.rows, at::TensorOptions().dtype(at::kLong)).to(r.device()));
   }
@@ -136,7 +143,7 @@ ErrorStats compare_to_reference(const HostTensor& output, const ReferenceOutput&
 
 std::vector<HeadError> compare_per_head(const HostTensor& output, const ReferenceOutput& reference) {
   const AttentionShape& s = reference.shape;
-  check_output_shape(output, s);
+  check_output_shape(output.shape, s);
   std::vector<HeadError> heads;
   heads.reserve(static_cast<std::size_t>(s.batch * s.heads_q));
   const std::size_t esize = dtype_size(output.dtype);

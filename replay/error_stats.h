@@ -5,6 +5,8 @@
 #include <optional>
 #include <vector>
 
+#include <ATen/core/Tensor.h>
+
 #include "formats/host_tensor.h"
 #include "kernels/reference.h"
 
@@ -45,6 +47,9 @@ struct ErrorStats {
 
 // `output` is (batch, heads_q, seq_q, head_dim_vo) in any dtype; compared on the reference's rows.
 ErrorStats compare_to_reference(const HostTensor& output, const ReferenceOutput& reference);
+// The same for an output already in a torch tensor (b, h_q, s_q, d_vo), on any device: a GPU
+// kernel's output is compared where the reference is without a trip through the host.
+ErrorStats compare_to_reference(const at::Tensor& output, const ReferenceOutput& reference);
 
 // One (batch, query head) of a comparison: a call's error often sits in a few heads, which the
 // whole-tensor figures average away. Same definitions as ErrorStats, over that head's elements.

@@ -9,8 +9,10 @@
 
 #include "formats/errors.h"
 #include "formats/pt_format.h"
+#include "kernels/device_output.h"
 #include "kernels/kernel.h"
 #include "kernels/reference.h"
+#include "kernels/torch_inputs.h"
 #include "replay/call_semantics.h"
 #include "replay/prefetch.h"
 #ifdef ATTNREPLAY_HAVE_CUDA
@@ -250,6 +252,9 @@ CallResult replay_call(const AttentionCall& captured, const ReplayOptions& optio
   }
   using Clock = std::chrono::steady_clock;
   auto since = [](Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); };
+  // Q, K, V, the mask and the model's output go to the GPU once, for the reference, every kernel
+  // and every comparison.
+  const SharedUploads uploads;
   const auto reference_start = Clock::now();
   ReferenceOutput reference = reference_for(call, options);
   // Observers read the reference on the host.
@@ -260,7 +265,7 @@ CallResult replay_call(const AttentionCall& captured, const ReplayOptions& optio
   double& judge_s = result.replay_seconds["judge"];
   double& compare_s = result.replay_seconds["compare"];
   // Compares with the reference, timed apart from the rest of judging (runs, downloads).
-  auto compare = [&](const HostTensor& output) {
+  auto compare = [&](const auto& output) {
     const auto start = Clock::now();
     ErrorStats error = compare_to_reference(output, reference);
     compare_s += since(start);
@@ -339,8 +344,11 @@ CallResult replay_call(const AttentionCall& captured, const ReplayOptions& optio
         if (matrix > 0) k.matrix_ceiling_fraction = k.tflops() / matrix;
         if (options.ceilings.copy_gbps > 0) k.copy_ceiling_fraction = k.gbytes_per_s() / options.ceilings.copy_gbps;
       }
-      const HostTensor output = prepared->output();
-      k.error = compare(output);
+      // An output on the GPU is compared there; the host copy is made only for those who read it.
+      auto* on_device = dynamic_cast<DeviceOutput*>(prepared.get());
+      const bool host_output_read = options.on_kernel_output || !options.save_outputs_dir.empty();
+      const HostTensor output = on_device && !host_output_read ? HostTensor{} : prepared->output();
+      k.error = on_device ? compare(on_device->device_output()) : compare(output);
       judge(k, options, kernel->description().reduced_precision.value_or(call.q.dtype));
       if (!k.refcheck_failures.empty()) k.reason = fmt::format("{}", fmt::join(k.refcheck_failures, "; "));
       if (options.on_kernel_output) options.on_kernel_output(call, reference, k, output);
@@ -383,10 +391,10 @@ CallResult replay_call(const AttentionCall& captured, const ReplayOptions& optio
     KernelResult model;
     model.kernel = "model-output";
     model.work = result.work;
-    const HostTensor model_output = to_bhsd(*call.out, call.layout);
-    model.error = compare(model_output);
+    const at::Device device = reference.device_values ? reference.device_values->device() : at::Device(at::kCPU);
+    model.error = compare(bhsd_view(device_copy(*call.out, device), call.layout));
     judge(model, options, call.q.dtype);
-    if (options.on_kernel_output) options.on_kernel_output(call, reference, model, model_output);
+    if (options.on_kernel_output) options.on_kernel_output(call, reference, model, to_bhsd(*call.out, call.layout));
     model.reason = call.backend.empty() ? "the output the model got" : "the output the model got from " + call.backend;
     if (!model.refcheck_failures.empty()) model.reason += fmt::format(": {}", fmt::join(model.refcheck_failures, "; "));
     result.kernels.push_back(std::move(model));

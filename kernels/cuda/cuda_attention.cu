@@ -301,4 +301,6 @@ void Attention::download_output(void* host, std::size_t bytes) {
   ATTNREPLAY_CUDA_CHECK(cudaMemcpy(host, state_->out.as(), bytes, cudaMemcpyDeviceToHost));
 }
 
+const void* Attention::device_output() const { return state_->out.as(); }
+
 }  // namespace attnreplay::cuda_attention

@@ -66,6 +66,8 @@ class Attention {
   void synchronize();
   // The output (batch, heads_q, seq_q, head_dim) in the input element type: `bytes` must be its size.
   void download_output(void* host, std::size_t bytes);
+  // The same output where it is, on the device, valid while this lives.
+  const void* device_output() const;
 
  private:
   struct State;

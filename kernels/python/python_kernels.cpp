@@ -18,6 +18,7 @@
 
 #include "formats/errors.h"
 #include "formats/torch_tensor.h"
+#include "kernels/device_output.h"
 #include "kernels/kernel.h"
 #include "kernels/quantized_attention.h"
 #include "kernels/torch_inputs.h"
@@ -193,7 +194,7 @@ class PythonKernel final : public Kernel {
   KernelDescription description_;
 };
 
-class PythonPrepared final : public PreparedKernel {
+class PythonPrepared final : public PreparedKernel, public DeviceOutput {
  public:
   PythonPrepared(const PythonKernel& kernel, const AttentionCall& call)
       : on_gpu_(kernel.description().device == "cuda") {
@@ -235,16 +236,15 @@ class PythonPrepared final : public PreparedKernel {
   }
   // torch's ops and Triton's launches queue on torch's current stream.
   bool runs_on_current_stream() const override { return on_gpu_; }
-  HostTensor output() override {
+  HostTensor output() override { return host_tensor_from_torch(device_output()); }
+  at::Tensor device_output() override {
     py::gil_scoped_acquire gil;
     throw_if_problem();
-    at::Tensor out;
     try {
-      out = prepared_.attr("output_bhsd")().cast<at::Tensor>();
+      return prepared_.attr("output_bhsd")().cast<at::Tensor>();
     } catch (py::error_already_set& error) {
       throw_failure(error, "reading the output");
     }
-    return host_tensor_from_torch(out);
   }
 
  private:
@@ -264,7 +264,8 @@ class PythonPrepared final : public PreparedKernel {
     }
     if (!reason.is_none()) throw KernelNotSupported(py::str(reason).cast<std::string>());
     has_preparation_ = kernel.object().attr("has_preparation")().cast<bool>();
-    const ModelInputs in = model_inputs(call, on_gpu_ ? current_gpu() : at::Device(at::kCPU));
+    // The plug-in's own copies: it may write into them (problem() catches that and restores them).
+    const ModelInputs in = model_inputs(call, on_gpu_ ? current_gpu() : at::Device(at::kCPU), /*writable=*/true);
     try {
       prepared_ = plugin.attr("_Prepared")(kernel.object(), spec, in.q, in.k, in.v,
                                            in.mask ? py::cast(*in.mask) : py::none());
