@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <unordered_map>
 
+#include "formats/byte_pool.h"
 #include "formats/content_hash.h"
 #include "formats/errors.h"
 
@@ -645,7 +646,7 @@ class Hdf5CaptureSource final : public CaptureSource {
                         name, row.offset, row.offset + row.numel, data_path(*dtype), length);
     }
     if (!with_data) return tensor;
-    auto bytes = std::make_shared<std::vector<std::byte>>(static_cast<std::size_t>(row.numel) * dtype_size(*dtype));
+    auto bytes = allocate_bytes(static_cast<std::size_t>(row.numel) * dtype_size(*dtype));
     if (row.numel > 0) {
       Handle file_space(H5Dget_space(dataset.get()), H5Sclose);
       const hsize_t start[1] = {static_cast<hsize_t>(row.offset)};

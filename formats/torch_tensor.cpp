@@ -4,6 +4,7 @@
 
 #include <cstring>
 
+#include "formats/byte_pool.h"
 #include "formats/errors.h"
 
 namespace attnreplay {
@@ -39,7 +40,7 @@ HostTensor host_tensor_from_torch(const at::Tensor& tensor) {
   host.captured_strides = tensor.strides().vec();
   host.device = tensor.device().str();
   const at::Tensor contiguous = tensor.to(at::kCPU).contiguous();
-  auto bytes = std::make_shared<std::vector<std::byte>>(contiguous.nbytes());
+  auto bytes = allocate_bytes(contiguous.nbytes());
   if (!bytes->empty()) std::memcpy(bytes->data(), contiguous.data_ptr(), bytes->size());
   host.bytes = std::move(bytes);
   return host;

@@ -3,6 +3,10 @@
 #include <ATen/ATen.h>
 #include <ATen/detail/CUDAHooksInterface.h>
 
+#ifdef ATTNREPLAY_TORCH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 #include <map>
 #include <tuple>
 
@@ -20,13 +24,16 @@ struct Upload {
 };
 thread_local std::map<UploadKey, Upload>* shared_uploads = nullptr;
 
+constexpr std::size_t kPinnedFrom = 1 << 20;  // smaller tensors go up as fast from pageable memory
+
 }  // namespace
 
-SharedUploads::SharedUploads() {
-  if (!shared_uploads) shared_uploads = new std::map<UploadKey, Upload>();
+SharedUploads::SharedUploads() : owns_(shared_uploads == nullptr) {
+  if (owns_) shared_uploads = new std::map<UploadKey, Upload>();
 }
 
 SharedUploads::~SharedUploads() {
+  if (!owns_) return;  // an inner scope: the outer one's copies live on
   delete shared_uploads;
   shared_uploads = nullptr;
 }
@@ -41,6 +48,26 @@ at::Tensor device_copy(const HostTensor& tensor, at::Device device) {
     found = shared_uploads->emplace(std::move(key), Upload{tensor.bytes, host.to(device)}).first;
   }
   return found->second.copy;
+}
+
+BytePool::Hooks pinned_memory(int device) {
+  BytePool::Hooks hooks;
+#ifdef ATTNREPLAY_TORCH_CUDA
+  // Made on the thread that reads ahead, which has not picked a GPU yet: the process's.
+  hooks.on_new = [device](Bytes& bytes) {
+    if (bytes.size() < kPinnedFrom) return;
+    if (cudaSetDevice(device) != cudaSuccess ||
+        cudaHostRegister(bytes.data(), bytes.size(), cudaHostRegisterPortable) != cudaSuccess) {
+      cudaGetLastError();  // not pinned: it goes up from pageable memory, slower
+    }
+  };
+  hooks.on_drop = [](Bytes& bytes) {
+    if (bytes.size() >= kPinnedFrom && cudaHostUnregister(bytes.data()) != cudaSuccess) cudaGetLastError();
+  };
+#else
+  static_cast<void>(device);
+#endif
+  return hooks;
 }
 
 at::Tensor bhsd_view(at::Tensor tensor, Layout layout) {

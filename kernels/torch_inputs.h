@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "formats/attention_call.h"
+#include "formats/byte_pool.h"
 
 namespace attnreplay {
 
@@ -16,6 +17,12 @@ namespace attnreplay {
 // copy. Callers read it and never write to it.
 at::Tensor device_copy(const HostTensor& tensor, at::Device device);
 
+// Memory for calls read ahead, page-locked for the copy engine: device_copy() then moves it at
+// about 50 GB/s rather than the 8 GB/s of pageable memory on the H100 machine
+// (bench/results/2026-11-24-h100-scale/README.md). `device` is the GPU it will go to. Without
+// CUDA, or where pinning fails, the memory stays pageable.
+BytePool::Hooks pinned_memory(int device);
+
 // Scope of the shared copies: one call's replay. They are freed when it ends.
 class SharedUploads {
  public:
@@ -23,6 +30,9 @@ class SharedUploads {
   ~SharedUploads();
   SharedUploads(const SharedUploads&) = delete;
   SharedUploads& operator=(const SharedUploads&) = delete;
+
+ private:
+  bool owns_;
 };
 
 // A call's Q, K, V or output as (b, h, s, d): a view (BSHD is transposed; a 3-dim tensor gets a

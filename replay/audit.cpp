@@ -366,7 +366,7 @@ void run_audit(const std::vector<std::string>& inputs, const AuditOptions& optio
     CaptureSource& source = *sources.back();
     for (const std::string& error : source.open_errors()) report.replay.input_errors.push_back(error);
     const std::vector<std::size_t> positions = wanted_positions(source, options.wanted_calls, report.replay.input_errors);
-    CallPrefetcher prefetcher(source, positions, options.replay.prefetch_bytes);
+    CallPrefetcher prefetcher(source, positions, options.replay.prefetch_bytes, read_ahead_memory(options.replay));
     for (std::size_t done = 0; done < positions.size(); ++done) {
       current = report.replay.calls.size();
       try {

@@ -42,12 +42,6 @@ at::Tensor reference_tensor(const ReferenceOutput& reference) {
                        at::TensorOptions().dtype(at::kDouble));
 }
 
-// Population mean and std, over what `values` holds (1-D).
-std::pair<at::Tensor, at::Tensor> mean_and_std(const at::Tensor& values) {
-  const at::Tensor mean = values.mean();
-  return {mean, values.sub(mean).square_().mean().sqrt_()};
-}
-
 }  // namespace
 
 // Computed with tensor reductions in fp64 on the device the reference is on: on the GPU a call's
@@ -73,24 +67,37 @@ ErrorStats compare_to_reference(const at::Tensor& output, const ReferenceOutput&
   if (reference.sampled) {
     o = o.index_select(2, at::tensor(reference.rows, at::TensorOptions().dtype(at::kLong)).to(r.device()));
   }
-  const at::Tensor nan = at::isnan(o), inf = at::isinf(o);
-  const at::Tensor counts = at::stack({nan.sum(), inf.sum()}).cpu();
-  stats.nan_count = counts[0].item<std::int64_t>();
-  stats.inf_count = counts[1].item<std::int64_t>();
+  // NaN and Inf are told apart only where some output is not finite (one pass when all are).
+  const at::Tensor finite = at::isfinite(o);
+  const std::int64_t finite_count = finite.sum().item<std::int64_t>();
+  const bool all_finite = finite_count == o.numel();
+  if (!all_finite) {
+    stats.nan_count = at::isnan(o).sum().item<std::int64_t>();
+    stats.inf_count = o.numel() - finite_count - stats.nan_count;
+  }
   // Over the elements where the output is finite; the whole tensors when all are (no copies).
-  const bool all_finite = stats.nan_count + stats.inf_count == 0;
-  const at::Tensor finite = all_finite ? at::Tensor() : at::isfinite(o);
   const at::Tensor of = all_finite ? o.reshape(-1) : o.masked_select(finite);
   const at::Tensor rf = all_finite ? r.reshape(-1) : r.masked_select(finite);
   stats.elements = of.numel();
   if (stats.elements > 0) {
-    const at::Tensor e = (of - rf).abs_();
-    const auto [e_mean, e_std] = mean_and_std(e);
-    const auto [o_mean, o_std] = mean_and_std(of);
-    const auto [r_mean, r_std] = mean_and_std(rf);
-    const at::Tensor sums = at::stack({e.max(), e_mean, e.square().mean(), e_std, e.sum(), rf.abs().sum(),
-                                       e.square().sum(), rf.square().sum(), of.square().sum(), (of * rf).sum(),
-                                       of.min(), of.max(), o_mean, o_std, rf.min(), rf.max(), r_mean, r_std})
+    // |o - r| in place, -1 where the output is not finite, so that the largest is among the finite.
+    const at::Tensor error = (o - r).abs_();
+    if (!all_finite) error.masked_fill_(finite.logical_not(), -1.0);
+    const at::Tensor e = all_finite ? error.reshape(-1) : error.masked_select(finite);
+    // Each figure in one pass where torch has one (std_mean, aminmax, dot), read back together.
+    const auto [e_std, e_mean] = at::std_mean(e, /*unbiased=*/false);
+    const auto [o_std, o_mean] = at::std_mean(of, false);
+    const auto [r_std, r_mean] = at::std_mean(rf, false);
+    const auto [o_min, o_max] = at::aminmax(of);
+    const auto [r_min, r_max] = at::aminmax(rf);
+    // The first largest error in (batch, head, row, channel) order.
+    const at::Tensor worst = error.reshape(-1).argmax();
+    const at::Tensor e_sq = at::dot(e, e);
+    const at::Tensor sums = at::stack({error.reshape(-1).index_select(0, worst.reshape(1)).squeeze(0), e_mean,
+                                       e_sq / static_cast<double>(stats.elements), e_std, e.sum(),
+                                       at::linalg_vector_norm(rf, 1), e_sq, at::dot(rf, rf), at::dot(of, of),
+                                       at::dot(of, rf), o_min, o_max, o_mean, o_std, r_min, r_max, r_mean, r_std,
+                                       worst.to(at::kDouble)})
                                 .cpu();
     const double* v = sums.data_ptr<double>();
     stats.max_abs = v[0], stats.mean_abs = v[1], stats.mse = v[2], stats.std_abs = v[3];
@@ -100,10 +107,7 @@ ErrorStats compare_to_reference(const at::Tensor& output, const ReferenceOutput&
     stats.cosine = cosine_of(v[9], v[8], v[7]);
     stats.output = {v[10], v[11], v[12], v[13]};
     stats.reference = {v[14], v[15], v[16], v[17]};
-    // Where the largest error sits: the first such element in (batch, head, row, channel) order.
-    const at::Tensor error = (o - r).abs_();
-    const std::int64_t flat =
-        (all_finite ? error : error.masked_fill_(finite.logical_not(), -1.0)).reshape(-1).argmax().item<std::int64_t>();
+    const auto flat = static_cast<std::int64_t>(v[18]);
     const auto n_rows = static_cast<std::int64_t>(reference.rows.size());
     stats.worst_channel = flat % s.head_dim_vo;
     const std::int64_t slot = flat / s.head_dim_vo % n_rows;
@@ -123,9 +127,12 @@ ErrorStats compare_to_reference(const at::Tensor& output, const ReferenceOutput&
     const at::Tensor kept = all_finite ? sees : sees.logical_and(finite);
     const at::Tensor ok = o.masked_select(kept), rk = r.masked_select(kept);
     ErrorStats::Subset subset;
-    const at::Tensor seen_counts = at::stack({sees.logical_and(nan).sum(), sees.logical_and(inf).sum()}).cpu();
-    subset.nan_count = seen_counts[0].item<std::int64_t>();
-    subset.inf_count = seen_counts[1].item<std::int64_t>();
+    if (!all_finite) {
+      const at::Tensor seen_counts =
+          at::stack({sees.logical_and(at::isnan(o)).sum(), sees.logical_and(at::isinf(o)).sum()}).cpu();
+      subset.nan_count = seen_counts[0].item<std::int64_t>();
+      subset.inf_count = seen_counts[1].item<std::int64_t>();
+    }
     subset.elements = ok.numel();
     if (subset.elements > 0) {
       const at::Tensor e = (ok - rk).abs_();

@@ -11,8 +11,10 @@ std::uint64_t call_bytes(const AttentionCall& call) {
   return bytes;
 }
 
-CallPrefetcher::CallPrefetcher(CaptureSource& source, std::vector<std::size_t> positions, std::uint64_t budget_bytes)
-    : source_(source), positions_(std::move(positions)), budget_(budget_bytes), reader_([this] { read_ahead(); }) {}
+CallPrefetcher::CallPrefetcher(CaptureSource& source, std::vector<std::size_t> positions, std::uint64_t budget_bytes,
+                               BytePool::Hooks memory)
+    : source_(source), positions_(std::move(positions)), budget_(budget_bytes), memory_(budget_bytes, std::move(memory)),
+      reader_([this] { read_ahead(); }) {}
 
 CallPrefetcher::~CallPrefetcher() {
   {
@@ -24,6 +26,7 @@ CallPrefetcher::~CallPrefetcher() {
 }
 
 void CallPrefetcher::read_ahead() {
+  const BytePoolScope reused(memory_);
   for (std::size_t position : positions_) {
     Slot slot;
     try {

@@ -2,8 +2,9 @@
 // Reading ahead. While the current call is measured, a thread reads and decodes the next calls of
 // a capture, holding at most a byte budget of calls (the one being replayed counted in), so that
 // a large capture's replay waits on the disk only where the disk is slower than the kernels.
-// The thread touches neither the GPU nor torch: uploads happen on the measuring thread, between
-// timings, never during one.
+// The thread runs no GPU work and no torch: uploads happen on the measuring thread, between
+// timings, never during one. It reads into reused memory (formats/byte_pool.h), which the caller
+// may have pinned for those uploads.
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -13,14 +14,17 @@
 #include <thread>
 #include <vector>
 
+#include "formats/byte_pool.h"
 #include "formats/capture_source.h"
 
 namespace attnreplay {
 
 class CallPrefetcher {
  public:
-  // Reads `positions` of `source` in order. No one else may use `source` until this is destroyed.
-  CallPrefetcher(CaptureSource& source, std::vector<std::size_t> positions, std::uint64_t budget_bytes);
+  // Reads `positions` of `source` in order into buffers of a pool that keeps up to the budget for
+  // reuse, made and freed through `memory`. No one else may use `source` until this is destroyed.
+  CallPrefetcher(CaptureSource& source, std::vector<std::size_t> positions, std::uint64_t budget_bytes,
+                 BytePool::Hooks memory = {});
   ~CallPrefetcher();
   CallPrefetcher(const CallPrefetcher&) = delete;
   CallPrefetcher& operator=(const CallPrefetcher&) = delete;
@@ -44,6 +48,7 @@ class CallPrefetcher {
   CaptureSource& source_;
   std::vector<std::size_t> positions_;
   std::uint64_t budget_;
+  BytePool memory_;
   mutable std::mutex mutex_;
   std::condition_variable changed_;
   std::deque<Slot> ready_;

@@ -208,6 +208,13 @@ ReferenceOutput reference_for(const AttentionCall& call, const ReplayOptions& op
   return reference;
 }
 
+BytePool::Hooks read_ahead_memory(const ReplayOptions& options) {
+  if (!gpu_reference_available()) return {};
+  bool to_gpu = uses_gpu_reference(options);
+  for (const Kernel* kernel : select_kernels(options.kernels)) to_gpu = to_gpu || kernel->description().device == "cuda";
+  return to_gpu ? pinned_memory(current_gpu().index()) : BytePool::Hooks{};
+}
+
 CallResult replay_call(const AttentionCall& captured, const ReplayOptions& options, const std::string& rerun_input) {
   CallResult result;
   result.source = captured.source;
@@ -423,7 +430,7 @@ void replay_capture(CaptureSource& source, const std::function<bool(std::int64_t
   for (const std::string& error : source.open_errors()) report.input_errors.push_back(error);
   const std::vector<std::size_t> positions = wanted_positions(source, wanted, report.input_errors);
   if (options.progress) options.progress->add_calls(static_cast<std::int64_t>(positions.size()));
-  CallPrefetcher calls(source, positions, options.prefetch_bytes);
+  CallPrefetcher calls(source, positions, options.prefetch_bytes, read_ahead_memory(options));
   for (;;) {
     try {
       const auto wait_start = std::chrono::steady_clock::now();

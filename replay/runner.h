@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "formats/byte_pool.h"
 #include "formats/capture_source.h"
 #include "kernels/quantized_attention.h"
 #include "kernels/reference.h"
@@ -75,6 +76,10 @@ std::vector<const class Kernel*> select_kernels(const std::vector<std::string>& 
 // The reference a replay compares with: on the device `options` names, on the rows it samples.
 // Throws InputError when --reference cuda finds no GPU.
 ReferenceOutput reference_for(const AttentionCall& call, const ReplayOptions& options);
+
+// The memory calls are read ahead into: pinned when the reference or a selected kernel runs on a
+// GPU (kernels/torch_inputs.h), plain otherwise.
+BytePool::Hooks read_ahead_memory(const ReplayOptions& options);
 
 // Replays one call; `rerun_input` is what goes before the flags of the rerun command.
 CallResult replay_call(const AttentionCall& call, const ReplayOptions& options, const std::string& rerun_input);
