@@ -1,3 +1,9 @@
+"""Host-to-GPU copy rates behind replay's uploads (docs/scaling.md): 113 MB (one Flux-sized call)
+from pageable memory, the cost of page-locking it in place, from pinned memory, and torch's copy
+into pinned memory.
+
+    python bench/pinning_probe.py
+"""
 import time, torch
 n = 113 * 2**20
 host = torch.empty(n, dtype=torch.uint8); host.fill_(1)
