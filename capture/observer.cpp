@@ -62,10 +62,10 @@ thread_local struct PendingCall* outermost = nullptr;
 
 // Host copies under way for one call; the writer thread finishes them into the record.
 struct TensorCopies {
-  std::optional<HostCopy> q, k, v, mask, out;
+  std::optional<HostCopy> q, k, v, mask, out, alibi_slopes, sinks;
   std::uint64_t nbytes() const {
     std::uint64_t total = 0;
-    for (const auto* copy : {&q, &k, &v, &mask, &out}) total += *copy ? (*copy)->nbytes() : 0;
+    for (const auto* copy : {&q, &k, &v, &mask, &out, &alibi_slopes, &sinks}) total += *copy ? (*copy)->nbytes() : 0;
     return total;
   }
   void finish_into(AttentionCall& call) {
@@ -74,6 +74,8 @@ struct TensorCopies {
     call.v = v->finish();
     if (mask) call.mask = mask->finish();
     if (out) call.out = out->finish();
+    if (alibi_slopes) call.alibi_slopes = alibi_slopes->finish();
+    if (sinks) call.sinks = sinks->finish();
   }
 };
 
@@ -205,12 +207,41 @@ void fill_call(PendingCall& pending, const std::string& op, const c10::FunctionS
     call.dropout_p = dropout->toDouble();
   }
   if (const auto* gqa = find_input(inputs, {"enable_gqa"}); gqa && gqa->isBool()) call.enable_gqa = gqa->toBool();
-  // Every other non-tensor argument, as given, so nothing about the call is lost.
-  static const std::set<std::string> kMapped = {"query", "q", "key", "k", "value", "v", "attn_mask", "mask",
-                                                "attn_bias", "scale", "softmax_scale", "sm_scale", "is_causal",
-                                                "causal", "dropout_p", "dropout", "enable_gqa"};
+  // flash-attn's extensions, in the record's fields (-1 and 0 mean none, as flash-attn spells them).
+  // A value in a form not recognised here is left to the arguments below, where replay refuses it.
+  std::set<std::string> mapped = {"query", "q", "key", "k", "value", "v", "attn_mask", "mask", "attn_bias", "scale",
+                                  "softmax_scale", "sm_scale", "is_causal", "causal", "dropout_p", "dropout",
+                                  "enable_gqa"};
+  auto window_side = [&](const char* name, std::optional<std::int64_t>& side) {
+    if (const auto* value = find_input(inputs, {name}); value && value->isInt()) {
+      if (value->toInt() >= 0) side = value->toInt();
+      mapped.insert(name);
+    }
+  };
+  window_side("window_size_left", call.window_left);
+  window_side("window_size_right", call.window_right);
+  if (const auto* window = find_input(inputs, {"window_size"}); window && window->isIntList() &&
+                                                                  window->toIntVector().size() == 2) {
+    const auto sides = window->toIntVector();
+    if (sides[0] >= 0) call.window_left = sides[0];
+    if (sides[1] >= 0) call.window_right = sides[1];
+    mapped.insert("window_size");
+  }
+  if (const auto* softcap = find_input(inputs, {"softcap"}); softcap && (softcap->isDouble() || softcap->isNone())) {
+    call.softcap = softcap->isDouble() ? softcap->toDouble() : 0.0;
+    mapped.insert("softcap");
+  }
+  auto optional_tensor = [&](const char* name, std::optional<HostCopy>& copy) {
+    const auto* value = find_input(inputs, {name});
+    if (!value || !(value->isNone() || value->isTensor())) return;
+    if (value->isTensor() && value->toTensor().defined()) copy = HostCopy::start(value->toTensor());
+    mapped.insert(name);
+  };
+  optional_tensor("alibi_slopes", copies.alibi_slopes);
+  for (const char* name : {"sinks", "learnable_sink", "s_aux"}) optional_tensor(name, copies.sinks);
+  // Every other argument, as given, so nothing about the call is lost.
   for (const auto& input : inputs) {
-    if (kMapped.count(input.name) || (input.value == qkv[0] || input.value == qkv[1] || input.value == qkv[2])) continue;
+    if (mapped.count(input.name) || (input.value == qkv[0] || input.value == qkv[1] || input.value == qkv[2])) continue;
     // Other tensors (ALiBi slopes, a block table, cu_seqlens) are named with their dtype and shape,
     // so that replay knows they were there; an absent optional tensor is None.
     std::string text;

@@ -1,8 +1,11 @@
 #include "formats/attention_call.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <cstring>
 
 #include "formats/errors.h"
@@ -60,6 +63,80 @@ std::array<std::int64_t, 4> AttentionCall::bhsd_dims(const HostTensor& tensor,
   return {tensor.shape[0], tensor.shape[2], tensor.shape[1], tensor.shape[3]};
 }
 
+std::vector<std::pair<std::string_view, const HostTensor*>> AttentionCall::named_tensors() const {
+  std::vector<std::pair<std::string_view, const HostTensor*>> named = {{"q", &q}, {"k", &k}, {"v", &v}};
+  if (mask) named.emplace_back("mask", &*mask);
+  if (out) named.emplace_back("out", &*out);
+  if (alibi_slopes) named.emplace_back("alibi_slopes", &*alibi_slopes);
+  if (sinks) named.emplace_back("sinks", &*sinks);
+  return named;
+}
+
+std::vector<std::pair<std::string_view, HostTensor*>> AttentionCall::named_tensors() {
+  std::vector<std::pair<std::string_view, HostTensor*>> named;
+  for (const auto& [name, tensor] : std::as_const(*this).named_tensors()) {
+    named.emplace_back(name, const_cast<HostTensor*>(tensor));
+  }
+  return named;
+}
+
+HostTensor* AttentionCall::tensor_field(std::string_view name) {
+  if (name == "q") return &q;
+  if (name == "k") return &k;
+  if (name == "v") return &v;
+  if (name == "mask") return &mask.emplace();
+  if (name == "out") return &out.emplace();
+  if (name == "alibi_slopes") return &alibi_slopes.emplace();
+  if (name == "sinks") return &sinks.emplace();
+  return nullptr;
+}
+
+std::int64_t AttentionCall::diagonal_offset(const AttentionShape& s) const {
+  return causal_alignment == CausalAlignment::bottom_right ? s.seq_kv - s.seq_q : 0;
+}
+
+std::pair<std::int64_t, std::int64_t> AttentionCall::visible_keys(std::int64_t i, const AttentionShape& s) const {
+  const std::int64_t diagonal = i + diagonal_offset(s);
+  std::int64_t first = 0, end = s.seq_kv;
+  if (is_causal) end = std::min(end, diagonal + 1);
+  if (window_right) end = std::min(end, diagonal + *window_right + 1);
+  if (window_left) first = std::max(first, diagonal - *window_left);
+  return {std::clamp<std::int64_t>(first, 0, s.seq_kv), std::clamp<std::int64_t>(end, 0, s.seq_kv)};
+}
+
+double AttentionCall::alibi_slope(std::int64_t b, std::int64_t h) const {
+  if (!alibi_slopes) return 0.0;
+  return alibi_slopes->rank() == 2 ? alibi_slopes->at(b * alibi_slopes->shape[1] + h) : alibi_slopes->at(h);
+}
+
+double AttentionCall::sink(std::int64_t h) const {
+  return sinks ? sinks->at(h) : -std::numeric_limits<double>::infinity();
+}
+
+std::vector<AttentionCall::Extension> AttentionCall::extensions() const {
+  std::vector<Extension> found;
+  if (window_left || window_right) found.push_back(Extension::window);
+  if (softcap > 0) found.push_back(Extension::softcap);
+  if (alibi_slopes) found.push_back(Extension::alibi);
+  if (sinks) found.push_back(Extension::sinks);
+  return found;
+}
+
+std::string AttentionCall::describe(Extension extension) const {
+  switch (extension) {
+    case Extension::window: {
+      std::vector<std::string> sides;
+      if (window_left) sides.push_back(fmt::format("left {}", *window_left));
+      if (window_right) sides.push_back(fmt::format("right {}", *window_right));
+      return fmt::format("a sliding window ({})", fmt::join(sides, ", "));
+    }
+    case Extension::softcap: return fmt::format("a softcap of {}", softcap);
+    case Extension::alibi: return "ALiBi slopes";
+    case Extension::sinks: return "attention sinks";
+  }
+  return "?";
+}
+
 AttentionShape AttentionCall::shape() const {
   const auto q_dims = bhsd_dims(q, "q");
   const auto k_dims = bhsd_dims(k, "k");
@@ -106,12 +183,30 @@ AttentionShape AttentionCall::shape() const {
       fail("mask", fmt::format("expected bool or floating, got {}", dtype_name(mask->dtype)));
   }
   if (!(dropout_p >= 0.0 && dropout_p < 1.0)) fail("dropout_p", fmt::format("expected [0, 1), got {}", dropout_p));
+  if (window_left && *window_left < 0) fail("window_left", fmt::format("expected >= 0 or unset, got {}", *window_left));
+  if (window_right && *window_right < 0) fail("window_right", fmt::format("expected >= 0 or unset, got {}", *window_right));
+  if (!(softcap >= 0.0 && std::isfinite(softcap))) fail("softcap", fmt::format("expected >= 0, got {}", softcap));
+  if (alibi_slopes) {
+    const bool per_head = alibi_slopes->shape == std::vector<std::int64_t>{s.heads_q};
+    const bool per_sequence = alibi_slopes->shape == std::vector<std::int64_t>{s.batch, s.heads_q};
+    if (!per_head && !per_sequence) {
+      fail("alibi_slopes", fmt::format("expected ({}) or ({}, {}), got {}", s.heads_q, s.batch, s.heads_q,
+                                       shape_string(alibi_slopes->shape)));
+    }
+    if (!dtype_is_floating(alibi_slopes->dtype))
+      fail("alibi_slopes", fmt::format("expected a floating dtype, got {}", dtype_name(alibi_slopes->dtype)));
+  }
+  if (sinks) {
+    if (sinks->shape != std::vector<std::int64_t>{s.heads_q})
+      fail("sinks", fmt::format("expected ({}), got {}", s.heads_q, shape_string(sinks->shape)));
+    if (!dtype_is_floating(sinks->dtype))
+      fail("sinks", fmt::format("expected a floating dtype, got {}", dtype_name(sinks->dtype)));
+  }
   if (scale && !std::isfinite(*scale)) fail("scale", fmt::format("expected a finite number, got {}", *scale));
-  for (const auto* tensor : {&q, &k, &v}) {
+  for (const auto& [name, tensor] : named_tensors()) {
     if (tensor->bytes && tensor->bytes->size() != tensor->nbytes()) {
-      fail(tensor == &q ? "q" : tensor == &k ? "k" : "v",
-           fmt::format("expected {} bytes for {} {}, got {}", tensor->nbytes(),
-                       dtype_name(tensor->dtype), shape_string(tensor->shape), tensor->bytes->size()));
+      fail(name, fmt::format("expected {} bytes for {} {}, got {}", tensor->nbytes(), dtype_name(tensor->dtype),
+                             shape_string(tensor->shape), tensor->bytes->size()));
     }
   }
   return s;

@@ -6,6 +6,8 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "formats/host_tensor.h"
 
@@ -50,6 +52,18 @@ struct AttentionCall {
   CausalAlignment causal_alignment = CausalAlignment::top_left;
   double dropout_p = 0.0;
   bool enable_gqa = false;
+  // What flash-attn-style ops add to plain attention (docs/format.md). Positions are relative to
+  // the causal diagonal, aligned as causal_alignment says: query i sits at key i + offset, where
+  // offset is s_kv - s_q bottom-right and 0 top-left.
+  // A sliding window: query i sees keys i + offset - window_left .. i + offset + window_right;
+  // unset is unbounded on that side (flash-attn's -1).
+  std::optional<std::int64_t> window_left, window_right;
+  double softcap = 0.0;  // > 0: scores (scaled) become softcap * tanh(scores / softcap)
+  // ALiBi: (heads_q) or (batch, heads_q) slopes; score -= slope * |i + offset - j|, after softcap.
+  std::optional<HostTensor> alibi_slopes;
+  // Attention sinks (gpt-oss, FA3's learnable_sink, vLLM's s_aux): (heads_q) logits that join each
+  // row's softmax denominator and contribute no value.
+  std::optional<HostTensor> sinks;
   std::map<std::string, std::string> metadata;  // model, step, layer, thread, call site, ...
   // Where the call was read from; used in messages and rerun commands, not stored.
   std::string source;
@@ -61,6 +75,25 @@ struct AttentionCall {
   AttentionShape shape() const;
   // The dims of a tensor named `field` in this call's layout as (batch, heads, seq, dim).
   std::array<std::int64_t, 4> bhsd_dims(const HostTensor& tensor, std::string_view field) const;
+  // Where query i's diagonal sits among the keys: i + diagonal_offset (s_kv - s_q bottom-right).
+  std::int64_t diagonal_offset(const AttentionShape& s) const;
+  // The keys query i may see by causality and the window, [first, end) (empty when first >= end);
+  // a mask may hide more.
+  std::pair<std::int64_t, std::int64_t> visible_keys(std::int64_t i, const AttentionShape& s) const;
+  // The ALiBi slope and the sink logit of (batch b, query head h); 0 and -inf when absent.
+  double alibi_slope(std::int64_t b, std::int64_t h) const;
+  double sink(std::int64_t h) const;
+  // Every tensor of the call that is present, by its field name (q, k, v, mask, out,
+  // alibi_slopes, sinks): what the formats store and what memory a call holds.
+  std::vector<std::pair<std::string_view, const HostTensor*>> named_tensors() const;
+  std::vector<std::pair<std::string_view, HostTensor*>> named_tensors();
+  // The tensor field `name`, made present, for readers; null for an unknown name.
+  HostTensor* tensor_field(std::string_view name);
+  // What applies beyond plain masked, causal attention, and each in words ("a sliding window
+  // (left 64)", "a softcap of 30"), as reports and refusals name them.
+  enum class Extension { window, softcap, alibi, sinks };
+  std::vector<Extension> extensions() const;
+  std::string describe(Extension extension) const;
 };
 
 // Returns `tensor` (one of q, k, v, out in `layout`) as a contiguous (b, h, s, d) tensor.

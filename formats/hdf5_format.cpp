@@ -54,6 +54,10 @@ struct CallRow {
   std::int32_t tensor_count;
   std::int64_t metadata_offset;
   std::int64_t metadata_nbytes;
+  // Schema v2; v1 files lack them and read as their defaults.
+  std::int64_t window_left;   // -1: unbounded
+  std::int64_t window_right;  // -1: unbounded
+  double softcap;             // 0: none
 };
 
 // HDF5 built without its thread-safe option (Debian's and most distributions') must not be
@@ -157,7 +161,9 @@ Handle tensor_row_type() {
   return type;
 }
 
-Handle call_row_type() {
+// The members a file of `version` has: HDF5 reads a compound by member names, so a v1 file is read
+// with the v1 members only.
+Handle call_row_type(std::int64_t version = kHdf5SchemaVersion) {
   Handle type(H5Tcreate(H5T_COMPOUND, sizeof(CallRow)), H5Tclose);
   Handle name = fixed_string_type(kNameSize);
   Handle op = fixed_string_type(kOpSize);
@@ -175,6 +181,11 @@ Handle call_row_type() {
   H5Tinsert(t, "tensor_count", HOFFSET(CallRow, tensor_count), H5T_NATIVE_INT32);
   H5Tinsert(t, "metadata_offset", HOFFSET(CallRow, metadata_offset), H5T_NATIVE_INT64);
   H5Tinsert(t, "metadata_nbytes", HOFFSET(CallRow, metadata_nbytes), H5T_NATIVE_INT64);
+  if (version >= 2) {
+    H5Tinsert(t, "window_left", HOFFSET(CallRow, window_left), H5T_NATIVE_INT64);
+    H5Tinsert(t, "window_right", HOFFSET(CallRow, window_right), H5T_NATIVE_INT64);
+    H5Tinsert(t, "softcap", HOFFSET(CallRow, softcap), H5T_NATIVE_DOUBLE);
+  }
   return type;
 }
 
@@ -383,9 +394,7 @@ void Hdf5CaptureWriter::append(const AttentionCall& call) {
   State& s = *state_;
   ATTNREPLAY_ASSERT(s.file.valid(), "append after close");
   const std::string where = fmt::format("{}: call {}", s.path, call.call_index);
-  std::vector<std::pair<std::string_view, const HostTensor*>> named = {{"q", &call.q}, {"k", &call.k}, {"v", &call.v}};
-  if (call.mask) named.emplace_back("mask", &*call.mask);
-  if (call.out) named.emplace_back("out", &*call.out);
+  const auto named = call.named_tensors();
 
   // Order matters for a reader after a crash or a full disk: tensor bytes are written and flushed
   // first; only then the rows that point at them, and last the call row, which makes the call
@@ -432,6 +441,9 @@ void Hdf5CaptureWriter::append(const AttentionCall& call) {
   call_row.scale = call.scale ? *call.scale : std::numeric_limits<double>::quiet_NaN();
   call_row.dropout_p = call.dropout_p;
   call_row.enable_gqa = call.enable_gqa ? 1 : 0;
+  call_row.window_left = call.window_left.value_or(-1);
+  call_row.window_right = call.window_right.value_or(-1);
+  call_row.softcap = call.softcap;
   check(H5Fflush(s.file.get(), H5F_SCOPE_GLOBAL), where, "flush failed");
   call_row.first_tensor = static_cast<std::int64_t>(s.tensors_length);
   call_row.tensor_count = static_cast<std::int32_t>(rows.size());
@@ -517,7 +529,11 @@ class Hdf5CaptureSource final : public CaptureSource {
       throw_input_error(path_, "schema_version {} is not readable by this build (reads 1..{})", *version,
                         kHdf5SchemaVersion);
     }
-    calls_ = read_table<CallRow>("calls", call_row_type());
+    version_ = *version;
+    calls_ = read_table<CallRow>("calls", call_row_type(version_));
+    if (version_ < 2) {
+      for (CallRow& row : calls_) row.window_left = row.window_right = -1, row.softcap = 0;
+    }
     // Calls are appended as they finish, which threads can reorder: present them by index.
     std::stable_sort(calls_.begin(), calls_.end(),
                      [](const CallRow& a, const CallRow& b) { return a.call_index < b.call_index; });
@@ -526,7 +542,7 @@ class Hdf5CaptureSource final : public CaptureSource {
   }
 
   const std::string& path() const override { return path_; }
-  std::string format() const override { return fmt::format("attnreplay-hdf5 v{}", kHdf5SchemaVersion); }
+  std::string format() const override { return fmt::format("attnreplay-hdf5 v{}", version_); }
   std::size_t size() const override { return calls_.size(); }
   const std::vector<std::string>& open_errors() const override { return open_errors_; }
 
@@ -552,6 +568,9 @@ class Hdf5CaptureSource final : public CaptureSource {
     if (!std::isnan(row.scale)) call.scale = row.scale;
     call.dropout_p = row.dropout_p;
     call.enable_gqa = row.enable_gqa != 0;
+    if (row.window_left >= 0) call.window_left = row.window_left;
+    if (row.window_right >= 0) call.window_right = row.window_right;
+    call.softcap = row.softcap;
     load_metadata(row, call, where);
 
     if (row.first_tensor < 0 || row.tensor_count < 0 ||
@@ -567,13 +586,13 @@ class Hdf5CaptureSource final : public CaptureSource {
         throw_input_error(where, "field '{}': tensor row {} belongs to call {}", name, row.first_tensor + i,
                           tensor_row.call_index);
       }
-      HostTensor tensor = load_tensor(tensor_row, where, name, with_data);
-      if (name == "q") call.q = std::move(tensor), seen_q = true;
-      else if (name == "k") call.k = std::move(tensor), seen_k = true;
-      else if (name == "v") call.v = std::move(tensor), seen_v = true;
-      else if (name == "mask") call.mask = std::move(tensor);
-      else if (name == "out") call.out = std::move(tensor);
-      else throw_input_error(where, "field '{}': unknown tensor name (expected q, k, v, mask, out)", name);
+      HostTensor* field = call.tensor_field(name);
+      if (!field) {
+        throw_input_error(where, "field '{}': unknown tensor name (expected q, k, v, mask, out, alibi_slopes, sinks)",
+                          name);
+      }
+      *field = load_tensor(tensor_row, where, name, with_data);
+      seen_q |= name == "q", seen_k |= name == "k", seen_v |= name == "v";
     }
     if (!seen_q) throw_input_error(where, "field 'q': missing");
     if (!seen_k) throw_input_error(where, "field 'k': missing");
@@ -676,6 +695,7 @@ class Hdf5CaptureSource final : public CaptureSource {
   }
 
   std::string path_;
+  std::int64_t version_ = kHdf5SchemaVersion;
   Handle file_;
   std::vector<CallRow> calls_;
   std::vector<TensorRow> tensors_;

@@ -10,7 +10,7 @@
 
 namespace attnreplay {
 
-inline constexpr std::int64_t kHdf5SchemaVersion = 1;
+inline constexpr std::int64_t kHdf5SchemaVersion = 2;
 inline constexpr const char* kHdf5SchemaName = "attnreplay.capture";
 
 struct Hdf5WriterOptions {

@@ -198,6 +198,8 @@ AttentionCall call_from_dict(const Dict& dict, const std::string& path, std::int
   }
   call.mask = reader.optional_tensor(reader.has("attn_mask") ? "attn_mask" : "mask");
   call.out = reader.optional_tensor(reader.has("output") ? "output" : "out");
+  call.alibi_slopes = reader.optional_tensor("alibi_slopes");
+  call.sinks = reader.optional_tensor("sinks");
   call.op = reader.text("op").value_or(format ? "" : "unknown");
   call.backend = reader.text("backend").value_or("");
   if (auto layout_text = reader.text("layout")) {
@@ -218,6 +220,12 @@ AttentionCall call_from_dict(const Dict& dict, const std::string& path, std::int
     if (auto scale = arguments.number("softmax_scale")) call.scale = *scale;
     if (auto dropout = arguments.number("dropout_p")) call.dropout_p = *dropout;
     if (auto gqa = arguments.flag("enable_gqa")) call.enable_gqa = *gqa;
+    // None or -1: unbounded, as flash-attn spells it.
+    if (auto left = arguments.number("window_left"); left && *left >= 0) call.window_left = static_cast<std::int64_t>(*left);
+    if (auto right = arguments.number("window_right"); right && *right >= 0) {
+      call.window_right = static_cast<std::int64_t>(*right);
+    }
+    if (auto softcap = arguments.number("softcap")) call.softcap = *softcap;
   };
   apply_arguments(reader);
   if (auto kwargs = reader.dict("kwargs")) {
@@ -241,9 +249,9 @@ AttentionCall call_from_dict(const Dict& dict, const std::string& path, std::int
     for (const auto& entry : *devices) {
       if (!entry.value().isString()) continue;
       const std::string& name = entry.key().toStringRef();
-      HostTensor* target = name == "q" ? &call.q : name == "k" ? &call.k : name == "v" ? &call.v
-                         : name == "mask" && call.mask ? &*call.mask : name == "out" && call.out ? &*call.out : nullptr;
-      if (target) target->device = entry.value().toStringRef();
+      for (auto& [field, tensor] : call.named_tensors()) {
+        if (field == name) tensor->device = entry.value().toStringRef();
+      }
     }
   }
   call.shape();
@@ -385,18 +393,20 @@ c10::IValue call_to_dict(const AttentionCall& call) {
   dict.insert("scale", call.scale ? c10::IValue(*call.scale) : c10::IValue());
   dict.insert("dropout_p", call.dropout_p);
   dict.insert("enable_gqa", call.enable_gqa);
+  dict.insert("window_left", call.window_left ? c10::IValue(*call.window_left) : c10::IValue());
+  dict.insert("window_right", call.window_right ? c10::IValue(*call.window_right) : c10::IValue());
+  dict.insert("softcap", call.softcap);
   dict.insert("q", loadable_tensor(call.q));
   dict.insert("k", loadable_tensor(call.k));
   dict.insert("v", loadable_tensor(call.v));
   dict.insert("mask", optional_tensor_value(call.mask));
   dict.insert("out", optional_tensor_value(call.out));
+  dict.insert("alibi_slopes", optional_tensor_value(call.alibi_slopes));
+  dict.insert("sinks", optional_tensor_value(call.sinks));
   Dict devices = string_dict(), dtypes = string_dict();
-  std::vector<std::pair<std::string, const HostTensor*>> named = {{"q", &call.q}, {"k", &call.k}, {"v", &call.v}};
-  if (call.mask) named.emplace_back("mask", &*call.mask);
-  if (call.out) named.emplace_back("out", &*call.out);
-  for (const auto& [name, tensor] : named) {
-    devices.insert(name, tensor->device);
-    dtypes.insert(name, std::string(dtype_name(tensor->dtype)));
+  for (const auto& [name, tensor] : call.named_tensors()) {
+    devices.insert(std::string(name), tensor->device);
+    dtypes.insert(std::string(name), std::string(dtype_name(tensor->dtype)));
   }
   dict.insert("devices", devices);
   dict.insert("dtypes", dtypes);

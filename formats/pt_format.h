@@ -10,7 +10,7 @@
 
 namespace attnreplay {
 
-inline constexpr std::int64_t kPtSchemaVersion = 1;
+inline constexpr std::int64_t kPtSchemaVersion = 2;
 inline constexpr const char* kPtSchemaName = "attnreplay.call";
 
 bool looks_like_zip(const std::string& path);

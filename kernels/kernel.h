@@ -13,6 +13,14 @@
 
 namespace attnreplay {
 
+// What a kernel computes beyond plain masked, causal attention (AttentionCall::extensions): the
+// runner refuses a call that needs more for the kernel, naming what is missing, so that no kernel
+// is judged having silently computed something else.
+struct Extensions {
+  bool window = false, softcap = false, alibi = false, sinks = false;
+  static Extensions all() { return {true, true, true, true}; }
+};
+
 struct KernelDescription {
   std::string name;     // what --kernels takes, e.g. "torch-flash-cpu"
   std::string summary;  // one line for `attnreplay kernels`
@@ -22,7 +30,11 @@ struct KernelDescription {
   // The lowest precision a quantized kernel computes in (int8, float8_e4m3fn): --refcheck's default
   // thresholds are then that dtype's rather than the inputs' (docs/metrics.md).
   std::optional<DType> reduced_precision;
+  Extensions extensions;
 };
+
+// What `call` needs that `kernel` does not compute, in words ("a softcap of 30"); empty when none.
+std::vector<std::string> missing_extensions(const KernelDescription& kernel, const AttentionCall& call);
 
 // A kernel bound to one call with its inputs in place (layout changed, uploaded). run() does
 // only the attention work so that it can be timed; output() is read once afterwards.

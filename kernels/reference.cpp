@@ -59,9 +59,9 @@ void host_values(ReferenceOutput& reference) {
 
 void mark_rows_without_keys(const AttentionCall& call, ReferenceOutput& reference) {
   const AttentionShape& s = reference.shape;
-  const std::int64_t offset = call.causal_alignment == CausalAlignment::bottom_right ? s.seq_kv - s.seq_q : 0;
-  // Only a mask, or causality with keys before the first query's diagonal cut away, hides a row.
-  if (!call.mask && !(call.is_causal && offset < 0)) return;
+  // Only a mask, or causality or a window that cuts away every key of some row, hides a row.
+  const bool window_may_hide = call.window_left || call.window_right;
+  if (!call.mask && !(call.is_causal && call.diagonal_offset(s) < 0) && !window_may_hide) return;
   const MaskView mask(call.mask, s);
   const auto n_rows = static_cast<std::int64_t>(reference.rows.size());
   std::vector<std::uint8_t> no_key(static_cast<std::size_t>(s.batch * s.heads_q * n_rows), 0);
@@ -71,11 +71,11 @@ void mark_rows_without_keys(const AttentionCall& call, ReferenceOutput& referenc
     for (std::int64_t h = 0; h < s.heads_q; ++h)
       for (std::int64_t slot = 0; slot < n_rows; ++slot) {
         const std::int64_t i = reference.rows[static_cast<std::size_t>(slot)];
-        const std::int64_t key_end = call.is_causal ? std::clamp<std::int64_t>(i + offset + 1, 0, s.seq_kv) : s.seq_kv;
-        bool sees = key_end > 0;
+        const auto [key_first, key_end] = call.visible_keys(i, s);
+        bool sees = key_end > key_first;
         if (sees && mask) {
-          mask.row(b, h, i, 0, key_end, bias.data());
-          sees = std::any_of(bias.begin(), bias.begin() + key_end,
+          mask.row(b, h, i, key_first, key_end - key_first, bias.data());
+          sees = std::any_of(bias.begin(), bias.begin() + (key_end - key_first),
                              [](double v) { return v != -std::numeric_limits<double>::infinity(); });
         }
         if (!sees) no_key[static_cast<std::size_t>((b * s.heads_q + h) * n_rows + slot)] = 1, any = true;
@@ -94,10 +94,9 @@ ReferenceOutput reference_attention(const AttentionCall& call, std::vector<std::
   const HostTensor v = to_bhsd(call.v, call.layout);
   const MaskView mask(call.mask, s);
   const double scale = call.softmax_scale();
+  const double softcap = call.softcap;
   const std::int64_t group = s.heads_q / s.heads_kv;
-  // Bottom-right alignment shifts the diagonal by s_kv - s_q keys.
-  const std::int64_t diagonal_offset =
-      call.causal_alignment == CausalAlignment::bottom_right ? s.seq_kv - s.seq_q : 0;
+  const std::int64_t diagonal_offset = call.diagonal_offset(s);
   if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
   std::vector<std::int64_t> fully_masked(threads, 0);
 
@@ -119,18 +118,15 @@ ReferenceOutput reference_attention(const AttentionCall& call, std::vector<std::
           const std::byte* q_row = q.data() + static_cast<std::size_t>(((b * s.heads_q + h) * s.seq_q + i) * s.head_dim_qk) * esize;
           for (std::int64_t d = 0; d < s.head_dim_qk; ++d) query[d] = element_to_double(q.dtype, q_row + d * esize);
           if (mask) mask.row(b, h, i, 0, s.seq_kv, bias.data());
-          std::int64_t key_end = s.seq_kv;
-          if (call.is_causal) key_end = std::clamp<std::int64_t>(i + diagonal_offset + 1, 0, s.seq_kv);
+          const auto [key_first, key_end] = call.visible_keys(i, s);
+          const double slope = call.alibi_slope(b, h);
           // Online softmax: running max m, running sum l, output accumulator, all fp64.
           double m = -std::numeric_limits<double>::infinity();
           double l = 0.0;
           std::fill(accumulator.begin(), accumulator.end(), 0.0);
-          for (std::int64_t j = 0; j < key_end; ++j) {
-            const double* key = keys.data() + j * s.head_dim_qk;
-            double dot = 0.0;
-            for (std::int64_t d = 0; d < s.head_dim_qk; ++d) dot += query[d] * key[d];
-            const double score = dot * scale + bias[static_cast<std::size_t>(j)];
-            if (score == -std::numeric_limits<double>::infinity()) continue;
+          // A logit that joins the sum with weight exp(score - m) and adds p * value.
+          auto add = [&](double score, const double* value) {
+            if (score == -std::numeric_limits<double>::infinity()) return;
             if (score > m) {
               const double rescale = std::exp(m - score);
               l *= rescale;
@@ -139,14 +135,24 @@ ReferenceOutput reference_attention(const AttentionCall& call, std::vector<std::
             }
             const double p = std::exp(score - m);
             l += p;
-            const double* value = values.data() + j * s.head_dim_vo;
-            for (std::int64_t d = 0; d < s.head_dim_vo; ++d) accumulator[d] += p * value[d];
+            if (value) for (std::int64_t d = 0; d < s.head_dim_vo; ++d) accumulator[d] += p * value[d];
+          };
+          for (std::int64_t j = key_first; j < key_end; ++j) {
+            const double* key = keys.data() + j * s.head_dim_qk;
+            double dot = 0.0;
+            for (std::int64_t d = 0; d < s.head_dim_qk; ++d) dot += query[d] * key[d];
+            double score = dot * scale;
+            if (softcap > 0) score = softcap * std::tanh(score / softcap);
+            score += bias[static_cast<std::size_t>(j)];
+            if (slope != 0) score -= slope * static_cast<double>(std::abs(i + diagonal_offset - j));
+            add(score, values.data() + j * s.head_dim_vo);
           }
           double* out = result.values.data() + ((b * s.heads_q + h) * n_rows + static_cast<std::int64_t>(slot)) * s.head_dim_vo;
           if (l == 0.0 || !std::isfinite(m)) {
             ++fully_masked[t];
-            continue;  // stays 0
+            continue;  // stays 0, with or without a sink
           }
+          add(call.sink(h), nullptr);  // a sink takes its share of the row's weight, and adds nothing
           for (std::int64_t d = 0; d < s.head_dim_vo; ++d) out[d] = accumulator[d] / l;
         }
       };
@@ -192,7 +198,7 @@ namespace {
 const bool registered = KernelRegistry::instance().add(std::make_unique<ReferenceKernel>(
     KernelDescription{"reference",
                       "exact attention in fp64 on the CPU, streaming over keys (what errors are measured against)",
-                      "cpu", true},
+                      "cpu", true, std::nullopt, Extensions::all()},
     [](const AttentionCall& call) { return reference_attention(call); }, nullptr));
 
 }  // namespace

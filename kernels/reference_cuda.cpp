@@ -1,7 +1,8 @@
 // The exact reference on a GPU, for calls too large for the CPU one: the same mathematics in fp64,
-// inputs upcast. Calls without a mask and with head dims up to 128 take the fused path (one
-// streaming pass over the keys, cuda/reference_fused.cu); others take cuBLAS DGEMMs and an fp64
-// softmax in chunks of query rows, so that no s_q x s_kv matrix is ever whole. Both are checked
+// inputs upcast. Calls without a mask, window, softcap, ALiBi or sinks and with head dims up to 128
+// take the fused path (one streaming pass over the keys, cuda/reference_fused.cu); others take
+// cuBLAS DGEMMs and an fp64 softmax in chunks of query rows, so that no s_q x s_kv matrix is ever
+// whole. Both are checked
 // against the CPU reference in the GPU tests.
 #include <ATen/ATen.h>
 #include <ATen/detail/CUDAHooksInterface.h>
@@ -79,10 +80,10 @@ void compute(const GpuReferenceInputs& in, at::Tensor& out, at::Tensor& fully_ma
   const std::int64_t n_rows = in.row_index.size(0);
   const double scale = call.softmax_scale();
   const std::int64_t group = s.heads_q / s.heads_kv;
-  const std::int64_t offset = call.causal_alignment == CausalAlignment::bottom_right ? s.seq_kv - s.seq_q : 0;
+  const std::int64_t offset = call.diagonal_offset(s);
   fully_masked.zero_();
 #ifdef ATTNREPLAY_FUSED_REFERENCE
-  if (!call.mask && fused_reference_supports(s.head_dim_qk, s.head_dim_vo)) {
+  if (!call.mask && call.extensions().empty() && fused_reference_supports(s.head_dim_qk, s.head_dim_vo)) {
     FusedReferenceProblem problem;
     problem.q = in.q.data_ptr<double>();
     problem.k = in.k.data_ptr<double>();
@@ -107,32 +108,48 @@ void compute(const GpuReferenceInputs& in, at::Tensor& out, at::Tensor& fully_ma
     return;
   }
 #endif
-  // Rows can be fully masked only with a mask, or bottom-right causal with more queries than keys.
-  const bool may_mask_rows = call.mask || (call.is_causal && offset < 0);
+  // Rows can be fully masked only with a mask, a window, or bottom-right causal with more queries
+  // than keys.
+  const bool may_mask_rows = call.mask || call.window_left || call.window_right || (call.is_causal && offset < 0);
+  constexpr double kMinusInfinity = -std::numeric_limits<double>::infinity();
   const std::int64_t chunk = std::max<std::int64_t>(1, kScoreChunkBytes / (8 * s.seq_kv));
-  const at::Tensor keys = at::arange(s.seq_kv, in.row_index.options());
+  const at::Tensor keys = at::arange(s.seq_kv, in.row_index.options()).unsqueeze(0);
   for (std::int64_t b = 0; b < s.batch; ++b) {
     for (std::int64_t h = 0; h < s.heads_q; ++h) {
       const at::Tensor kh = in.k[b][h / group];
       const at::Tensor vh = in.v[b][h / group];
+      const double slope = call.alibi_slope(b, h);
       for (std::int64_t r0 = 0; r0 < n_rows; r0 += chunk) {
         const std::int64_t r1 = std::min(n_rows, r0 + chunk);
+        // The same steps, in the same order, as the CPU reference (kernels/reference.cpp).
         at::Tensor scores = at::matmul(in.q[b][h].slice(0, r0, r1), kh.t()).mul_(scale);
+        if (call.softcap > 0) scores = scores.div_(call.softcap).tanh_().mul_(call.softcap);
         if (in.mask) {
           const at::Tensor& m = *in.mask;
           scores.add_(m[m.size(0) == 1 ? 0 : b][m.size(1) == 1 ? 0 : h].slice(0, m.size(2) == 1 ? 0 : r0,
                                                                                m.size(2) == 1 ? 1 : r1));
         }
-        if (call.is_causal) {
-          const at::Tensor positions = in.row_index.slice(0, r0, r1).unsqueeze(1);
-          scores.masked_fill_(keys.unsqueeze(0) > positions + offset, -std::numeric_limits<double>::infinity());
+        const at::Tensor diagonal = in.row_index.slice(0, r0, r1).unsqueeze(1) + offset;
+        if (slope != 0) scores.sub_((diagonal - keys).abs().to(at::kDouble).mul_(slope));
+        if (call.is_causal) scores.masked_fill_(keys > diagonal, kMinusInfinity);
+        if (call.window_right) scores.masked_fill_(keys > diagonal + *call.window_right, kMinusInfinity);
+        if (call.window_left) scores.masked_fill_(keys < diagonal - *call.window_left, kMinusInfinity);
+        const at::Tensor row_max = std::get<0>(scores.max(-1, /*keepdim=*/true));
+        const at::Tensor empty = row_max.eq(kMinusInfinity);
+        at::Tensor probabilities;
+        if (call.sinks) {
+          // The sink joins the denominator: exp(scores - m) / (sum + exp(sink - m)), m over both.
+          const double sink = call.sink(h);
+          const at::Tensor m = row_max.clamp_min(sink);
+          probabilities = (scores - m).exp_();
+          probabilities.div_(probabilities.sum(-1, true).add_(m.neg().add_(sink).exp_()));
+        } else {
+          probabilities = at::softmax(scores, -1);
         }
-        at::Tensor probabilities = at::softmax(scores, -1);
         if (may_mask_rows) {
           // softmax over all -inf gives NaN; such a row's output is 0, as the CPU reference gives.
-          const at::Tensor empty = std::get<0>(scores.max(-1)).eq(-std::numeric_limits<double>::infinity());
           fully_masked.add_(empty.sum());
-          probabilities.masked_fill_(empty.unsqueeze(1), 0.0);
+          probabilities.masked_fill_(empty, 0.0);
         }
         out[b][h].slice(0, r0, r1).copy_(at::matmul(probabilities, vh));
       }
@@ -187,9 +204,9 @@ class CudaReferenceKernel final : public Kernel {
   const KernelDescription& description() const override {
     static const KernelDescription d{
         "reference-cuda",
-        "exact attention in fp64 on the GPU (fp64 tensor cores, streaming; DGEMM in chunks with a mask): "
-        "the reference for large calls",
-        "cuda", false};
+        "exact attention in fp64 on the GPU (fp64 tensor cores, streaming; DGEMM in chunks with a mask, "
+        "window, softcap, ALiBi or sinks): the reference for large calls",
+        "cuda", false, std::nullopt, Extensions::all()};
     return d;
   }
   std::optional<std::string> unsupported_reason(const AttentionCall&) const override {

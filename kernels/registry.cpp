@@ -6,6 +6,20 @@
 
 namespace attnreplay {
 
+std::vector<std::string> missing_extensions(const KernelDescription& kernel, const AttentionCall& call) {
+  using Extension = AttentionCall::Extension;
+  std::vector<std::string> missing;
+  for (const Extension extension : call.extensions()) {
+    const Extensions& has = kernel.extensions;
+    const bool computed = extension == Extension::window    ? has.window
+                          : extension == Extension::softcap ? has.softcap
+                          : extension == Extension::alibi   ? has.alibi
+                                                            : has.sinks;
+    if (!computed) missing.push_back(call.describe(extension));
+  }
+  return missing;
+}
+
 KernelRegistry& KernelRegistry::instance() {
   static KernelRegistry registry;
   return registry;

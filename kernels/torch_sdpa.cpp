@@ -55,11 +55,19 @@ TorchInputs backend_inputs(const ModelInputs& model, const AttentionCall& call, 
     in.v = in.v.repeat_interleave(s.heads_q / s.heads_kv, 1);
     in.enable_gqa = false;
   }
-  if (call.is_causal && call.causal_alignment == CausalAlignment::bottom_right && s.seq_q != s.seq_kv) {
-    at::Tensor causal = at::ones({s.seq_q, s.seq_kv}, model.q.options().dtype(at::kBool)).tril(s.seq_kv - s.seq_q);
-    if (in.mask && in.mask->scalar_type() == at::kBool) in.mask = at::logical_and(*in.mask, causal);
-    else if (in.mask) in.mask = in.mask->masked_fill(causal.logical_not(), -std::numeric_limits<double>::infinity());
-    else in.mask = causal;
+  const bool window = call.window_left || call.window_right;
+  if (window || (call.is_causal && call.causal_alignment == CausalAlignment::bottom_right && s.seq_q != s.seq_kv)) {
+    // The keys each row sees by causality and the window (AttentionCall::visible_keys), as a mask.
+    const auto options = model.q.options().dtype(at::kLong);
+    const at::Tensor diagonal = at::arange(s.seq_q, options).unsqueeze(1) + call.diagonal_offset(s);
+    const at::Tensor keys = at::arange(s.seq_kv, options).unsqueeze(0);
+    at::Tensor allowed = at::ones({s.seq_q, s.seq_kv}, model.q.options().dtype(at::kBool));
+    if (call.is_causal) allowed = allowed.logical_and(keys <= diagonal);
+    if (call.window_right) allowed = allowed.logical_and(keys <= diagonal + *call.window_right);
+    if (call.window_left) allowed = allowed.logical_and(keys >= diagonal - *call.window_left);
+    if (in.mask && in.mask->scalar_type() == at::kBool) in.mask = at::logical_and(*in.mask, allowed);
+    else if (in.mask) in.mask = in.mask->masked_fill(allowed.logical_not(), -std::numeric_limits<double>::infinity());
+    else in.mask = allowed;
     in.is_causal = false;
   }
   if (in.mask && in.mask->scalar_type() == at::kBool) {
@@ -74,7 +82,8 @@ TorchInputs backend_inputs(const ModelInputs& model, const AttentionCall& call, 
 bool needs_preparation(const AttentionCall& call, bool expand_gqa, bool efficient_bias) {
   const AttentionShape s = call.shape();
   return (expand_gqa && s.is_gqa()) || (call.mask && (call.mask->dtype == DType::boolean || efficient_bias)) ||
-         (call.is_causal && call.causal_alignment == CausalAlignment::bottom_right && s.seq_q != s.seq_kv);
+         (call.is_causal && call.causal_alignment == CausalAlignment::bottom_right && s.seq_q != s.seq_kv) ||
+         call.window_left || call.window_right;
 }
 
 bool cuda_available() { return at::detail::getCUDAHooks().hasCUDA(); }
@@ -89,12 +98,15 @@ struct TorchBackend {
   std::function<std::optional<std::string>(const TorchInputs&)> torch_check;
   std::function<at::Tensor(const TorchInputs&, double scale)> run;
   bool efficient_bias = false;  // the mask as SDPA's front door gives the memory-efficient kernel
+  bool takes_mask = true;       // a sliding window is replayed as a mask, for backends that take one
 };
 
 class TorchSdpaKernel final : public Kernel {
  public:
   explicit TorchSdpaKernel(TorchBackend backend)
-      : backend_(std::move(backend)), description_{backend_.name, backend_.summary, backend_.device, false} {}
+      : backend_(std::move(backend)), description_{backend_.name, backend_.summary, backend_.device, false} {
+    description_.extensions.window = backend_.takes_mask;
+  }
   const KernelDescription& description() const override { return description_; }
   std::optional<std::string> unsupported_reason(const AttentionCall& call) const override {
     if (backend_.device == "cuda" && !cuda_available()) return "no CUDA device";
@@ -245,7 +257,8 @@ const bool registered_cuda = [] {
       "cuda", true, cuda_dtypes, torch_says(sdp::can_use_flash_attention, "flash"),
       [](const TorchInputs& in, double scale) {
         return std::get<0>(at::_scaled_dot_product_flash_attention(in.q, in.k, in.v, 0.0, in.is_causal, false, scale));
-      }}));
+      },
+      /*efficient_bias=*/false, /*takes_mask=*/false}));
   registry.add(std::make_unique<TorchSdpaKernel>(TorchBackend{
       "torch-efficient", "torch SDPA memory-efficient backend, CUDA (aten::_scaled_dot_product_efficient_attention)",
       "cuda", true, cuda_dtypes, torch_says(sdp::can_use_mem_efficient_attention, "memory-efficient"),

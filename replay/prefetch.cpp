@@ -5,9 +5,8 @@
 namespace attnreplay {
 
 std::uint64_t call_bytes(const AttentionCall& call) {
-  std::uint64_t bytes = call.q.nbytes() + call.k.nbytes() + call.v.nbytes();
-  if (call.mask) bytes += call.mask->nbytes();
-  if (call.out) bytes += call.out->nbytes();
+  std::uint64_t bytes = 0;
+  for (const auto& [name, tensor] : call.named_tensors()) bytes += tensor->nbytes();
   return bytes;
 }
 

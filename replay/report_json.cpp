@@ -109,6 +109,7 @@ nlohmann::json call_to_json(const CallResult& c) {
           {"is_causal", c.is_causal},
           {"causal_alignment", causal_alignment_name(c.causal_alignment)},
           {"mask", c.mask},
+          {"extensions", c.extensions},
           {"scale", number(c.scale)},
           {"metadata", c.metadata},
           {"notes", c.notes},

@@ -58,6 +58,7 @@ struct CallResult {
   bool is_causal = false;
   CausalAlignment causal_alignment = CausalAlignment::top_left;
   std::string mask;  // "none", or "bool 1x1x16x16" / "float32 ..."
+  std::vector<std::string> extensions;  // "a sliding window (left 64)", "a softcap of 30", ...
   double scale = 0;
   std::map<std::string, std::string> metadata;
   std::vector<std::string> notes;  // e.g. dropout replayed as 0

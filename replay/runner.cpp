@@ -227,6 +227,7 @@ CallResult replay_call(const AttentionCall& captured, const ReplayOptions& optio
   result.is_causal = captured.is_causal;
   result.causal_alignment = captured.causal_alignment;
   result.mask = describe_mask(captured.mask);
+  for (const auto extension : captured.extensions()) result.extensions.push_back(captured.describe(extension));
   result.scale = captured.softmax_scale();
   result.metadata = captured.metadata;
   result.case_tag = options.case_tag;
@@ -304,7 +305,11 @@ CallResult replay_call(const AttentionCall& captured, const ReplayOptions& optio
     k.source = KernelRegistry::instance().source_of(k.kernel);
     k.work = result.work;
     k.rerun = rerun_for(k.kernel);
-    std::optional<std::string> unsupported = kernel->unsupported_reason(call);
+    std::optional<std::string> unsupported;
+    if (const auto missing = missing_extensions(kernel->description(), call); !missing.empty()) {
+      unsupported = fmt::format("the call has {}, which this kernel does not compute", fmt::join(missing, " and "));
+    }
+    if (!unsupported) unsupported = kernel->unsupported_reason(call);
     if (!unsupported && kernel->description().is_reference && reference.sampled) {
       unsupported = "--ref-sample-rows is set, so the full reference is not run";
     }

@@ -1,4 +1,4 @@
-"""Read and write attnreplay's HDF5 capture files (schema v1) from Python with h5py and numpy.
+"""Read and write attnreplay's HDF5 capture files (schema v2; v1 is read too) from Python with h5py and numpy.
 
 The schema is described in docs/format.md. In short: root attributes name the schema; the
 compound dataset /calls has one row per call, /tensors one row per tensor, /metadata_json holds
@@ -49,11 +49,11 @@ __all__ = [
 ]
 
 SCHEMA_NAME = "attnreplay.capture"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 MAX_RANK = 8
 NAME_SIZE = 16  # bytes of the short fixed-length string fields
 OP_SIZE = 128   # bytes of 'op' and 'backend'
-TENSOR_NAMES = ("q", "k", "v", "mask", "out")
+TENSOR_NAMES = ("q", "k", "v", "mask", "out", "alibi_slopes", "sinks")
 
 # dtype name (torch's spelling) -> numpy type of its /data/<dtype> dataset.
 DTYPES: dict[str, np.dtype] = {
@@ -100,6 +100,10 @@ _CALL_ROW = np.dtype([
     ("tensor_count", "<i4"),
     ("metadata_offset", "<i8"),
     ("metadata_nbytes", "<i8"),
+    # v2; a v1 file has none of them (window unbounded, no softcap).
+    ("window_left", "<i8"),     # -1: unbounded
+    ("window_right", "<i8"),    # -1: unbounded
+    ("softcap", "<f8"),         # 0: none
 ])
 
 _TENSOR_ROW = np.dtype([
@@ -334,7 +338,8 @@ def read_calls(path: str, *, as_torch: bool = False) -> list[dict[str, Any]]:
     Each dict has the keys of attnreplay's .pt call schema (docs/format.md):
     format, schema_version, call_index, op, backend, layout ("bhsd"/"bshd"), is_causal,
     causal_alignment ("top_left"/"bottom_right"), scale (None: 1/sqrt(head_dim_qk)), dropout_p,
-    enable_gqa, metadata (dict), q, k, v, mask and out (None when absent), devices
+    enable_gqa, window_left and window_right (None: unbounded), softcap (0: none), metadata (dict),
+    q, k, v, mask, out, alibi_slopes and sinks (None when absent), devices
     ({tensor name: device}); and also dtypes ({tensor name: dtype name}) and strides
     ({tensor name: tuple of the model's element strides}).
 
@@ -376,7 +381,7 @@ def read_calls(path: str, *, as_torch: bool = False) -> list[dict[str, Any]]:
             where = f"{path}: call {call_index}"
             call: dict[str, Any] = {
                 "format": "attnreplay.call",
-                "schema_version": 1,
+                "schema_version": 2,
                 "call_index": call_index,
                 "op": _text(row["op"]),
                 "backend": _text(row["backend"]),
@@ -386,8 +391,13 @@ def read_calls(path: str, *, as_torch: bool = False) -> list[dict[str, Any]]:
                 "scale": None if math.isnan(float(row["scale"])) else float(row["scale"]),
                 "dropout_p": float(row["dropout_p"]),
                 "enable_gqa": bool(row["enable_gqa"]),
+                "window_left": None, "window_right": None, "softcap": 0.0,
                 "metadata": {},
             }
+            if "softcap" in calls.dtype.names:  # schema v2
+                for side in ("window_left", "window_right"):
+                    call[side] = int(row[side]) if int(row[side]) >= 0 else None
+                call["softcap"] = float(row["softcap"])
             if call["layout"] not in ("bhsd", "bshd"):
                 raise CaptureFormatError(f"{where}: field 'layout': expected bhsd or bshd, got '{call['layout']}'")
             if call["causal_alignment"] not in ("top_left", "bottom_right"):
@@ -425,7 +435,8 @@ def read_calls(path: str, *, as_torch: bool = False) -> list[dict[str, Any]]:
                 t = tensors[position]
                 name = _text(t["name"])
                 if name not in TENSOR_NAMES:
-                    raise CaptureFormatError(f"{where}: field '{name}': unknown tensor name (expected q, k, v, mask, out)")
+                    raise CaptureFormatError(f"{where}: field '{name}': unknown tensor name (expected "
+                                             f"{', '.join(TENSOR_NAMES)})")
                 if int(t["call_index"]) != call_index:
                     raise CaptureFormatError(f"{where}: field '{name}': tensor row {position} belongs to call "
                                              f"{int(t['call_index'])}")
@@ -470,7 +481,7 @@ def read_calls(path: str, *, as_torch: bool = False) -> list[dict[str, Any]]:
 
 
 _ALIASES = {"q": ("q", "query"), "k": ("k", "key"), "v": ("v", "value"), "mask": ("mask", "attn_mask"),
-            "out": ("out", "output")}
+            "out": ("out", "output"), "alibi_slopes": ("alibi_slopes",), "sinks": ("sinks",)}
 
 
 def _tensor_of(call: dict, name: str):
@@ -541,7 +552,8 @@ def write_calls(path: str, calls: Iterable[dict[str, Any]], *, producer: str = "
     Each call is a dict with the keys read_calls returns; only q, k and v are required
     ("query"/"key"/"value", "attn_mask" and "output" are accepted too). Defaults: call_index =
     position, op = backend = "", layout "bhsd", is_causal False, causal_alignment "top_left",
-    scale None (1/sqrt(head_dim_qk)), dropout_p 0, enable_gqa False, metadata {}.
+    scale None (1/sqrt(head_dim_qk)), dropout_p 0, enable_gqa False, window_left and window_right
+    None (unbounded), softcap 0, metadata {}.
     Optional "dtypes", "strides" and "devices" dicts override what the tensors say.
     With `deduplicate`, a tensor whose bytes were already written points at the first copy.
     """
@@ -619,6 +631,9 @@ def write_calls(path: str, calls: Iterable[dict[str, Any]], *, producer: str = "
         row["scale"] = math.nan if scale is None else float(scale)
         row["dropout_p"] = float(call.get("dropout_p", 0.0) or 0.0)
         row["enable_gqa"] = bool(call.get("enable_gqa", False))
+        for side in ("window_left", "window_right"):
+            row[side] = -1 if call.get(side) is None else int(call[side])
+        row["softcap"] = float(call.get("softcap", 0.0) or 0.0)
         row["first_tensor"] = first_tensor
         row["tensor_count"] = len(tensor_rows) - first_tensor
         row["metadata_offset"] = len(metadata)

@@ -3,7 +3,8 @@ registered under flash-attn's own name and schema (flash_attn::_flash_attn_forwa
 (batch, seq, heads, dim), dropout_p, softmax_scale, causal, window_size_left, window_size_right,
 softcap, alibi_slopes, return_softmax), computing what flash-attn computes with plain torch ops.
 
-Four calls: plain, a sliding window, a softcap, ALiBi slopes. --save writes every output."""
+Five calls: plain, a sliding window, a softcap, ALiBi slopes, and all three. --save writes every
+output."""
 import argparse
 import math
 from typing import Optional
@@ -59,6 +60,7 @@ def main():
         "window": forward(q, k, v, 0.0, scale, True, 4, 0, 0.0, None, False)[0],
         "softcap": forward(q, k, v, 0.0, scale, False, -1, -1, 30.0, None, False)[0],
         "alibi": forward(q, k, v, 0.0, scale, True, -1, -1, 0.0, torch.tensor([0.5, 0.25, 0.125]), False)[0],
+        "all": forward(q, k, v, 0.0, scale, False, 6, 2, 20.0, torch.tensor([0.5, 0.25, 0.125]), False)[0],
     }
     np.savez(args.save, **{name: t.numpy() for name, t in outs.items()})
 
