@@ -1,6 +1,7 @@
 """GPU checks, run by bench/gpu.sh on the GPU machine (not by CI, which has no GPU).
 
-- the GPU fp64 reference agrees with the CPU fp64 reference;
+- the GPU fp64 reference agrees with the CPU fp64 reference, with windows, softcap, ALiBi and sinks
+  too;
 - every torch CUDA backend runs or declines with a reason, and bf16 errors land where expected;
 - capture on the GPU: outputs bit-identical with it on, the captured tensors are what the op saw
   (even when the model writes to them in place right after), and the backend op is named;
@@ -56,6 +57,33 @@ def test_gpu_reference_with_masks(tmp_path):
     report, _ = replay(tmp_path, tmp_path / "m.pt", "--reference", "cpu", "--kernels", "reference-cuda")
     (kernel,) = report["calls"][0]["kernels"]
     assert kernel["error"]["max_abs"] < 1e-13, kernel["error"]
+
+
+@pytest.mark.parametrize("alignment", ["top_left", "bottom_right"])
+def test_gpu_reference_with_window_softcap_alibi_and_sinks(tmp_path, alignment):
+    # The chunked GPU path against the CPU reference, every extension at once, GQA and a mask with
+    # a row that sees no key; and a window alone through the torch backends that take a mask.
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(2, 4, 24, 16, generator=g)
+    k, v = (torch.randn(2, 2, 40, 16, generator=g) for _ in range(2))
+    mask = torch.rand(2, 1, 24, 40, generator=g) > 0.2
+    mask[1, 0, 5] = False
+    call = {"format": "attnreplay.call", "schema_version": 2, "q": q, "k": k, "v": v, "mask": mask,
+            "is_causal": True, "causal_alignment": alignment, "window_left": 7, "window_right": 2, "softcap": 3.0,
+            "alibi_slopes": torch.tensor([0.5, 0.25, 0.125, 0.0625]), "sinks": torch.tensor([0.5, -1.0, 2.0, 0.0])}
+    torch.save(call, tmp_path / "x.pt")
+    report, _ = replay(tmp_path, tmp_path / "x.pt", "--reference", "cpu", "--kernels", "reference-cuda")
+    (kernel,) = report["calls"][0]["kernels"]
+    assert kernel["error"]["max_abs"] < 1e-13, kernel["error"]
+    window = {"q": q.cuda().half(), "k": k.cuda().half(), "v": v.cuda().half(), "is_causal": False,
+              "causal_alignment": alignment, "window_left": 5, "window_right": 0, "enable_gqa": True}
+    torch.save(window, tmp_path / "w.pt")
+    report, _ = replay(tmp_path, tmp_path / "w.pt", "--kernels", "torch-efficient,torch-cudnn,torch-math-cuda,flash")
+    rows = {k["kernel"]: k for k in report["calls"][0]["kernels"]}
+    assert rows["flash"]["status"] == "not_supported" and "sliding window" in rows["flash"]["reason"]
+    for name in ("torch-efficient", "torch-math-cuda"):
+        assert rows[name]["status"] == "not_verified" and rows[name]["error"]["rel_l2"] < 5e-3, rows[name]
+    assert rows["torch-cudnn"]["status"] in ("not_verified", "not_supported"), rows["torch-cudnn"]
 
 
 CUDA_BACKENDS = ["torch-flash", "torch-efficient", "torch-cudnn", "torch-math-cuda"]
