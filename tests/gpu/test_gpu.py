@@ -75,7 +75,7 @@ def test_gpu_reference_with_window_softcap_alibi_and_sinks(tmp_path, alignment):
     report, _ = replay(tmp_path, tmp_path / "x.pt", "--reference", "cpu", "--kernels", "reference-cuda")
     (kernel,) = report["calls"][0]["kernels"]
     assert kernel["error"]["max_abs"] < 1e-13, kernel["error"]
-    window = {"q": q.cuda().half(), "k": k.cuda().half(), "v": v.cuda().half(), "is_causal": False,
+    window = {"q": q.half(), "k": k.half(), "v": v.half(), "is_causal": False,
               "causal_alignment": alignment, "window_left": 5, "window_right": 0, "enable_gqa": True}
     torch.save(window, tmp_path / "w.pt")
     report, _ = replay(tmp_path, tmp_path / "w.pt", "--kernels", "torch-efficient,torch-cudnn,torch-math-cuda,flash")
