@@ -45,7 +45,7 @@ def assert_calls_are_the_jobs(calls, shape=SHAPE, outputs=None):
 
 def info_call_count(path):
     result = attnreplay("info", path)
-    m = re.search(r"attnreplay-hdf5 v1, (\d+) calls", result.stdout)
+    m = re.search(r"attnreplay-hdf5 v2, (\d+) calls", result.stdout)
     assert m, result.stdout
     return int(m.group(1))
 

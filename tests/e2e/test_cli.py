@@ -212,7 +212,7 @@ def test_info_lists_calls_ops_shapes_dtypes_and_bytes(tmp_path):
     ], deduplicate=False)
     result = run_attnreplay("info", tmp_path / "cap.h5", check=0)
     lines = result.stdout.splitlines()
-    assert lines[0] == f"{tmp_path / 'cap.h5'}: attnreplay-hdf5 v1, 2 calls"
+    assert lines[0] == f"{tmp_path / 'cap.h5'}: attnreplay-hdf5 v2, 2 calls"
     first = next(line.split() for line in lines if line.split()[:1] == ["7"])
     second = next(line.split() for line in lines if line.split()[:1] == ["9"])
     bytes7 = (q.numel() + k.numel() + v.numel()) * 2 + mask.numel()

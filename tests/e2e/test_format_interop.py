@@ -104,7 +104,7 @@ def test_h5_storage_is_as_documented(cpp_written, dtype):
     # docs/format.md: fp16/32/64 native, bf16 as uint16 bits, fp8 as uint8 bits; the one-liners work.
     stem = cpp_written[dtype, "bhsd"]
     with h5py.File(f"{stem}.h5", "r") as f:
-        assert f.attrs["attnreplay_schema"] == b"attnreplay.capture" and f.attrs["schema_version"] == 1
+        assert f.attrs["attnreplay_schema"] == b"attnreplay.capture" and f.attrs["schema_version"] == 2
         name = str(DTYPES[dtype]).removeprefix("torch.")
         stored = f[f"data/{name}"][()]
         row = f["tensors"][0]
@@ -125,7 +125,7 @@ def test_h5_storage_is_as_documented(cpp_written, dtype):
 def test_cpp_pt_read_by_torch_load(cpp_written, dtype, layout):
     stem = cpp_written[dtype, layout]
     root = load_pt(f"{stem}.pt")
-    assert root["format"] == "attnreplay.capture" and root["schema_version"] == 1
+    assert root["format"] == "attnreplay.capture" and root["schema_version"] == 2
     (call,) = root["calls"]
     assert call["format"] == "attnreplay.call" and call["layout"] == layout and call["scale"] is None
     assert call["is_causal"] is False and call["call_index"] == 0 and call["mask"] is None
@@ -374,7 +374,7 @@ def test_killed_writer_leaves_a_readable_file(tmp_path):
     (back,) = load_pt(tmp_path / "back.pt")["calls"]
     for field in "qkv":
         assert_same_bits(back[field], call[field], field)
-    assert "attnreplay-hdf5 v1, 1 calls" in run_attnreplay("info", path, check=0).stdout
+    assert "attnreplay-hdf5 v2, 1 calls" in run_attnreplay("info", path, check=0).stdout
 
 
 def test_attnreplay_h5_decodes_every_fp8_pattern_as_torch_does():

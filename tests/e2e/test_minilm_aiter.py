@@ -59,7 +59,7 @@ def test_converted_to_hdf5_gives_the_same_errors(minilm):
     folder, capture, _, report = minilm
     run_attnreplay("convert", capture, folder / "minilm.h5", check=0)
     info = run_attnreplay("info", folder / "minilm.h5", check=0).stdout
-    assert f"attnreplay-hdf5 v1, {LAYERS} calls" in info and f"{LAYERS} x sdpa" in info
+    assert f"attnreplay-hdf5 v2, {LAYERS} calls" in info and f"{LAYERS} x sdpa" in info
     run_attnreplay("run", folder / "minilm.h5", "--kernels", "reference", "--refcheck", "--json", folder / "h5.json",
                    "-q", *FAST, check=0)
     converted = load_json(folder / "h5.json")["calls"]
