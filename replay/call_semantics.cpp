@@ -16,7 +16,8 @@ const std::set<std::string, std::less<>> kNeutral = {
     "out", "philox_seed", "philox_offset", "max_seqlen_q", "max_seqlen_k", "max_seqlen_kv", "max_seqlen"};
 
 // Arguments that are neutral only at these values (as capture writes them), and what they do
-// otherwise, which the record has no field for.
+// otherwise. Capture puts a window, softcap, ALiBi slopes and sinks in the record's own fields
+// (schema v2); they are here for captures made before that, which named them as arguments only.
 struct Default {
   std::set<std::string, std::less<>> values;
   const char* meaning;
