@@ -129,11 +129,11 @@ void compute(const GpuReferenceInputs& in, at::Tensor& out, at::Tensor& fully_ma
           scores.add_(m[m.size(0) == 1 ? 0 : b][m.size(1) == 1 ? 0 : h].slice(0, m.size(2) == 1 ? 0 : r0,
                                                                                m.size(2) == 1 ? 1 : r1));
         }
-        const at::Tensor diagonal = in.row_index.slice(0, r0, r1).unsqueeze(1) + offset;
-        if (slope != 0) scores.sub_((diagonal - keys).abs().to(at::kDouble).mul_(slope));
-        if (call.is_causal) scores.masked_fill_(keys > diagonal, kMinusInfinity);
-        if (call.window_right) scores.masked_fill_(keys > diagonal + *call.window_right, kMinusInfinity);
-        if (call.window_left) scores.masked_fill_(keys < diagonal - *call.window_left, kMinusInfinity);
+        const at::Tensor positions = in.row_index.slice(0, r0, r1);
+        if (slope != 0) scores.sub_((positions.unsqueeze(1) + offset - keys).abs().to(at::kDouble).mul_(slope));
+        if (call.is_causal || call.window_left || call.window_right) {
+          scores.masked_fill_(visible_keys_mask(call, s, positions).logical_not(), kMinusInfinity);
+        }
         const at::Tensor row_max = std::get<0>(scores.max(-1, /*keepdim=*/true));
         const at::Tensor empty = row_max.eq(kMinusInfinity);
         at::Tensor probabilities;

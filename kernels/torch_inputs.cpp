@@ -75,6 +75,16 @@ at::Tensor bhsd_view(at::Tensor tensor, Layout layout) {
   return layout == Layout::bshd ? tensor.transpose(1, 2) : tensor;
 }
 
+at::Tensor visible_keys_mask(const AttentionCall& call, const AttentionShape& s, const at::Tensor& rows) {
+  const at::Tensor diagonal = rows.unsqueeze(1) + call.diagonal_offset(s);
+  const at::Tensor keys = at::arange(s.seq_kv, rows.options()).unsqueeze(0);
+  at::Tensor allowed = at::ones({rows.size(0), s.seq_kv}, rows.options().dtype(at::kBool));
+  if (call.is_causal) allowed.logical_and_(keys <= diagonal);
+  if (call.window_right) allowed.logical_and_(keys <= diagonal + *call.window_right);
+  if (call.window_left) allowed.logical_and_(keys >= diagonal - *call.window_left);
+  return allowed;
+}
+
 ModelInputs model_inputs(const AttentionCall& call, at::Device device, bool writable) {
   auto as_model_had = [&](const HostTensor& tensor) {
     const at::Tensor shared = device_copy(tensor, device);

@@ -39,6 +39,11 @@ class SharedUploads {
 // head dim of 1).
 at::Tensor bhsd_view(at::Tensor tensor, Layout layout);
 
+// Which keys each query row of `rows` (a 1-D tensor of int64 positions) may see by causality and
+// the window, as a (rows, s_kv) bool tensor on rows' device: AttentionCall::visible_keys for many
+// rows at once. A mask may hide more.
+at::Tensor visible_keys_mask(const AttentionCall& call, const AttentionShape& s, const at::Tensor& rows);
+
 // Q, K, V with the model's strides restored, as (b, h, s, d) views (BSHD calls are transposed
 // views, which cost nothing); the mask as captured.
 struct ModelInputs {

@@ -57,14 +57,8 @@ TorchInputs backend_inputs(const ModelInputs& model, const AttentionCall& call, 
   }
   const bool window = call.window_left || call.window_right;
   if (window || (call.is_causal && call.causal_alignment == CausalAlignment::bottom_right && s.seq_q != s.seq_kv)) {
-    // The keys each row sees by causality and the window (AttentionCall::visible_keys), as a mask.
-    const auto options = model.q.options().dtype(at::kLong);
-    const at::Tensor diagonal = at::arange(s.seq_q, options).unsqueeze(1) + call.diagonal_offset(s);
-    const at::Tensor keys = at::arange(s.seq_kv, options).unsqueeze(0);
-    at::Tensor allowed = at::ones({s.seq_q, s.seq_kv}, model.q.options().dtype(at::kBool));
-    if (call.is_causal) allowed = allowed.logical_and(keys <= diagonal);
-    if (call.window_right) allowed = allowed.logical_and(keys <= diagonal + *call.window_right);
-    if (call.window_left) allowed = allowed.logical_and(keys >= diagonal - *call.window_left);
+    // The keys each row sees by causality and the window, as a mask.
+    const at::Tensor allowed = visible_keys_mask(call, s, at::arange(s.seq_q, model.q.options().dtype(at::kLong)));
     if (in.mask && in.mask->scalar_type() == at::kBool) in.mask = at::logical_and(*in.mask, allowed);
     else if (in.mask) in.mask = in.mask->masked_fill(allowed.logical_not(), -std::numeric_limits<double>::infinity());
     else in.mask = allowed;
