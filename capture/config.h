@@ -16,7 +16,7 @@ namespace attnreplay::capture {
 // (aten::_native_multi_head_attention) is left out on purpose: its inputs are the unprojected
 // sequences, not per-head Q, K, V (the observer reports when it computes attention unseen).
 inline constexpr const char* kDefaultOpsPattern =
-    R"(^aten::(scaled_dot_product_attention|_scaled_dot_product_\w*attention\w*|_flash_attention_forward|_efficient_attention_forward)$|^flash_attn\w*::|^sage\w*::|^xformers\w*::.*attention)";
+    R"(^aten::(scaled_dot_product_attention|_scaled_dot_product_\w*attention\w*|_flash_attention_forward|_efficient_attention_forward)$|^flash_attn\w*::|^_vllm_fa\d_C::|^sage\w*::|^xformers\w*::.*attention)";
 
 enum class WhenFull { wait, drop };
 enum class OutputFormat { hdf5, pt };

@@ -62,10 +62,16 @@ thread_local struct PendingCall* outermost = nullptr;
 
 // Host copies under way for one call; the writer thread finishes them into the record.
 struct TensorCopies {
-  std::optional<HostCopy> q, k, v, mask, out, alibi_slopes, sinks;
+  std::optional<HostCopy> q, k, v, mask, out, alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table;
+  // A dense (b, s, h, d) query of a paged or length-limited call is stored as its (b * s, h, d)
+  // rows, and so is the output.
+  bool flatten_batch = false;
   std::uint64_t nbytes() const {
     std::uint64_t total = 0;
-    for (const auto* copy : {&q, &k, &v, &mask, &out, &alibi_slopes, &sinks}) total += *copy ? (*copy)->nbytes() : 0;
+    for (const auto* copy : {&q, &k, &v, &mask, &out, &alibi_slopes, &sinks, &cu_seqlens_q, &cu_seqlens_k, &seqused_k,
+                             &block_table}) {
+      total += *copy ? (*copy)->nbytes() : 0;
+    }
     return total;
   }
   void finish_into(AttentionCall& call) {
@@ -76,6 +82,17 @@ struct TensorCopies {
     if (out) call.out = out->finish();
     if (alibi_slopes) call.alibi_slopes = alibi_slopes->finish();
     if (sinks) call.sinks = sinks->finish();
+    if (cu_seqlens_q) call.cu_seqlens_q = cu_seqlens_q->finish();
+    if (cu_seqlens_k) call.cu_seqlens_k = cu_seqlens_k->finish();
+    if (seqused_k) call.seqused_k = seqused_k->finish();
+    if (block_table) call.block_table = block_table->finish();
+    if (flatten_batch) {
+      for (HostTensor* rows : {&call.q, call.out ? &*call.out : nullptr}) {
+        if (!rows || rows->rank() != 4) continue;
+        rows->shape = {rows->shape[0] * rows->shape[1], rows->shape[2], rows->shape[3]};
+        rows->captured_strides.clear();
+      }
+    }
   }
 };
 
@@ -173,6 +190,73 @@ void flush_before_cuda_exits(const at::Tensor& tensor) {
   });
 }
 
+const at::Tensor* defined_tensor(const c10::IValue* value) {
+  return value && value->isTensor() && value->toTensor().defined() ? &value->toTensor() : nullptr;
+}
+
+// Ragged and paged batches (flash-attn's varlen ops, FlashAttention-3's, vLLM's): the record's
+// thd form, with a paged KV cache cut down to the pages the call reads (renumbered in the block
+// table) and a dense cache to the keys each sequence uses. Returns false, mapping nothing, for a
+// call that is dense or in a form not recognised (its arguments are then kept, and refused).
+bool map_ragged(const std::vector<NamedInput>& inputs, const std::array<const c10::IValue*, 3>& qkv,
+                AttentionCall& call, TensorCopies& copies, std::set<std::string>& mapped) {
+  const at::Tensor* cu_q = defined_tensor(find_input(inputs, {"cu_seqlens_q"}));
+  const at::Tensor* cu_k = defined_tensor(find_input(inputs, {"cu_seqlens_k"}));
+  const char* used_name = find_input(inputs, {"seqused_k"}) ? "seqused_k" : "cache_seqlens";
+  const at::Tensor* used = defined_tensor(find_input(inputs, {used_name}));
+  const char* table_name = find_input(inputs, {"block_table"}) ? "block_table" : "page_table";
+  const at::Tensor* table = defined_tensor(find_input(inputs, {table_name}));
+  if (!cu_q && !used && !table) return false;
+  const at::Tensor& q = qkv[0]->toTensor();
+  const at::Tensor& k = qkv[1]->toTensor();
+  const at::Tensor& v = qkv[2]->toTensor();
+  if (cu_q ? q.dim() != 3 : q.dim() != 4) return false;
+  if (table ? (k.dim() != 4 || (!used && !cu_k)) : (cu_k ? k.dim() != 3 : (!used || k.dim() != 4))) return false;
+  const auto index = at::TensorOptions().dtype(at::kLong).device(q.device());
+  at::Tensor q_offsets;
+  if (cu_q) {
+    q_offsets = *cu_q;
+  } else {
+    q_offsets = at::arange(0, (q.size(0) + 1) * q.size(1), q.size(1), index).to(at::kInt);
+    copies.flatten_batch = true;
+  }
+  const std::int64_t batch = q_offsets.size(0) - 1;
+  copies.q = HostCopy::start(cu_q ? q : q.flatten(0, 1));
+  copies.cu_seqlens_q = HostCopy::start(q_offsets);
+  if (table) {
+    const at::Tensor lengths = (used ? *used : (*cu_k).slice(0, 1) - (*cu_k).slice(0, 0, -1)).to(at::kLong);
+    const std::int64_t page_size = k.size(1);
+    const at::Tensor pages_needed = (lengths + (page_size - 1)).div(page_size, "floor");
+    const std::int64_t width = std::max<std::int64_t>(1, pages_needed.max().item<std::int64_t>());
+    const at::Tensor read = at::arange(width, index).unsqueeze(0) < pages_needed.unsqueeze(1);
+    const at::Tensor listed = table->slice(1, 0, width).to(at::kLong).masked_select(read);
+    const auto [pages, renumbered] = at::_unique(listed, /*sorted=*/true, /*return_inverse=*/true);
+    at::Tensor new_table = at::full({batch, width}, -1, index);
+    new_table.masked_scatter_(read, renumbered);
+    copies.k = HostCopy::start(k.index_select(0, pages));
+    copies.v = HostCopy::start(v.index_select(0, pages));
+    copies.block_table = HostCopy::start(new_table.to(at::kInt));
+    copies.seqused_k = HostCopy::start(lengths.to(at::kInt));
+  } else if (cu_k) {
+    copies.k = HostCopy::start(k);
+    copies.v = HostCopy::start(v);
+    copies.cu_seqlens_k = HostCopy::start(*cu_k);
+    if (used) copies.seqused_k = HostCopy::start(*used);
+  } else {
+    // A dense cache (b, s_cache, h, d) of which sequence b uses its first used[b] keys.
+    const at::Tensor lengths = used->to(at::kLong);
+    const at::Tensor kept = at::arange(k.size(1), index).unsqueeze(0) < lengths.unsqueeze(1);
+    copies.k = HostCopy::start(k.index({kept}));
+    copies.v = HostCopy::start(v.index({kept}));
+    copies.cu_seqlens_k = HostCopy::start(at::cat({at::zeros({1}, index), lengths.cumsum(0)}).to(at::kInt));
+  }
+  call.layout = Layout::thd;
+  // Every varlen and paged op of flash-attn's family aligns causality bottom-right.
+  call.causal_alignment = CausalAlignment::bottom_right;
+  for (const char* name : {"cu_seqlens_q", "cu_seqlens_k", used_name, table_name}) mapped.insert(name);
+  return true;
+}
+
 // Builds the record from the op's arguments. Tensors are copied to host memory now: after the
 // start callback the inputs are no longer ours to read.
 void fill_call(PendingCall& pending, const std::string& op, const c10::FunctionSchema* schema,
@@ -183,15 +267,22 @@ void fill_call(PendingCall& pending, const std::string& op, const c10::FunctionS
   if (!qkv[0]) throw std::runtime_error(fmt::format("{}: no query/key/value tensors among its arguments", op));
   call.call_index = index;
   call.op = op;
-  // flash-attn and xformers take (batch, seq, heads, dim) and align causal masks bottom-right.
-  const bool flash_style = op.rfind("flash_attn", 0) == 0 || op.rfind("xformers", 0) == 0;
+  // flash-attn (and vLLM's build of it) and xformers take (batch, seq, heads, dim) and align causal
+  // masks bottom-right.
+  const bool flash_style =
+      op.rfind("flash_attn", 0) == 0 || op.rfind("_vllm_fa", 0) == 0 || op.rfind("xformers", 0) == 0;
   call.layout = flash_style ? Layout::bshd : Layout::bhsd;
   call.causal_alignment = flash_style ? CausalAlignment::bottom_right : CausalAlignment::top_left;
   TensorCopies& copies = *pending.copies;
   if (qkv[0]->toTensor().is_cuda()) flush_before_cuda_exits(qkv[0]->toTensor());
-  copies.q = HostCopy::start(qkv[0]->toTensor());
-  copies.k = HostCopy::start(qkv[1]->toTensor());
-  copies.v = HostCopy::start(qkv[2]->toTensor());
+  std::set<std::string> mapped = {"query", "q", "key", "k", "value", "v", "attn_mask", "mask", "attn_bias", "scale",
+                                  "softmax_scale", "sm_scale", "is_causal", "causal", "dropout_p", "dropout",
+                                  "p_dropout", "enable_gqa"};
+  if (!map_ragged(inputs, qkv, call, copies, mapped)) {
+    copies.q = HostCopy::start(qkv[0]->toTensor());
+    copies.k = HostCopy::start(qkv[1]->toTensor());
+    copies.v = HostCopy::start(qkv[2]->toTensor());
+  }
   // Autograd passes an absent optional tensor as an undefined one.
   if (const auto* mask = find_input(inputs, {"attn_mask", "mask", "attn_bias"});
       mask && mask->isTensor() && mask->toTensor().defined()) {
@@ -203,15 +294,12 @@ void fill_call(PendingCall& pending, const std::string& op, const c10::FunctionS
   if (const auto* causal = find_input(inputs, {"is_causal", "causal"}); causal && causal->isBool()) {
     call.is_causal = causal->toBool();
   }
-  if (const auto* dropout = find_input(inputs, {"dropout_p", "dropout"}); dropout && dropout->isDouble()) {
+  if (const auto* dropout = find_input(inputs, {"dropout_p", "dropout", "p_dropout"}); dropout && dropout->isDouble()) {
     call.dropout_p = dropout->toDouble();
   }
   if (const auto* gqa = find_input(inputs, {"enable_gqa"}); gqa && gqa->isBool()) call.enable_gqa = gqa->toBool();
   // flash-attn's extensions, in the record's fields (-1 and 0 mean none, as flash-attn spells them).
   // A value in a form not recognised here is left to the arguments below, where replay refuses it.
-  std::set<std::string> mapped = {"query", "q", "key", "k", "value", "v", "attn_mask", "mask", "attn_bias", "scale",
-                                  "softmax_scale", "sm_scale", "is_causal", "causal", "dropout_p", "dropout",
-                                  "enable_gqa"};
   auto window_side = [&](const char* name, std::optional<std::int64_t>& side) {
     if (const auto* value = find_input(inputs, {name}); value && value->isInt()) {
       if (value->toInt() >= 0) side = value->toInt();

@@ -12,11 +12,19 @@
 
 namespace attnreplay {
 
-std::string_view layout_name(Layout layout) { return layout == Layout::bhsd ? "bhsd" : "bshd"; }
+std::string_view layout_name(Layout layout) {
+  switch (layout) {
+    case Layout::bhsd: return "bhsd";
+    case Layout::bshd: return "bshd";
+    case Layout::thd: return "thd";
+  }
+  return "?";
+}
 
 std::optional<Layout> parse_layout(std::string_view text) {
   if (text == "bhsd" || text == "BHSD") return Layout::bhsd;
   if (text == "bshd" || text == "BSHD") return Layout::bshd;
+  if (text == "thd" || text == "THD") return Layout::thd;
   return std::nullopt;
 }
 
@@ -47,6 +55,20 @@ double AttentionCall::softmax_scale() const {
 std::array<std::int64_t, 4> AttentionCall::bhsd_dims(const HostTensor& tensor,
                                                      std::string_view field) const {
   const std::string place = fmt::format("{}: field '{}'", where(), field);
+  for (std::int64_t dim : tensor.shape) {
+    if (dim <= 0) throw_input_error(place, "expected positive dims, got {}", shape_string(tensor.shape));
+  }
+  if (layout == Layout::thd) {
+    // Packed rows (t, h, d), or the pages of a KV cache (pages, page_size, h, d), as one sequence.
+    const bool pages = is_paged() && (field == "k" || field == "v");
+    if (tensor.rank() != (pages ? 4 : 3)) {
+      throw_input_error(place, "expected {} dims ({}), got {} ({})", pages ? 4 : 3,
+                        pages ? "pages, page_size, heads, dim" : "tokens, heads, dim", tensor.rank(),
+                        shape_string(tensor.shape));
+    }
+    if (pages) return {1, tensor.shape[2], tensor.shape[0] * tensor.shape[1], tensor.shape[3]};
+    return {1, tensor.shape[1], tensor.shape[0], tensor.shape[2]};
+  }
   if (tensor.rank() == 3 && layout == Layout::bhsd) {
     // SDPA accepts (N, L, E): one head per batch entry.
     return {tensor.shape[0], 1, tensor.shape[1], tensor.shape[2]};
@@ -55,9 +77,6 @@ std::array<std::int64_t, 4> AttentionCall::bhsd_dims(const HostTensor& tensor,
     throw_input_error(place, "expected 4 dims ({}), got {} ({})",
                       layout == Layout::bhsd ? "batch, heads, seq, dim" : "batch, seq, heads, dim",
                       tensor.rank(), shape_string(tensor.shape));
-  }
-  for (std::int64_t dim : tensor.shape) {
-    if (dim <= 0) throw_input_error(place, "expected positive dims, got {}", shape_string(tensor.shape));
   }
   if (layout == Layout::bhsd) return {tensor.shape[0], tensor.shape[1], tensor.shape[2], tensor.shape[3]};
   return {tensor.shape[0], tensor.shape[2], tensor.shape[1], tensor.shape[3]};
@@ -69,6 +88,10 @@ std::vector<std::pair<std::string_view, const HostTensor*>> AttentionCall::named
   if (out) named.emplace_back("out", &*out);
   if (alibi_slopes) named.emplace_back("alibi_slopes", &*alibi_slopes);
   if (sinks) named.emplace_back("sinks", &*sinks);
+  if (cu_seqlens_q) named.emplace_back("cu_seqlens_q", &*cu_seqlens_q);
+  if (cu_seqlens_k) named.emplace_back("cu_seqlens_k", &*cu_seqlens_k);
+  if (seqused_k) named.emplace_back("seqused_k", &*seqused_k);
+  if (block_table) named.emplace_back("block_table", &*block_table);
   return named;
 }
 
@@ -88,6 +111,10 @@ HostTensor* AttentionCall::tensor_field(std::string_view name) {
   if (name == "out") return &out.emplace();
   if (name == "alibi_slopes") return &alibi_slopes.emplace();
   if (name == "sinks") return &sinks.emplace();
+  if (name == "cu_seqlens_q") return &cu_seqlens_q.emplace();
+  if (name == "cu_seqlens_k") return &cu_seqlens_k.emplace();
+  if (name == "seqused_k") return &seqused_k.emplace();
+  if (name == "block_table") return &block_table.emplace();
   return nullptr;
 }
 
@@ -186,11 +213,12 @@ AttentionShape AttentionCall::shape() const {
   if (window_left && *window_left < 0) fail("window_left", fmt::format("expected >= 0 or unset, got {}", *window_left));
   if (window_right && *window_right < 0) fail("window_right", fmt::format("expected >= 0 or unset, got {}", *window_right));
   if (!(softcap >= 0.0 && std::isfinite(softcap))) fail("softcap", fmt::format("expected >= 0, got {}", softcap));
+  const std::int64_t batch = is_ragged() ? check_ragged_fields(s) : s.batch;
   if (alibi_slopes) {
     const bool per_head = alibi_slopes->shape == std::vector<std::int64_t>{s.heads_q};
-    const bool per_sequence = alibi_slopes->shape == std::vector<std::int64_t>{s.batch, s.heads_q};
+    const bool per_sequence = alibi_slopes->shape == std::vector<std::int64_t>{batch, s.heads_q};
     if (!per_head && !per_sequence) {
-      fail("alibi_slopes", fmt::format("expected ({}) or ({}, {}), got {}", s.heads_q, s.batch, s.heads_q,
+      fail("alibi_slopes", fmt::format("expected ({}) or ({}, {}), got {}", s.heads_q, batch, s.heads_q,
                                        shape_string(alibi_slopes->shape)));
     }
     if (!dtype_is_floating(alibi_slopes->dtype))
@@ -213,6 +241,14 @@ AttentionShape AttentionCall::shape() const {
 }
 
 HostTensor to_bhsd(const HostTensor& tensor, Layout layout) {
+  if (layout == Layout::thd) {
+    // (t, h, d) is (1, t, h, d) in BSHD; pages (p, page_size, h, d) are (1, p * page_size, h, d).
+    HostTensor as_bshd = tensor;
+    if (tensor.rank() == 3) as_bshd.shape = {1, tensor.shape[0], tensor.shape[1], tensor.shape[2]};
+    if (tensor.rank() == 4) as_bshd.shape = {1, tensor.shape[0] * tensor.shape[1], tensor.shape[2], tensor.shape[3]};
+    as_bshd.captured_strides.clear();
+    return to_bhsd(as_bshd, Layout::bshd);
+  }
   if (layout == Layout::bhsd || tensor.rank() != 4) {
     HostTensor same = tensor;
     if (tensor.rank() == 3) same.shape = {tensor.shape[0], 1, tensor.shape[1], tensor.shape[2]};

@@ -14,7 +14,10 @@
 namespace attnreplay {
 
 // How the dims of Q, K, V and the output are ordered. SDPA takes BHSD; flash-attn's ops take BSHD.
-enum class Layout { bhsd, bshd };
+// THD is a ragged or paged batch as flash-attn's varlen ops take it (docs/format.md): q and out are
+// (total_q, heads, dim), the sequences' rows one after another; k and v are packed the same way,
+// (total_k, heads_kv, dim), or are the pages of a KV cache, (pages, page_size, heads_kv, dim).
+enum class Layout { bhsd, bshd, thd };
 // Where the causal diagonal sits when s_q != s_kv: torch SDPA's is_causal is top-left,
 // flash-attn (>= 2.1) is bottom-right. Equal lengths make them the same.
 enum class CausalAlignment { top_left, bottom_right };
@@ -64,6 +67,12 @@ struct AttentionCall {
   // Attention sinks (gpt-oss, FA3's learnable_sink, vLLM's s_aux): (heads_q) logits that join each
   // row's softmax denominator and contribute no value.
   std::optional<HostTensor> sinks;
+  // A ragged or paged batch (Layout::thd), in int32 or int64 as the op took them. Sequence b's
+  // queries are q rows cu_seqlens_q[b] .. cu_seqlens_q[b+1]; its keys are k rows cu_seqlens_k[b] ..
+  // cu_seqlens_k[b+1] when k is packed, or the pages block_table[b, 0..] lists, in order, when k is
+  // paged; seqused_k[b], where given (always with pages), says it uses only the first that many.
+  // Causality, the window and ALiBi apply within each sequence, aligned as causal_alignment says.
+  std::optional<HostTensor> cu_seqlens_q, cu_seqlens_k, seqused_k, block_table;
   std::map<std::string, std::string> metadata;  // model, step, layer, thread, call site, ...
   // Where the call was read from; used in messages and rerun commands, not stored.
   std::string source;
@@ -71,7 +80,9 @@ struct AttentionCall {
   // "run.h5: call 17"
   std::string where() const;
   double softmax_scale() const;
-  // Throws InputError naming the call and field when Q, K, V, mask or out disagree.
+  // Throws InputError naming the call and field when Q, K, V, mask or out disagree. A ragged
+  // call's shape is its packed view: batch 1, seq_q its queries in all, seq_kv the key rows k
+  // holds (pages times page size when paged); sequences() gives each sequence.
   AttentionShape shape() const;
   // The dims of a tensor named `field` in this call's layout as (batch, heads, seq, dim).
   std::array<std::int64_t, 4> bhsd_dims(const HostTensor& tensor, std::string_view field) const;
@@ -94,9 +105,31 @@ struct AttentionCall {
   enum class Extension { window, softcap, alibi, sinks };
   std::vector<Extension> extensions() const;
   std::string describe(Extension extension) const;
+
+  // Ragged and paged batches (formats/ragged_call.cpp).
+  bool is_ragged() const { return layout == Layout::thd; }
+  bool is_paged() const { return is_ragged() && block_table.has_value(); }
+  struct Sequence {
+    std::int64_t q_begin = 0, q_len = 0;
+    std::int64_t k_begin = 0, k_len = 0;  // k_begin: the first key row when k is packed
+    bool operator==(const Sequence&) const = default;
+  };
+  // A ragged call's sequences, checked against q, k and each other (InputError naming the field);
+  // they need the data of cu_seqlens, seqused_k and block_table.
+  std::vector<Sequence> sequences() const;
+  // Sequence b as a dense call (bshd, batch 1, bottom-right or top-left as the call): its queries,
+  // the keys it uses (gathered from their pages), its output rows and its ALiBi slopes.
+  AttentionCall sequence_call(std::size_t b, const std::vector<Sequence>& sequences) const;
+  // "a ragged batch of 8 sequences (queries 1..512, keys 17..4096), paged (page size 16, 301
+  // pages)", for reports; empty for a dense call.
+  std::string describe_batch() const;
+  // shape()'s checks of a ragged call's own fields (their shapes and dtypes; sequences() checks
+  // their values); returns the number of sequences.
+  std::int64_t check_ragged_fields(const AttentionShape& s) const;
 };
 
-// Returns `tensor` (one of q, k, v, out in `layout`) as a contiguous (b, h, s, d) tensor.
+// Returns `tensor` (one of q, k, v, out in `layout`) as a contiguous (b, h, s, d) tensor; a THD
+// tensor (t, h, d) becomes (1, h, t, d), pages (p, page_size, h, d) become (1, h, p * page_size, d).
 HostTensor to_bhsd(const HostTensor& tensor, Layout layout);
 
 }  // namespace attnreplay

@@ -556,7 +556,7 @@ class Hdf5CaptureSource final : public CaptureSource {
     call.op = read_name(row.op);
     call.backend = read_name(row.backend);
     const auto layout = parse_layout(read_name(row.layout));
-    if (!layout) throw_input_error(where, "field 'layout': expected bhsd or bshd, got '{}'", read_name(row.layout));
+    if (!layout) throw_input_error(where, "field 'layout': expected bhsd, bshd or thd, got '{}'", read_name(row.layout));
     call.layout = *layout;
     call.is_causal = row.is_causal != 0;
     const auto alignment = parse_causal_alignment(read_name(row.causal_alignment));
@@ -588,7 +588,8 @@ class Hdf5CaptureSource final : public CaptureSource {
       }
       HostTensor* field = call.tensor_field(name);
       if (!field) {
-        throw_input_error(where, "field '{}': unknown tensor name (expected q, k, v, mask, out, alibi_slopes, sinks)",
+        throw_input_error(where, "field '{}': unknown tensor name (expected q, k, v, mask, out, alibi_slopes, sinks, cu_seqlens_q, "
+                          "cu_seqlens_k, seqused_k, block_table)",
                           name);
       }
       *field = load_tensor(tensor_row, where, name, with_data);

@@ -200,11 +200,15 @@ AttentionCall call_from_dict(const Dict& dict, const std::string& path, std::int
   call.out = reader.optional_tensor(reader.has("output") ? "output" : "out");
   call.alibi_slopes = reader.optional_tensor("alibi_slopes");
   call.sinks = reader.optional_tensor("sinks");
+  call.cu_seqlens_q = reader.optional_tensor("cu_seqlens_q");
+  call.cu_seqlens_k = reader.optional_tensor("cu_seqlens_k");
+  call.seqused_k = reader.optional_tensor("seqused_k");
+  call.block_table = reader.optional_tensor("block_table");
   call.op = reader.text("op").value_or(format ? "" : "unknown");
   call.backend = reader.text("backend").value_or("");
   if (auto layout_text = reader.text("layout")) {
     auto layout = parse_layout(*layout_text);
-    if (!layout) throw_input_error(reader.where(), "field 'layout': expected bhsd or bshd, got '{}'", *layout_text);
+    if (!layout) throw_input_error(reader.where(), "field 'layout': expected bhsd, bshd or thd, got '{}'", *layout_text);
     call.layout = *layout;
   }
   if (auto alignment_text = reader.text("causal_alignment")) {
@@ -403,6 +407,10 @@ c10::IValue call_to_dict(const AttentionCall& call) {
   dict.insert("out", optional_tensor_value(call.out));
   dict.insert("alibi_slopes", optional_tensor_value(call.alibi_slopes));
   dict.insert("sinks", optional_tensor_value(call.sinks));
+  dict.insert("cu_seqlens_q", optional_tensor_value(call.cu_seqlens_q));
+  dict.insert("cu_seqlens_k", optional_tensor_value(call.cu_seqlens_k));
+  dict.insert("seqused_k", optional_tensor_value(call.seqused_k));
+  dict.insert("block_table", optional_tensor_value(call.block_table));
   Dict devices = string_dict(), dtypes = string_dict();
   for (const auto& [name, tensor] : call.named_tensors()) {
     devices.insert(std::string(name), tensor->device);

@@ -31,6 +31,10 @@ struct KernelDescription {
   // thresholds are then that dtype's rather than the inputs' (docs/metrics.md).
   std::optional<DType> reduced_precision;
   Extensions extensions;
+  // Takes a ragged (thd) call as one, packed (`ragged`) and with a paged KV cache too (`paged`).
+  // The runner hands a kernel that does not a ragged call one sequence at a time
+  // (kernels/per_sequence.h), as a dense call each, timed together.
+  bool ragged = false, paged = false;
 };
 
 // What `call` needs that `kernel` does not compute, in words ("a softcap of 30"); empty when none.

@@ -58,6 +58,7 @@ void host_values(ReferenceOutput& reference) {
 }
 
 void mark_rows_without_keys(const AttentionCall& call, ReferenceOutput& reference) {
+  if (call.is_ragged()) return;  // reference_per_sequence() marked them
   const AttentionShape& s = reference.shape;
   // Only a mask, or causality or a window that cuts away every key of some row, hides a row.
   const bool window_may_hide = call.window_left || call.window_right;
@@ -83,7 +84,81 @@ void mark_rows_without_keys(const AttentionCall& call, ReferenceOutput& referenc
   if (any) reference.no_key = std::move(no_key);
 }
 
+ReferenceOutput reference_per_sequence(const AttentionCall& call, std::vector<std::int64_t> rows,
+                                       const SequenceReference& compute) {
+  ReferenceOutput result = reference_output_for(call.shape(), std::move(rows));
+  const AttentionShape& s = result.shape;
+  const std::vector<AttentionCall::Sequence> sequences = call.sequences();
+  const auto n_rows = static_cast<std::int64_t>(result.rows.size());
+  struct Part {
+    std::int64_t first_slot = 0, count = 0;
+    ReferenceOutput output;  // empty for a sequence without keys
+  };
+  std::vector<Part> parts;
+  std::vector<std::uint8_t> no_key(static_cast<std::size_t>(s.heads_q * n_rows), 0);
+  bool any_no_key = false, on_device = false;
+  std::int64_t slot = 0;
+  for (std::size_t b = 0; b < sequences.size(); ++b) {
+    const AttentionCall::Sequence& sequence = sequences[b];
+    Part part;
+    part.first_slot = slot;
+    std::vector<std::int64_t> local;
+    for (; slot < n_rows && result.rows[static_cast<std::size_t>(slot)] < sequence.q_begin + sequence.q_len; ++slot) {
+      local.push_back(result.rows[static_cast<std::size_t>(slot)] - sequence.q_begin);
+    }
+    part.count = static_cast<std::int64_t>(local.size());
+    if (part.count == 0) continue;
+    if (sequence.k_len == 0) {
+      result.fully_masked_rows += s.heads_q * part.count;
+      for (std::int64_t h = 0; h < s.heads_q; ++h)
+        for (std::int64_t i = 0; i < part.count; ++i) no_key[static_cast<std::size_t>(h * n_rows + part.first_slot + i)] = 1;
+      any_no_key = true;
+    } else {
+      const AttentionCall one = call.sequence_call(b, sequences);
+      part.output = compute(one, std::move(local));
+      mark_rows_without_keys(one, part.output);
+      result.fully_masked_rows += part.output.fully_masked_rows;
+      on_device = on_device || part.output.device_values.has_value();
+      if (!part.output.no_key.empty()) {
+        any_no_key = true;
+        for (std::int64_t h = 0; h < s.heads_q; ++h)
+          for (std::int64_t i = 0; i < part.count; ++i)
+            no_key[static_cast<std::size_t>(h * n_rows + part.first_slot + i)] =
+                part.output.no_key[static_cast<std::size_t>(h * part.count + i)];
+      }
+    }
+    parts.push_back(std::move(part));
+  }
+  if (any_no_key) result.no_key = std::move(no_key);
+  if (on_device) {
+    at::TensorOptions options;
+    for (const Part& part : parts)
+      if (part.output.device_values) options = part.output.device_values->options();
+    std::vector<at::Tensor> pieces;
+    for (const Part& part : parts) {
+      pieces.push_back(part.output.device_values ? *part.output.device_values
+                                                 : at::zeros({1, s.heads_q, part.count, s.head_dim_vo}, options));
+    }
+    result.device_values = at::cat(pieces, 2);
+    return result;
+  }
+  result.values.assign(static_cast<std::size_t>(s.heads_q * n_rows * s.head_dim_vo), 0.0);
+  for (const Part& part : parts) {
+    if (part.output.values.empty()) continue;
+    for (std::int64_t h = 0; h < s.heads_q; ++h) {
+      std::copy_n(part.output.values.begin() + h * part.count * s.head_dim_vo, part.count * s.head_dim_vo,
+                  result.values.begin() + (h * n_rows + part.first_slot) * s.head_dim_vo);
+    }
+  }
+  return result;
+}
+
 ReferenceOutput reference_attention(const AttentionCall& call, std::vector<std::int64_t> rows, unsigned threads) {
+  if (call.is_ragged()) {
+    return reference_per_sequence(call, std::move(rows), [threads](const AttentionCall& one, std::vector<std::int64_t> r) {
+      return reference_attention(one, std::move(r), threads);
+    });
+  }
   const AttentionShape s = call.shape();
   ReferenceOutput result = reference_output_for(s, std::move(rows));
   const auto n_rows = static_cast<std::int64_t>(result.rows.size());
@@ -198,7 +273,7 @@ namespace {
 const bool registered = KernelRegistry::instance().add(std::make_unique<ReferenceKernel>(
     KernelDescription{"reference",
                       "exact attention in fp64 on the CPU, streaming over keys (what errors are measured against)",
-                      "cpu", true, std::nullopt, Extensions::all()},
+                      "cpu", true, std::nullopt, Extensions::all(), /*ragged=*/true, /*paged=*/true},
     [](const AttentionCall& call) { return reference_attention(call); }, nullptr));
 
 }  // namespace

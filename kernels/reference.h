@@ -4,6 +4,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -46,8 +47,16 @@ ReferenceOutput reference_output_for(const AttentionShape& s, std::vector<std::i
 void host_values(ReferenceOutput& reference);
 
 // Marks `reference`'s rows that see no key (every key masked by the mask or by causality), from
-// the call alone: the same on whichever device the reference ran.
+// the call alone: the same on whichever device the reference ran. A ragged call's reference has
+// them marked already, sequence by sequence.
 void mark_rows_without_keys(const AttentionCall& call, ReferenceOutput& reference);
+
+// A ragged call's reference (AttentionCall::is_ragged), one dense sequence at a time by `compute`,
+// laid out as the call's packed view (batch 1, every sequence's rows in turn); a sequence with no
+// keys gives rows of 0, marked as seeing none. Both references below go through it.
+using SequenceReference = std::function<ReferenceOutput(const AttentionCall& sequence, std::vector<std::int64_t> rows)>;
+ReferenceOutput reference_per_sequence(const AttentionCall& call, std::vector<std::int64_t> rows,
+                                       const SequenceReference& compute);
 
 // `rows` empty: every query row. Dropout is not applied (replay is inference).
 ReferenceOutput reference_attention(const AttentionCall& call, std::vector<std::int64_t> rows = {},

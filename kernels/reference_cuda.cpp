@@ -224,6 +224,11 @@ ATTNREPLAY_REGISTER_KERNEL(CudaReferenceKernel);
 
 ReferenceOutput reference_attention_gpu(const AttentionCall& call, std::vector<std::int64_t> rows, bool keep_on_device) {
   ATTNREPLAY_ASSERT(gpu_reference_available(), "GPU reference without a GPU");
+  if (call.is_ragged()) {
+    return reference_per_sequence(call, std::move(rows), [keep_on_device](const AttentionCall& one, std::vector<std::int64_t> r) {
+      return reference_attention_gpu(one, std::move(r), keep_on_device);
+    });
+  }
   at::InferenceMode inference;
   ReferenceOutput result = reference_output_for(call.shape(), std::move(rows));
   const GpuReferenceInputs inputs = upload(call, result.rows);

@@ -71,6 +71,11 @@ BytePool::Hooks pinned_memory(int device) {
 }
 
 at::Tensor bhsd_view(at::Tensor tensor, Layout layout) {
+  if (layout == Layout::thd) {
+    // Packed rows (t, h, d) are one sequence of t; pages (p, page_size, h, d) one of p * page_size.
+    if (tensor.dim() == 4) tensor = tensor.flatten(0, 1);
+    return tensor.transpose(0, 1).unsqueeze(0);
+  }
   if (tensor.dim() == 3) return tensor.unsqueeze(1);
   return layout == Layout::bshd ? tensor.transpose(1, 2) : tensor;
 }

@@ -36,7 +36,7 @@ class SharedUploads {
 };
 
 // A call's Q, K, V or output as (b, h, s, d): a view (BSHD is transposed; a 3-dim tensor gets a
-// head dim of 1).
+// head dim of 1; THD rows become one sequence, as AttentionCall::shape() counts them).
 at::Tensor bhsd_view(at::Tensor tensor, Layout layout);
 
 // Which keys each query row of `rows` (a 1-D tensor of int64 positions) may see by causality and

@@ -31,6 +31,20 @@ AttentionWork attention_work(const AttentionShape& s, bool causal, CausalAlignme
 }
 
 AttentionWork attention_work(const AttentionCall& call) {
+  if (call.is_ragged()) {
+    // Summed over the sequences, each as long as it is: the keys a sequence uses, not the rows or
+    // pages stored (FlashInfer's benchmark counts the same way).
+    const AttentionShape packed = call.shape();
+    AttentionWork total;
+    for (const AttentionCall::Sequence& sequence : call.sequences()) {
+      AttentionShape one = packed;
+      one.seq_q = sequence.q_len, one.seq_kv = sequence.k_len;
+      const AttentionWork work = attention_work(one, call.is_causal, call.causal_alignment, call.q.dtype, call.q.dtype);
+      total.flops += work.flops, total.bytes += work.bytes;
+      total.attended_pairs_per_head += work.attended_pairs_per_head;
+    }
+    return total;
+  }
   return attention_work(call.shape(), call.is_causal, call.causal_alignment, call.q.dtype, call.q.dtype);
 }
 

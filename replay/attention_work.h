@@ -21,6 +21,7 @@ double attended_pairs(std::int64_t seq_q, std::int64_t seq_kv, bool causal, Caus
 
 AttentionWork attention_work(const AttentionShape& shape, bool causal, CausalAlignment alignment,
                              DType input_dtype, DType output_dtype);
+// A ragged call's work is its sequences' summed (attended_pairs_per_head too).
 AttentionWork attention_work(const AttentionCall& call);
 
 }  // namespace attnreplay

@@ -13,11 +13,13 @@ namespace {
 const std::set<std::string, std::less<>> kNeutral = {
     "return_softmax", "return_debug_mask", "return_attn_probs", "return_lse", "compute_log_sumexp",
     "compute_logsumexp", "deterministic", "num_splits", "pack_gqa", "sm_margin", "gen_", "generator",
-    "out", "philox_seed", "philox_offset", "max_seqlen_q", "max_seqlen_k", "max_seqlen_kv", "max_seqlen"};
+    "out", "philox_seed", "philox_offset", "max_seqlen_q", "max_seqlen_k", "max_seqlen_kv", "max_seqlen", "scheduler_metadata",
+    "is_rotary_interleaved", "zero_tensors"};
 
 // Arguments that are neutral only at these values (as capture writes them), and what they do
-// otherwise. Capture puts a window, softcap, ALiBi slopes and sinks in the record's own fields
-// (schema v2); they are here for captures made before that, which named them as arguments only.
+// otherwise. Capture puts a window, softcap, ALiBi slopes, sinks and a ragged or paged batch's
+// offsets, lengths and block table in the record's own fields (schema v2); they are here for
+// captures made before that, which named them as arguments only, and for forms capture does not map.
 struct Default {
   std::set<std::string, std::less<>> values;
   const char* meaning;
@@ -44,6 +46,9 @@ const std::map<std::string, Default, std::less<>>& defaults() {
       {"block_table", {{"None"}, "a paged KV cache"}},
       {"page_table", {{"None"}, "a paged KV cache"}},
       {"cache_batch_idx", {{"None"}, "a KV cache indexed by batch"}},
+      {"kv_batch_idx", {{"None"}, "a KV cache indexed by batch"}},
+      {"cu_seqlens_k_new", {{"None"}, "keys appended to a KV cache"}},
+      {"seqlens_rotary", {{"None"}, "rotary embedding inside the kernel"}},
       {"k_new", {{"None"}, "keys appended to a KV cache"}},
       {"v_new", {{"None"}, "values appended to a KV cache"}},
       {"rotary_cos", {{"None"}, "rotary embedding inside the kernel"}},
@@ -52,6 +57,7 @@ const std::map<std::string, Default, std::less<>>& defaults() {
       {"k_descale", {{"None"}, "FP8 descaling factors"}},
       {"v_descale", {{"None"}, "FP8 descaling factors"}},
       {"qv", {{"None"}, "an extra query-value product"}},
+      {"q_v", {{"None"}, "an extra query-value product"}},
       {"custom_mask_type", {{"0"}, "a causal mask given as xformers' mask type"}},
       {"score_mod", {{"None"}, "a score modification"}},
       {"mask_mod", {{"None"}, "a mask function"}},

@@ -29,6 +29,7 @@ const std::vector<Column>& columns() {
       {"is_causal", "/is_causal", false},
       {"causal_alignment", "/causal_alignment", false},
       {"mask", "/mask", false},
+      {"batching", "/batching", false},
       {"scale", "/scale", false},
       {"flops", "/work/flops", false},
       {"bytes", "/work/bytes", false},

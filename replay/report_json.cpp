@@ -93,6 +93,14 @@ nlohmann::json quant_options_json(const QuantOptions& o) {
 
 nlohmann::json json_number(double value) { return number(value); }
 
+// A ragged call's sequences as {"q_lens": [...], "k_lens": [...]}; null for a dense call.
+nlohmann::json sequences_json(const std::vector<std::pair<std::int64_t, std::int64_t>>& lengths) {
+  if (lengths.empty()) return nullptr;
+  nlohmann::json q = nlohmann::json::array(), k = nlohmann::json::array();
+  for (const auto& [q_len, k_len] : lengths) q.push_back(q_len), k.push_back(k_len);
+  return {{"q_lens", q}, {"k_lens", k}};
+}
+
 nlohmann::json call_to_json(const CallResult& c) {
   nlohmann::json kernels = nlohmann::json::array();
   for (const auto& k : c.kernels) kernels.push_back(kernel_json(k));
@@ -110,6 +118,8 @@ nlohmann::json call_to_json(const CallResult& c) {
           {"causal_alignment", causal_alignment_name(c.causal_alignment)},
           {"mask", c.mask},
           {"extensions", c.extensions},
+          {"batching", c.batching},
+          {"sequences", sequences_json(c.sequence_lengths)},
           {"scale", number(c.scale)},
           {"metadata", c.metadata},
           {"notes", c.notes},

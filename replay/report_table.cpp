@@ -25,8 +25,9 @@ void print_call_table(const CallResult& call, std::ostream& out) {
                      call.case_tag.empty() ? "" : "[" + call.case_tag + "] ", call.source, call.call_index,
                      call.op.empty() ? "" : call.op + " ", call.backend.empty() ? "" : "(" + call.backend + ")",
                      call.dtype, layout_name(call.layout), call.shape.to_string(), call.mask, call.scale);
-  out << fmt::format("  {}{}{}work {}, {}, {:.3g} FLOP/B{}\n", call.is_causal ? "causal " : "",
+  out << fmt::format("  {}{}{}{}work {}, {}, {:.3g} FLOP/B{}\n", call.is_causal ? "causal " : "",
                      call.is_causal ? std::string(causal_alignment_name(call.causal_alignment)) + "  " : std::string(),
+                     call.batching.empty() ? "" : call.batching + "  ",
                      call.extensions.empty() ? "" : fmt::format("{}  ", fmt::join(call.extensions, ", ")),
                      si(call.work.flops, "FLOP"), si(call.work.bytes, "B"), call.work.arithmetic_intensity(),
                      call.reference_sampled ? fmt::format("  (errors on {} sampled query rows)", call.reference_rows) : "");

@@ -59,6 +59,9 @@ struct CallResult {
   CausalAlignment causal_alignment = CausalAlignment::top_left;
   std::string mask;  // "none", or "bool 1x1x16x16" / "float32 ..."
   std::vector<std::string> extensions;  // "a sliding window (left 64)", "a softcap of 30", ...
+  std::string batching;  // a ragged or paged batch, in words (AttentionCall::describe_batch); or empty
+  // A ragged call's (queries, keys) per sequence.
+  std::vector<std::pair<std::int64_t, std::int64_t>> sequence_lengths;
   double scale = 0;
   std::map<std::string, std::string> metadata;
   std::vector<std::string> notes;  // e.g. dropout replayed as 0

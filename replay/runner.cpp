@@ -11,6 +11,7 @@
 #include "formats/pt_format.h"
 #include "kernels/device_output.h"
 #include "kernels/kernel.h"
+#include "kernels/per_sequence.h"
 #include "kernels/reference.h"
 #include "kernels/torch_inputs.h"
 #include "replay/call_semantics.h"
@@ -228,6 +229,10 @@ CallResult replay_call(const AttentionCall& captured, const ReplayOptions& optio
   result.causal_alignment = captured.causal_alignment;
   result.mask = describe_mask(captured.mask);
   for (const auto extension : captured.extensions()) result.extensions.push_back(captured.describe(extension));
+  result.batching = captured.describe_batch();
+  if (captured.is_ragged()) {
+    for (const auto& sequence : captured.sequences()) result.sequence_lengths.emplace_back(sequence.q_len, sequence.k_len);
+  }
   result.scale = captured.softmax_scale();
   result.metadata = captured.metadata;
   result.case_tag = options.case_tag;
@@ -298,7 +303,12 @@ CallResult replay_call(const AttentionCall& captured, const ReplayOptions& optio
 
   const std::string group = options.timing_groups ? timing_key(call) : std::string();
   std::string shared_from;
-  for (const Kernel* kernel : select_kernels(options.kernels)) {
+  for (const Kernel* selected : select_kernels(options.kernels)) {
+    // A kernel that does not take a ragged or paged batch as one runs it sequence by sequence.
+    const PerSequenceKernel per_sequence(*selected);
+    const KernelDescription& described = selected->description();
+    const bool as_one = !call.is_ragged() || (call.is_paged() ? described.paged : described.ragged);
+    const Kernel* kernel = as_one ? selected : &per_sequence;
     KernelResult k;
     k.kernel = kernel->name();
     if (options.progress) options.progress->kernel_started(k.kernel);

@@ -23,6 +23,13 @@ std::string timing_key(const AttentionCall& call) {
     if (call.mask->data()) key += fmt::format(" {:016x}", content_hash(call.mask->data(), call.mask->nbytes()));
   }
   if (call.is_causal) key += fmt::format(" causal {}", causal_alignment_name(call.causal_alignment));
+  // A window or softcap changes the work; a ragged batch's lengths and pages change it too.
+  for (const auto extension : call.extensions()) key += " " + call.describe(extension);
+  for (const auto& [name, tensor] : call.named_tensors()) {
+    if (name.rfind("cu_seqlens", 0) != 0 && name != "seqused_k" && name != "block_table") continue;
+    key += fmt::format(" {} {}", name, describe(*tensor));
+    if (tensor->data()) key += fmt::format(" {:016x}", content_hash(tensor->data(), tensor->nbytes()));
+  }
   return key;
 }
 

@@ -14,8 +14,9 @@ namespace attnreplay {
 
 // What a kernel's time depends on: the dims, dtypes, layout and the model's strides of Q, K and V;
 // the mask's dtype, shape, strides and contents (a block-sparse kernel skips what it hides); and
-// causality with its alignment. Q, K and V's values are not part of it; nor the mask's, for a call
-// loaded without data.
+// causality with its alignment; a window, softcap, ALiBi or sinks; a ragged batch's lengths and
+// pages. Q, K and V's values are not part of it; nor the mask's and lengths', for a call loaded
+// without data.
 std::string timing_key(const AttentionCall& call);
 
 struct SharedTiming {

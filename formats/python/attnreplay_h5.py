@@ -53,7 +53,9 @@ SCHEMA_VERSION = 2
 MAX_RANK = 8
 NAME_SIZE = 16  # bytes of the short fixed-length string fields
 OP_SIZE = 128   # bytes of 'op' and 'backend'
-TENSOR_NAMES = ("q", "k", "v", "mask", "out", "alibi_slopes", "sinks")
+TENSOR_NAMES = ("q", "k", "v", "mask", "out", "alibi_slopes", "sinks", "cu_seqlens_q", "cu_seqlens_k", "seqused_k",
+                "block_table")
+LAYOUTS = ("bhsd", "bshd", "thd")
 
 # dtype name (torch's spelling) -> numpy type of its /data/<dtype> dataset.
 DTYPES: dict[str, np.dtype] = {
@@ -336,10 +338,11 @@ def read_calls(path: str, *, as_torch: bool = False) -> list[dict[str, Any]]:
     """Every call of an HDF5 capture, in file order, as a list of dicts.
 
     Each dict has the keys of attnreplay's .pt call schema (docs/format.md):
-    format, schema_version, call_index, op, backend, layout ("bhsd"/"bshd"), is_causal,
+    format, schema_version, call_index, op, backend, layout ("bhsd"/"bshd"/"thd"), is_causal,
     causal_alignment ("top_left"/"bottom_right"), scale (None: 1/sqrt(head_dim_qk)), dropout_p,
     enable_gqa, window_left and window_right (None: unbounded), softcap (0: none), metadata (dict),
-    q, k, v, mask, out, alibi_slopes and sinks (None when absent), devices
+    q, k, v, mask, out, alibi_slopes, sinks, and a ragged (thd) call's cu_seqlens_q, cu_seqlens_k,
+    seqused_k and block_table (None when absent), devices
     ({tensor name: device}); and also dtypes ({tensor name: dtype name}) and strides
     ({tensor name: tuple of the model's element strides}).
 
@@ -398,8 +401,8 @@ def read_calls(path: str, *, as_torch: bool = False) -> list[dict[str, Any]]:
                 for side in ("window_left", "window_right"):
                     call[side] = int(row[side]) if int(row[side]) >= 0 else None
                 call["softcap"] = float(row["softcap"])
-            if call["layout"] not in ("bhsd", "bshd"):
-                raise CaptureFormatError(f"{where}: field 'layout': expected bhsd or bshd, got '{call['layout']}'")
+            if call["layout"] not in LAYOUTS:
+                raise CaptureFormatError(f"{where}: field 'layout': expected bhsd, bshd or thd, got '{call['layout']}'")
             if call["causal_alignment"] not in ("top_left", "bottom_right"):
                 raise CaptureFormatError(f"{where}: field 'causal_alignment': expected top_left or bottom_right, "
                                          f"got '{call['causal_alignment']}'")
@@ -481,7 +484,7 @@ def read_calls(path: str, *, as_torch: bool = False) -> list[dict[str, Any]]:
 
 
 _ALIASES = {"q": ("q", "query"), "k": ("k", "key"), "v": ("v", "value"), "mask": ("mask", "attn_mask"),
-            "out": ("out", "output"), "alibi_slopes": ("alibi_slopes",), "sinks": ("sinks",)}
+            "out": ("out", "output"), **{name: (name,) for name in TENSOR_NAMES[5:]}}
 
 
 def _tensor_of(call: dict, name: str):
@@ -617,8 +620,8 @@ def write_calls(path: str, calls: Iterable[dict[str, Any]], *, producer: str = "
         scale = call.get("scale")
         layout = str(call.get("layout", "bhsd")).lower()
         alignment = str(call.get("causal_alignment", "top_left"))
-        if layout not in ("bhsd", "bshd"):
-            raise ValueError(f"{where}: field 'layout': expected bhsd or bshd, got '{layout}'")
+        if layout not in LAYOUTS:
+            raise ValueError(f"{where}: field 'layout': expected bhsd, bshd or thd, got '{layout}'")
         if alignment not in ("top_left", "bottom_right"):
             raise ValueError(f"{where}: field 'causal_alignment': expected top_left or bottom_right, got '{alignment}'")
         row = np.zeros((), dtype=_CALL_ROW)

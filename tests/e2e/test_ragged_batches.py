@@ -1,0 +1,117 @@
+"""Ragged (varlen) and paged batches, captured and replayed (docs/format.md, thd). flash-attn 2's
+varlen op and FlashAttention-3's forward op, registered under their own names and schemas by
+tests/e2e/jobs/flash_attn_varlen_job.py, are captured in the record's thd form: packed rows, the
+pages a call reads (not the whole cache), per-sequence key counts. The fp64 reference computes what
+the ops computed, torch's backends replay them one sequence at a time, the work is summed over the
+sequences, and keys appended to a cache (which the record cannot hold) are refused by name."""
+import numpy as np
+import pytest
+
+from capture_common import read_calls, run_python_job, the_capture
+from conftest import FAST, load_json, run_attnreplay
+
+CALLS = ["varlen", "window_softcap_used", "paged", "fa3_paged_decode", "fa3_varlen_window", "fa3_dense_cache",
+         "fa3_appended"]
+Q_LENS = [5, 1, 9]
+
+
+@pytest.fixture(scope="module")
+def replayed(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("varlen")
+    run_python_job("flash_attn_varlen_job.py", "--save", folder / "plain.npz", preload=False)
+    run_python_job("flash_attn_varlen_job.py", "--save", folder / "captured.npz", out=folder / "caps")
+    capture = the_capture(folder / "caps")
+    report = folder / "r.json"
+    result = run_attnreplay("run", capture, "--kernels", "reference,torch-math,torch-flash-cpu", "--json", report,
+                            *FAST, check=0)
+    return folder, read_calls(capture), load_json(report), result.stdout
+
+
+def test_capture_changes_nothing_and_stores_the_ragged_form(replayed):
+    folder, calls, _, _ = replayed
+    plain, captured = np.load(folder / "plain.npz"), np.load(folder / "captured.npz")
+    assert sorted(plain.files) == sorted(CALLS)
+    assert all(np.array_equal(plain[k], captured[k]) for k in plain.files)
+    assert [c["op"] for c in calls] == ["flash_attn::_flash_attn_varlen_forward"] * 3 + ["flash_attn_3::fwd"] * 4
+    assert all(c["layout"] == "thd" and c["causal_alignment"] == "bottom_right" for c in calls)
+    varlen, used, paged, decode, _, dense_cache, _ = calls
+    assert np.array_equal(varlen["cu_seqlens_q"], [0, 5, 6, 15]) and np.array_equal(varlen["cu_seqlens_k"], [0, 7, 11, 20])
+    assert varlen["q"].shape == (15, 4, 16) and varlen["k"].shape == (20, 2, 16) and varlen["out"].shape == (15, 4, 16)
+    assert np.array_equal(used["seqused_k"], [6, 4, 2])
+    # The cache holds 16 pages; the call reads 6 (pages 3, 9 / 0 / 12, 5, 14), stored renumbered.
+    assert paged["k"].shape == (6, 4, 2, 16) and paged["cu_seqlens_k"] is None
+    assert np.array_equal(paged["seqused_k"], [7, 4, 9])
+    assert np.array_equal(paged["block_table"], [[1, 3, -1], [0, -1, -1], [4, 2, 5]])
+    # A dense (batch, 1, heads, dim) decode query is stored as its rows; so is its output.
+    assert decode["q"].shape == (3, 4, 16) and decode["out"].shape == (3, 4, 16)
+    assert np.array_equal(decode["cu_seqlens_q"], [0, 1, 2, 3]) and np.array_equal(decode["seqused_k"], [7, 3, 10])
+    # A dense cache is cut to the keys each sequence uses.
+    assert dense_cache["k"].shape == (25, 2, 16) and np.array_equal(dense_cache["cu_seqlens_k"], [0, 12, 17, 25])
+    for call in calls:
+        args = {k[4:] for k in call["metadata"] if k.startswith("arg.")}
+        assert not args & {"cu_seqlens_q", "cu_seqlens_k", "seqused_k", "block_table", "page_table"}, args
+
+
+def test_the_reference_computes_what_each_op_computed(replayed):
+    _, _, report, _ = replayed
+    for name, call in zip(CALLS[:-1], report["calls"]):
+        kernels = {k["kernel"]: k for k in call["kernels"]}
+        assert kernels["model-output"]["error"]["rel_l2"] < 1e-6, (name, kernels["model-output"])
+    assert report["calls"][2]["batching"] == ("a ragged batch of 3 sequences (queries 1..9, keys 4..9), "
+                                              "paged (page size 4, 6 pages)")
+    assert report["calls"][3]["sequences"] == {"q_lens": [1, 1, 1], "k_lens": [7, 3, 10]}
+    assert report["calls"][0]["sequences"] == {"q_lens": Q_LENS, "k_lens": [7, 4, 9]}
+
+
+def test_rows_of_a_sequence_with_too_few_keys_are_reported_apart(replayed):
+    # seqused_k leaves the third sequence 2 keys for 9 queries: bottom-right, its first 7 rows see none.
+    _, _, report, _ = replayed
+    kernels = {k["kernel"]: k for k in report["calls"][1]["kernels"]}
+    assert kernels["model-output"]["error"]["no_key_rows"] == 7 * 4
+
+
+def test_torch_backends_replay_one_sequence_at_a_time(replayed):
+    _, _, report, _ = replayed
+    for name, call in zip(CALLS, report["calls"]):
+        kernels = {k["kernel"]: k for k in call["kernels"]}
+        for kernel in ("torch-math", "torch-flash-cpu"):
+            if name == "window_softcap_used":
+                assert kernels[kernel]["reason"] == "the call has a softcap of 20, which this kernel does not compute"
+            elif name != "fa3_appended":
+                assert kernels[kernel]["status"] == "not_verified", (name, kernels[kernel])
+                assert kernels[kernel]["error"]["rel_l2"] < 1e-6, (name, kernel, kernels[kernel]["error"])
+
+
+def pairs(q_len, k_len):
+    """(query, key) pairs of a bottom-right causal sequence, the diagonal counted half."""
+    return q_len * (2 * k_len - q_len) / 2 if q_len <= k_len else k_len * k_len / 2
+
+
+def test_work_is_summed_over_sequences(replayed):
+    _, _, report, _ = replayed
+    decode = report["calls"][3]
+    heads, heads_kv, dim, size = 4, 2, 16, 4
+    k_lens = [7, 3, 10]
+    assert decode["work"]["flops"] == sum(2 * heads * pairs(1, k) * 2 * dim for k in k_lens)
+    # Q and O once, and the keys and values each sequence uses: not the pages stored.
+    assert decode["work"]["bytes"] == size * (2 * 3 * heads * dim + 2 * sum(k_lens) * heads_kv * dim)
+
+
+def test_keys_appended_to_a_cache_are_refused_by_name(replayed):
+    _, _, report, _ = replayed
+    appended = report["calls"][6]
+    assert all(k["status"] == "not_supported" for k in appended["kernels"])
+    reason = appended["kernels"][0]["reason"]
+    assert "k_new=tensor Float [3,1,2,16] (keys appended to a KV cache)" in reason, reason
+
+
+def test_a_ragged_capture_round_trips_through_pt(replayed, tmp_path):
+    folder, _, report, _ = replayed
+    capture = the_capture(folder / "caps")
+    pts = f"{tmp_path}/pts/"
+    run_attnreplay("convert", capture, pts, check=0)
+    again = tmp_path / "again.json"
+    run_attnreplay("run", pts, "--kernels", "reference", "--json", again, *FAST, check=0)
+    errors = [{k["kernel"]: k.get("error", {}).get("rel_l2") for k in c["kernels"]}["model-output"]
+              for c in load_json(again)["calls"][:6]]
+    assert all(e is not None and e < 1e-6 for e in errors), errors
