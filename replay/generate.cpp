@@ -1,6 +1,7 @@
 #include "replay/generate.h"
 
 #include <cmath>
+#include <numeric>
 #include <numbers>
 #include <algorithm>
 #include <atomic>
@@ -47,7 +48,90 @@ HostTensor normal_tensor(DType dtype, std::vector<std::int64_t> shape, std::uint
   return tensor;
 }
 
+HostTensor int32_tensor(std::vector<std::int64_t> shape, const std::vector<std::int64_t>& values) {
+  return HostTensor::from_doubles(DType::int32, std::move(shape), std::vector<double>(values.begin(), values.end()));
+}
+
+// A batch routine's call. Lengths and the page order come from raw mt19937_64 outputs, which every
+// standard library gives alike (its distributions differ).
+AttentionCall generate_batch_call(const GeneratedCallSpec& spec) {
+  const AttentionShape& s = spec.shape;
+  const bool paged = spec.routine != BatchRoutine::prefill_ragged;
+  const std::string routine(batch_routine_name(spec.routine));
+  if (paged && spec.page_size <= 0) throw InputError(fmt::format("--page_size: {} needs a page size", routine));
+  if (!paged && spec.page_size > 0) throw InputError(fmt::format("--page_size: {} has no pages", routine));
+  if (spec.routine == BatchRoutine::decode_paged && s.seq_q != 1) {
+    throw InputError(fmt::format("--s_qo: {} decodes one query per sequence, got {}", routine, s.seq_q));
+  }
+  std::seed_seq sequence{spec.seed, std::uint64_t{3}};
+  std::mt19937_64 generator(sequence);
+  auto draw = [&generator](std::int64_t most) { return 1 + static_cast<std::int64_t>(generator() % static_cast<std::uint64_t>(most)); };
+  std::vector<std::int64_t> cu_q{0}, cu_k{0}, k_lens;
+  for (std::int64_t b = 0; b < s.batch; ++b) {
+    const std::int64_t k_len = spec.random_actual_seq_len ? draw(s.seq_kv) : s.seq_kv;
+    const std::int64_t q_len = spec.random_actual_seq_len ? draw(std::min(s.seq_q, k_len)) : s.seq_q;
+    k_lens.push_back(k_len);
+    cu_q.push_back(cu_q.back() + q_len);
+    cu_k.push_back(cu_k.back() + k_len);
+  }
+  AttentionCall call;
+  call.source = "generated";
+  call.op = routine;
+  call.layout = Layout::thd;
+  call.is_causal = spec.is_causal;
+  call.causal_alignment = CausalAlignment::bottom_right;
+  call.scale = spec.scale;
+  call.enable_gqa = s.is_gqa();
+  call.q = normal_tensor(spec.dtype, {cu_q.back(), s.heads_q, s.head_dim_qk}, spec.seed, 0);
+  call.cu_seqlens_q = int32_tensor({s.batch + 1}, cu_q);
+  if (!paged) {
+    call.k = normal_tensor(spec.dtype, {cu_k.back(), s.heads_kv, s.head_dim_qk}, spec.seed, 1);
+    call.v = normal_tensor(spec.dtype, {cu_k.back(), s.heads_kv, s.head_dim_vo}, spec.seed, 2);
+    call.cu_seqlens_k = int32_tensor({s.batch + 1}, cu_k);
+  } else {
+    std::int64_t pages = 0, width = 0;
+    for (std::int64_t k_len : k_lens) {
+      const std::int64_t needed = (k_len + spec.page_size - 1) / spec.page_size;
+      pages += needed, width = std::max(width, needed);
+    }
+    std::vector<std::int64_t> order(static_cast<std::size_t>(pages));
+    std::iota(order.begin(), order.end(), 0);
+    for (std::size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[generator() % i]);  // Fisher-Yates
+    std::vector<std::int64_t> table(static_cast<std::size_t>(s.batch * width), -1);
+    std::size_t dealt = 0;
+    for (std::int64_t b = 0; b < s.batch; ++b) {
+      for (std::int64_t j = 0; j * spec.page_size < k_lens[static_cast<std::size_t>(b)]; ++j) {
+        table[static_cast<std::size_t>(b * width + j)] = order[dealt++];
+      }
+    }
+    call.k = normal_tensor(spec.dtype, {pages, spec.page_size, s.heads_kv, s.head_dim_qk}, spec.seed, 1);
+    call.v = normal_tensor(spec.dtype, {pages, spec.page_size, s.heads_kv, s.head_dim_vo}, spec.seed, 2);
+    call.block_table = int32_tensor({s.batch, width}, table);
+    call.seqused_k = int32_tensor({s.batch}, k_lens);
+  }
+  call.metadata["seed"] = std::to_string(spec.seed);
+  call.sequences();  // checks what was made
+  return call;
+}
+
 }  // namespace
+
+std::string_view batch_routine_name(BatchRoutine routine) {
+  switch (routine) {
+    case BatchRoutine::none: return "";
+    case BatchRoutine::prefill_ragged: return "BatchPrefillWithRaggedKVCacheWrapper";
+    case BatchRoutine::prefill_paged: return "BatchPrefillWithPagedKVCacheWrapper";
+    case BatchRoutine::decode_paged: return "BatchDecodeWithPagedKVCacheWrapper";
+  }
+  return "?";
+}
+
+std::optional<BatchRoutine> parse_batch_routine(std::string_view text) {
+  for (auto routine : {BatchRoutine::prefill_ragged, BatchRoutine::prefill_paged, BatchRoutine::decode_paged}) {
+    if (text == batch_routine_name(routine)) return routine;
+  }
+  return std::nullopt;
+}
 
 AttentionCall generate_call(const GeneratedCallSpec& spec) {
   const AttentionShape& s = spec.shape;
@@ -62,6 +146,7 @@ AttentionCall generate_call(const GeneratedCallSpec& spec) {
   if (!dtype_is_floating(spec.dtype)) {
     throw InputError(fmt::format("generated inputs need a floating dtype, got {}", dtype_name(spec.dtype)));
   }
+  if (spec.routine != BatchRoutine::none) return generate_batch_call(spec);
   AttentionCall call;
   call.source = "generated";
   call.op = "generated";
@@ -85,6 +170,11 @@ std::string generated_call_flags(const GeneratedCallSpec& spec) {
                                   dtype_name(spec.dtype), layout_name(spec.layout), spec.seed);
   if (spec.is_causal) flags += fmt::format(" --causal --causal_alignment {}", causal_alignment_name(spec.causal_alignment));
   if (spec.scale) flags += fmt::format(" --scale {:g}", *spec.scale);
+  if (spec.routine != BatchRoutine::none) {
+    flags += fmt::format(" --routine {}", batch_routine_name(spec.routine));
+    if (spec.page_size > 0) flags += fmt::format(" --page_size {}", spec.page_size);
+    if (spec.random_actual_seq_len) flags += " --random_actual_seq_len";
+  }
   return flags;
 }
 

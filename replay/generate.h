@@ -7,6 +7,13 @@
 
 namespace attnreplay {
 
+// FlashInfer's benchmark routines (flashinfer_benchmark.py --routine) that generate a batch of
+// sequences: packed (ragged) keys, or keys in pages of a KV cache. Their calls are thd
+// (AttentionCall::is_ragged), causal bottom-right as FlashInfer aligns it.
+enum class BatchRoutine { none, prefill_ragged, prefill_paged, decode_paged };
+std::string_view batch_routine_name(BatchRoutine routine);  // "BatchDecodeWithPagedKVCacheWrapper", ...
+std::optional<BatchRoutine> parse_batch_routine(std::string_view text);
+
 struct GeneratedCallSpec {
   AttentionShape shape;
   DType dtype = DType::bfloat16;
@@ -15,6 +22,12 @@ struct GeneratedCallSpec {
   CausalAlignment causal_alignment = CausalAlignment::top_left;
   std::optional<double> scale;
   std::uint64_t seed = 0;
+  // A batch routine: `shape.batch` sequences of shape.seq_q queries and shape.seq_kv keys, or, with
+  // random_actual_seq_len, of keys drawn from 1..seq_kv and queries from 1..min(seq_q, its keys);
+  // pages of page_size tokens, dealt to the sequences in a seeded random order.
+  BatchRoutine routine = BatchRoutine::none;
+  std::int64_t page_size = 0;
+  bool random_actual_seq_len = false;
 };
 
 AttentionCall generate_call(const GeneratedCallSpec& spec);

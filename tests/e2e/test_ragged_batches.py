@@ -115,3 +115,66 @@ def test_a_ragged_capture_round_trips_through_pt(replayed, tmp_path):
     errors = [{k["kernel"]: k.get("error", {}).get("rel_l2") for k in c["kernels"]}["model-output"]
               for c in load_json(again)["calls"][:6]]
     assert all(e is not None and e < 1e-6 for e in errors), errors
+
+
+# Generated as FlashInfer's benchmark makes them (--routine), through the same record.
+
+DECODE = ["--routine", "BatchDecodeWithPagedKVCacheWrapper", "--page_size", "16", "--batch_size", "5", "--s_qo", "1",
+          "--s_kv", "200", "--num_qo_heads", "8", "--num_kv_heads", "2", "--head_dim_qk", "32", "--dtype", "fp32",
+          "--random_actual_seq_len", "--seed", "11"]
+
+
+def test_generated_paged_decode_counts_the_keys_each_sequence_reads(tmp_path):
+    report = tmp_path / "decode.json"
+    run_attnreplay("run", *DECODE, "--kernels", "reference,torch-math,torch-flash-cpu", "--json", report, *FAST,
+                   check=0)
+    call = load_json(report)["calls"][0]
+    q_lens, k_lens = call["sequences"]["q_lens"], call["sequences"]["k_lens"]
+    assert q_lens == [1] * 5 and all(1 <= k <= 200 for k in k_lens) and len(set(k_lens)) > 1, k_lens
+    assert call["batching"].endswith(f"paged (page size 16, {sum((k + 15) // 16 for k in k_lens)} pages)")
+    heads, heads_kv, dim = 8, 2, 32
+    assert call["work"]["flops"] == sum(2 * heads * k * 2 * dim for k in k_lens)  # not causal: every key
+    assert call["work"]["bytes"] == 4 * (2 * 5 * heads * dim + 2 * sum(k_lens) * heads_kv * dim)
+    kernels = {k["kernel"]: k for k in call["kernels"]}
+    for kernel in ("torch-math", "torch-flash-cpu"):
+        assert kernels[kernel]["status"] == "not_verified" and kernels[kernel]["error"]["rel_l2"] < 1e-6, kernels[kernel]
+    # The rerun command regenerates the same batch.
+    rerun = kernels["torch-math"]["rerun"]
+    assert "--routine BatchDecodeWithPagedKVCacheWrapper --page_size 16 --random_actual_seq_len" in rerun, rerun
+    again = tmp_path / "again.json"
+    run_attnreplay(*rerun.split()[1:], "--json", again, check=0)  # the rerun carries the timing flags
+    assert load_json(again)["calls"][0]["sequences"] == call["sequences"]
+
+
+def test_generated_ragged_prefill_replays_sequence_by_sequence(tmp_path):
+    report = tmp_path / "prefill.json"
+    saved = tmp_path / "prefill.h5"
+    run_attnreplay("run", "--routine", "BatchPrefillWithRaggedKVCacheWrapper", "--batch_size", "4", "--s_qo", "48",
+                   "--s_kv", "64", "--num_qo_heads", "4", "--num_kv_heads", "4", "--head_dim_qk", "16", "--causal",
+                   "--dtype", "fp32", "--random_actual_seq_len", "--kernels", "reference,torch-math",
+                   "--save-inputs", saved, "--json", report, *FAST, check=0)
+    call = load_json(report)["calls"][0]
+    q_lens, k_lens = call["sequences"]["q_lens"], call["sequences"]["k_lens"]
+    assert all(1 <= q <= min(48, k) for q, k in zip(q_lens, k_lens)), (q_lens, k_lens)
+    assert call["work"]["flops"] == sum(2 * 4 * pairs(q, k) * 2 * 16 for q, k in zip(q_lens, k_lens))
+    math = {k["kernel"]: k for k in call["kernels"]}["torch-math"]
+    assert math["error"]["rel_l2"] < 1e-6, math
+    # The saved call is the same ragged batch.
+    [stored] = read_calls(saved)
+    assert stored["layout"] == "thd" and stored["block_table"] is None
+    assert np.array_equal(np.diff(stored["cu_seqlens_q"]), q_lens) and np.array_equal(np.diff(stored["cu_seqlens_k"]), k_lens)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--routine", "BatchDecodeWithPagedKVCacheWrapper", "--s_qo", "1"], "--page_size: BatchDecodeWithPagedKVCacheWrapper needs a page size"),
+    (["--routine", "BatchDecodeWithPagedKVCacheWrapper", "--page_size", "16", "--s_qo", "4"],
+     "--s_qo: BatchDecodeWithPagedKVCacheWrapper decodes one query per sequence, got 4"),
+    (["--routine", "BatchPrefillWithRaggedKVCacheWrapper", "--page_size", "16", "--s_qo", "4"],
+     "--page_size: BatchPrefillWithRaggedKVCacheWrapper has no pages"),
+    (["--routine", "BatchDecode", "--s_qo", "1"], "--routine: expected BatchPrefillWithRaggedKVCacheWrapper"),
+    (["--s_qo", "4", "--page_size", "16"], "--page_size: only a --routine generates sequences"),
+])
+def test_bad_routine_flags_are_named(flags, message):
+    result = run_attnreplay("run", *flags, "--kernels", "reference")
+    assert result.returncode != 0 and message in result.stderr, (result.returncode, result.stderr)
+    assert "Traceback" not in result.stderr and "terminate" not in result.stderr
