@@ -13,7 +13,7 @@ exec > >(tee -a "$LOG") 2>&1
 status=0
 step() { echo; echo "== $* ($(date -u +%H:%M:%S))"; }
 # GPU_STEPS picks a subset, e.g. GPU_STEPS="tests dobench" (the build always runs); "peer",
-# "plugins", "groups", "pipeline", "shard" and "reference" run only when asked for.
+# "plugins", "groups", "pipeline", "shard", "reference" and "batches" run only when asked for.
 STEPS="${GPU_STEPS:-tests dobench suite quant capture}"
 wants() { [[ " $STEPS " == *" $1 "* ]]; }
 
@@ -51,6 +51,13 @@ fi
 if wants dobench; then
 step "timing fidelity against triton.testing.do_bench"
 python3 "$ROOT/bench/do_bench_check.py" --attnreplay "$BIN" --out "$OUT/do_bench.json" | tail -40 || status=1
+fi
+
+if wants batches; then
+step "batches (FlashInfer's routines)"
+"$BIN" run --testlist "$ROOT/bench/suite_batches.txt" --json "$OUT/batches.json" --csv "$OUT/batches.csv" \
+  > "$OUT/batches.txt" 2>&1 || status=1
+cat "$OUT/batches.txt" | grep -v "^  kernel" | head -60
 fi
 
 if wants suite; then

@@ -307,3 +307,34 @@ def test_error_statistics_are_the_same_compared_on_the_gpu_and_on_the_cpu(tmp_pa
     for field in ("max_abs", "rel_l2", "cosine"):
         assert abs(a["rows_with_a_key"][field] - b["rows_with_a_key"][field]) <= 1e-9 * abs(b["rows_with_a_key"][field])
     assert a["worst"] == b["worst"] and a["elements"] == b["elements"]
+
+
+ROUTINES = {
+    "decode": ["--routine", "BatchDecodeWithPagedKVCacheWrapper", "--page_size", "16", "--batch_size", "16",
+               "--s_qo", "1", "--s_kv", "2048", "--num_qo_heads", "32", "--num_kv_heads", "8"],
+    "paged_prefill": ["--routine", "BatchPrefillWithPagedKVCacheWrapper", "--page_size", "16", "--batch_size", "6",
+                      "--s_qo", "512", "--s_kv", "1024", "--num_qo_heads", "16", "--num_kv_heads", "4", "--causal"],
+    "ragged_prefill": ["--routine", "BatchPrefillWithRaggedKVCacheWrapper", "--batch_size", "6", "--s_qo", "512",
+                       "--s_kv", "512", "--num_qo_heads", "16", "--num_kv_heads", "16", "--causal"],
+}
+
+
+@pytest.mark.parametrize("routine", sorted(ROUTINES))
+def test_flashinfer_style_batches_replay_through_every_kernel_that_takes_them(tmp_path, routine):
+    # torch-flash-varlen runs the batch in one launch; torch's SDPA backends and the GPU reference
+    # one sequence at a time; each against the GPU fp64 reference of every sequence.
+    flags = [*ROUTINES[routine], "--head_dim_qk", "128", "--dtype", "bf16", "--random_actual_seq_len", "--seed", "3"]
+    kernels = "torch-flash-varlen,torch-flash,torch-efficient,torch-cudnn,torch-math-cuda,reference-cuda"
+    report, result = replay(tmp_path, *flags, "--kernels", kernels, "--refcheck")
+    call = report["calls"][0]
+    assert call["layout"] == "thd" and len(call["sequences"]["k_lens"]) == int(flags[flags.index("--batch_size") + 1])
+    by_name = {k["kernel"]: k for k in call["kernels"]}
+    assert by_name["torch-flash-varlen"]["status"] == "passed", by_name["torch-flash-varlen"]
+    assert by_name["torch-flash-varlen"]["error"]["rel_l2"] < 1e-2, by_name["torch-flash-varlen"]["error"]
+    for name, kernel in by_name.items():
+        assert kernel["status"] in ("passed", "not_supported"), (name, kernel)
+        if kernel["status"] == "not_supported":
+            assert kernel["reason"], (name, kernel)
+    ran = [name for name, k in by_name.items() if k["status"] == "passed"]
+    assert len(ran) >= 4, (ran, by_name)
+    print(routine, call["batching"], {n: (k.get("timing") or {}).get("median_s") for n, k in by_name.items()})
