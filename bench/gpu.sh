@@ -13,7 +13,7 @@ exec > >(tee -a "$LOG") 2>&1
 status=0
 step() { echo; echo "== $* ($(date -u +%H:%M:%S))"; }
 # GPU_STEPS picks a subset, e.g. GPU_STEPS="tests dobench" (the build always runs); "peer",
-# "plugins", "groups", "pipeline", "shard", "reference" and "batches" run only when asked for.
+# "plugins", "groups", "pipeline", "shard", "reference", "batches" and "short" run only when asked for.
 STEPS="${GPU_STEPS:-tests dobench suite quant capture}"
 wants() { [[ " $STEPS " == *" $1 "* ]]; }
 
@@ -51,6 +51,11 @@ fi
 if wants dobench; then
 step "timing fidelity against triton.testing.do_bench"
 python3 "$ROOT/bench/do_bench_check.py" --attnreplay "$BIN" --out "$OUT/do_bench.json" | tail -40 || status=1
+fi
+
+if wants short; then
+step "short calls against do_bench"
+python3 "$ROOT/bench/short_call_check.py" --attnreplay "$BIN" --out "$OUT/short_calls.json" | tail -60 || status=1
 fi
 
 if wants batches; then

@@ -102,6 +102,7 @@ struct KernelAudit {
 // the same kernels on calls of standard normal inputs of that shape, one per seed.
 struct ShapeGroup {
   AttentionShape shape;
+  Layout layout = Layout::bhsd;  // thd: ragged batches, grouped apart and never compared with random calls
   std::string dtype;
   bool is_causal = false;
   CausalAlignment causal_alignment = CausalAlignment::top_left;

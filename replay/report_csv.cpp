@@ -43,6 +43,7 @@ const std::vector<Column>& columns() {
       {"min_s", "/timing/min_s", true},
       {"max_s", "/timing/max_s", true},
       {"stdev_rel", "/timing/stdev_rel", true},
+      {"spread_rel", "/timing/spread_rel", true},
       {"median_s_with_preparation", "/timing_with_preparation/median_s", true},
       {"samples", "/timing/samples", true},
       {"discarded_samples", "/timing/discarded_samples", true},

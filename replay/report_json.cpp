@@ -16,7 +16,7 @@ nlohmann::json timing_json(const TimingSummary& t) {
           {"warmup_runs", t.warmup_runs}, {"samples", t.samples},
           {"discarded_samples", t.discarded}, {"median_s", number(t.median_s)},
           {"min_s", number(t.min_s)},   {"max_s", number(t.max_s)},
-          {"mean_s", number(t.mean_s)}, {"stdev_rel", number(t.stdev_rel)},
+          {"mean_s", number(t.mean_s)}, {"stdev_rel", number(t.stdev_rel)}, {"spread_rel", number(t.spread_rel)},
           {"measured_s", number(t.measured_s)}, {"stop_reason", t.stop_reason},
           {"runs_per_sample", t.runs_per_sample},
           {"sm_clock_median_mhz", reading_or_null(t.sm_clock_median_mhz)},

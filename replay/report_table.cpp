@@ -40,7 +40,7 @@ void print_call_table(const CallResult& call, std::ostream& out) {
       time = fmt::format("{:.4g}", k.timing->median_s * 1e3);
       // The SM clock during the samples: at a power limit it sits well under the rated one.
       if (k.timing->sm_clock_median_mhz > 0) clock = fmt::format("{:.0f}", k.timing->sm_clock_median_mhz);
-      spread = fmt::format("{:.2g}", k.timing->stdev_rel * 100);
+      spread = fmt::format("{:.2g}", k.timing->spread_rel * 100);
       tflops = g(k.tflops(), 4);
       gbps = g(k.gbytes_per_s(), 4);
     }

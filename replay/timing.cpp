@@ -32,6 +32,27 @@ std::optional<double> CpuClockTimer::time_one(PreparedKernel& kernel) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
+namespace {
+
+// The median of `values`, reordering them; linear time.
+double median_of(std::vector<double>& values) {
+  const std::size_t n = values.size();
+  const auto middle = values.begin() + static_cast<std::ptrdiff_t>(n / 2);
+  std::nth_element(values.begin(), middle, values.end());
+  if (n % 2) return *middle;
+  return 0.5 * (*middle + *std::max_element(values.begin(), middle));
+}
+
+}  // namespace
+
+double robust_spread(std::vector<double> seconds) {
+  if (seconds.size() < 2) return 0;
+  const double median = median_of(seconds);
+  if (!(median > 0)) return 0;
+  for (double& s : seconds) s = std::abs(s - median);
+  return 1.4826 * median_of(seconds) / median;
+}
+
 TimingSummary summarize_samples(std::vector<double> seconds) {
   TimingSummary summary;
   summary.samples = static_cast<int>(seconds.size());
@@ -48,6 +69,7 @@ TimingSummary summarize_samples(std::vector<double> seconds) {
     for (double s : seconds) squares += (s - summary.mean_s) * (s - summary.mean_s);
     summary.stdev_rel = std::sqrt(squares / static_cast<double>(n - 1)) / summary.mean_s;
   }
+  summary.spread_rel = robust_spread(std::move(seconds));
   return summary;
 }
 
@@ -96,6 +118,9 @@ TimingSummary measure(PreparedKernel& kernel, SampleTimer& timer, const Stopping
   double elapsed = 0;
   std::string reason;
   const auto start = std::chrono::steady_clock::now();
+  // The noise is checked after every sample at first, then after every 1/32 more of them: the
+  // checks cost linear time each, and a short kernel may take thousands of samples.
+  std::size_t next_check = 0;
   while (true) {
     if (auto seconds = timer.time_one(kernel)) {
       samples.push_back(*seconds);
@@ -115,7 +140,9 @@ TimingSummary measure(PreparedKernel& kernel, SampleTimer& timer, const Stopping
       break;
     }
     if (static_cast<int>(samples.size()) < std::max(rule.min_samples, 2) || elapsed < rule.min_time_s) continue;
-    const double noise = summarize_samples(samples).stdev_rel;
+    if (samples.size() < next_check) continue;
+    next_check = samples.size() + std::max<std::size_t>(1, samples.size() / 32);
+    const double noise = robust_spread(samples);
     noise_history.push_back(noise);
     if (noise < rule.max_noise) {
       reason = "converged";

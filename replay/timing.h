@@ -10,9 +10,11 @@
 
 namespace attnreplay {
 
-// nvbench's "stdrel" criterion: sample for at least min_time_s and min_samples, then stop once
-// the relative standard deviation is under max_noise, or once the noise estimate has settled,
-// and in any case at timeout_s. CPU defaults are shorter than nvbench's GPU ones.
+// nvbench's "stdrel" criterion, on a noise that outliers cannot hold up: sample for at least
+// min_time_s and min_samples, then stop once the samples' robust relative spread (spread_rel) is
+// under max_noise, or once it has settled, and in any case at timeout_s or max_samples. A
+// decode-sized kernel's samples carry rare outliers many times its time, which keep the standard
+// deviation from ever settling. CPU defaults are shorter than nvbench's GPU ones.
 struct StoppingRule {
   int warmup_runs = 1;
   int min_samples = 5;
@@ -33,6 +35,9 @@ struct TimingSummary {
   int discarded = 0;  // samples the timer rejected (e.g. taken while the GPU clock throttled)
   double median_s = 0, min_s = 0, max_s = 0, mean_s = 0;
   double stdev_rel = 0;  // standard deviation / mean
+  // 1.4826 * median absolute deviation / median: the relative standard deviation of normal noise,
+  // which a few outliers do not move. The stopping rule reads it, and the table's ±% shows it.
+  double spread_rel = 0;
   double measured_s = 0;  // time spent sampling, warm-up excluded
   std::string stop_reason;  // "converged", "noise-settled", "timeout", "max-samples"
   // Runs each sample averages over: 1, or K for CUDA-graph samples (one replay of K runs).
@@ -88,6 +93,8 @@ class CpuClockTimer final : public SampleTimer {
 
 // Pure statistics of a sample set, shared by measure() and its tests.
 TimingSummary summarize_samples(std::vector<double> seconds);
+// spread_rel alone, in linear time (measure() asks often).
+double robust_spread(std::vector<double> seconds);
 // The readings' median, min and max clock, median power and capped share, into `summary`.
 void summarize_clocks(const ClockReadings& readings, TimingSummary& summary);
 // True when the last `window` noise values vary by under 5 % of the latest: more samples would

@@ -1,0 +1,89 @@
+"""Short calls (decode-sized, 5-60 us): attnreplay's GPU timing methods against triton's do_bench
+on the same GPU, in one script, per torch backend and shape.
+
+- cold L2: attnreplay --timing event and --timing cupti against do_bench (which zeroes a 256 MB
+  buffer before each run);
+- hot L2: attnreplay --timing event --hot-l2 and --timing graph against do_bench_cudagraph.
+
+Each row gives the medians, their ratios, and how attnreplay's sampling ended (samples, stop
+reason, spread). The goal (issue 18): every ratio within 3 %, every sampling ended by noise.
+
+    python bench/short_call_check.py --attnreplay build/replay/attnreplay --out short_calls.json
+"""
+import argparse
+import json
+import subprocess
+import tempfile
+
+import torch
+import triton.testing
+
+# (batch, heads, seq_q, seq_kv, head_dim): decode steps from 5 us to about 60 us, and a prefill chunk.
+SHAPES = [(4, 8, 1, 512, 128), (8, 8, 1, 1024, 128), (8, 16, 1, 2048, 128), (16, 16, 1, 4096, 128),
+          (1, 16, 128, 1024, 128)]
+BACKENDS = {
+    "torch-flash": lambda q, k, v: torch.ops.aten._scaled_dot_product_flash_attention(q, k, v),
+    "torch-efficient": lambda q, k, v: torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, False),
+}
+METHODS = {  # attnreplay flags, and the do_bench it is held against
+    "event-cold": (["--timing", "event"], "do_bench"),
+    "cupti-cold": (["--timing", "cupti"], "do_bench"),
+    "event-hot": (["--timing", "event", "--hot-l2"], "do_bench_cudagraph"),
+    "graph-hot": (["--timing", "graph"], "do_bench_cudagraph"),
+}
+
+
+def attnreplay_timings(binary, shape, flags):
+    b, h, sq, skv, d = shape
+    with tempfile.NamedTemporaryFile(suffix=".json") as report:
+        command = [binary, "run", "--shape", f"{b},{h},{sq},{d}", "--s_kv", str(skv), "--dtype", "bf16",
+                   "--kernels", ",".join(BACKENDS), "--json", report.name, "-q", "--no-ceilings", *flags]
+        subprocess.run(command, check=True)
+        return {k["kernel"]: k.get("timing") for k in json.load(open(report.name))["calls"][0]["kernels"]}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--attnreplay", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--tolerance", type=float, default=0.03)
+    args = parser.parse_args()
+    rows = []
+    for shape in SHAPES:
+        b, h, sq, skv, d = shape
+        torch.manual_seed(0)
+        q = torch.randn(b, h, sq, d, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(b, h, skv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        peers = {}
+        for name, fn in BACKENDS.items():
+            peers[name] = {
+                "do_bench": triton.testing.do_bench(lambda: fn(q, k, v), warmup=100, rep=1000, return_mode="median") * 1e-3,
+                "do_bench_cudagraph": triton.testing.do_bench_cudagraph(lambda: fn(q, k, v), rep=1000,
+                                                                        return_mode="median") * 1e-3,
+            }
+        for method, (flags, peer) in METHODS.items():
+            for name, timing in attnreplay_timings(args.attnreplay, shape, flags).items():
+                if not timing:
+                    continue
+                ratio = timing["median_s"] / peers[name][peer]
+                rows.append({"shape": shape, "kernel": name, "method": method, "peer": peer,
+                             "peer_median_us": peers[name][peer] * 1e6, "median_us": timing["median_s"] * 1e6,
+                             "ratio": ratio, "within_tolerance": abs(ratio - 1) <= args.tolerance,
+                             "samples": timing["samples"], "stop_reason": timing["stop_reason"],
+                             "stdev_rel": timing["stdev_rel"], "spread_rel": timing.get("spread_rel"),
+                             "sm_clock_mhz": timing.get("sm_clock_median_mhz")})
+                r = rows[-1]
+                print(f"{'x'.join(map(str, shape)):>18} {name:<16} {method:<10} {r['median_us']:8.2f} us vs "
+                      f"{peer} {r['peer_median_us']:8.2f} us  ratio {ratio:.3f}  {r['samples']:>5} samples "
+                      f"({r['stop_reason']}), stdev {r['stdev_rel'] * 100:.1f} %, spread "
+                      f"{(r['spread_rel'] or 0) * 100:.1f} %", flush=True)
+    result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+              "rows": rows, "passed": all(r["within_tolerance"] for r in rows),
+              "ended_by_noise": all(r["stop_reason"] in ("converged", "noise-settled") for r in rows)}
+    json.dump(result, open(args.out, "w"), indent=2)
+    print("passed" if result["passed"] else "NOT within tolerance",
+          "/ every sampling ended by noise" if result["ended_by_noise"] else "/ some sampling hit a cap")
+
+
+if __name__ == "__main__":
+    main()
