@@ -12,7 +12,8 @@ namespace attnreplay {
 
 // nvbench's "stdrel" criterion, on a noise that outliers cannot hold up: sample for at least
 // min_time_s and min_samples, then stop once the samples' robust relative spread (spread_rel) is
-// under max_noise, or once it has settled, and in any case at timeout_s or max_samples. A
+// under max_noise, once the median is known to a tenth of max_noise, or once the spread has
+// settled, and in any case at timeout_s or max_samples. A
 // decode-sized kernel's samples carry rare outliers many times its time, which keep the standard
 // deviation from ever settling. CPU defaults are shorter than nvbench's GPU ones.
 struct StoppingRule {
@@ -21,7 +22,8 @@ struct StoppingRule {
   double min_time_s = 0.1;
   double max_noise = 0.02;  // relative standard deviation
   double timeout_s = 5.0;
-  int max_samples = 10000;
+  // A guard, not a rule: nvbench's 0.5 s of GPU time is 33,000 samples of a 15 us kernel.
+  int max_samples = 100000;
   std::string describe() const;
   // nvbench's defaults for GPU kernels: >= 10 samples and 0.5 s, 0.5 % noise, 15 s timeout.
   static StoppingRule gpu_default();
@@ -39,7 +41,7 @@ struct TimingSummary {
   // which a few outliers do not move. The stopping rule reads it, and the table's ±% shows it.
   double spread_rel = 0;
   double measured_s = 0;  // time spent sampling, warm-up excluded
-  std::string stop_reason;  // "converged", "noise-settled", "timeout", "max-samples"
+  std::string stop_reason;  // "converged", "median-settled", "noise-settled", "timeout", "max-samples"
   // Runs each sample averages over: 1, or K for CUDA-graph samples (one replay of K runs).
   int runs_per_sample = 1;
   // What the driver reported while the samples ran (replay/nvml_monitor.h); 0 where nothing was
