@@ -31,7 +31,8 @@ struct KernelDescription {
   // thresholds are then that dtype's rather than the inputs' (docs/metrics.md).
   std::optional<DType> reduced_precision;
   Extensions extensions;
-  // Takes a ragged (thd) call as one, packed (`ragged`) and with a paged KV cache too (`paged`).
+  // Takes a ragged (thd) call as one, packed (`ragged`) and with a paged KV cache too (`paged`,
+  // reading the pages or gathering them itself).
   // The runner hands a kernel that does not a ragged call one sequence at a time
   // (kernels/per_sequence.h), as a dense call each, timed together.
   bool ragged = false, paged = false;

@@ -36,7 +36,7 @@ from typing import Any, Callable, Optional, Sequence
 
 API_VERSION = 1
 
-LAYOUTS = ("bhsd", "bshd")
+LAYOUTS = ("bhsd", "bshd", "thd")
 CAUSAL_ALIGNMENTS = ("top_left", "bottom_right")
 MASK_KINDS = ("bool", "float")
 
@@ -85,6 +85,11 @@ class CallSpec:
     mask_shape: Optional[tuple]
     metadata: dict
     quant: QuantOptions
+    # A ragged batch (model_layout "thd", docs/format.md): each sequence's queries and keys, and
+    # the page size of a paged one (0 when packed). seq_q and seq_kv are then the packed totals.
+    q_lens: tuple = ()
+    k_lens: tuple = ()
+    page_size: int = 0
 
     @property
     def torch_dtype(self):
@@ -107,6 +112,13 @@ class Inputs:
     v: Any
     mask: Any
     spec: CallSpec
+    # For a kernel of layout "thd": int32 tensors on its device, as flash-attn's varlen ops take
+    # them. cu_seqlens_q (batch + 1) always; cu_seqlens_k with packed keys; block_table (batch,
+    # pages per sequence) and seqused_k (batch) with pages, for a kernel that sets `paged`.
+    cu_seqlens_q: Any = None
+    cu_seqlens_k: Any = None
+    seqused_k: Any = None
+    block_table: Any = None
 
 
 class Kernel:
@@ -115,7 +127,13 @@ class Kernel:
     name: str = ""
     summary: str = ""
     device: str = "cuda"                       # "cuda" or "cpu"
-    layout: str = "bhsd"                       # what run() gets and returns: "bhsd" or "bshd"
+    layout: str = "bhsd"                       # what run() gets and returns: "bhsd", "bshd" or "thd"
+    # With layout "thd" the kernel takes a ragged batch as one: q (total_q, heads, dim), k and v
+    # packed (total_k, heads_kv, dim) with cu_seqlens_k, or with `paged` the KV cache's pages
+    # (pages, page_size, heads_kv, dim) with block_table and seqused_k (else a paged batch's keys
+    # come gathered and packed); it returns (total_q, heads_q, head_dim_vo). Kernels of the other
+    # layouts get a ragged batch one sequence at a time, as dense calls.
+    paged: bool = False
     dtypes: Sequence[str] = ("float16", "bfloat16")
     head_dims: Optional[Sequence[int]] = None  # head_dim_qk values taken; None: any
     different_vo: bool = False                 # head_dim_vo may differ from head_dim_qk
@@ -141,6 +159,9 @@ class Kernel:
 
     def decline_reason(self, spec: CallSpec) -> Optional[str]:
         """The capability checks over the class attributes, then supports()."""
+        if (self.layout == "thd") != (spec.model_layout == "thd"):
+            return ("takes ragged (thd) batches only" if self.layout == "thd"
+                    else "takes dense calls; a ragged batch comes one sequence at a time")
         if spec.dtype not in self.dtypes:
             return f"dtype {spec.dtype} is not supported (takes {', '.join(self.dtypes)})"
         if self.head_dims is not None and spec.head_dim_qk not in self.head_dims:
@@ -153,7 +174,8 @@ class Kernel:
         if spec.is_causal:
             if not self.causal_alignments:
                 return "causal attention is not supported"
-            if spec.causal_alignment not in self.causal_alignments and spec.seq_q != spec.seq_kv:
+            lengths = zip(spec.q_lens, spec.k_lens) if spec.q_lens else [(spec.seq_q, spec.seq_kv)]
+            if spec.causal_alignment not in self.causal_alignments and any(q != k for q, k in lengths):
                 return (f"causal with {spec.causal_alignment} alignment and seq_q {spec.seq_q} != seq_kv "
                         f"{spec.seq_kv} is not supported (computes {', '.join(self.causal_alignments)})")
         return self.supports(spec)
@@ -342,21 +364,27 @@ class _Prepared:
     """One kernel bound to one call: the inputs made once, prepare() and run() as the timer asks,
     and the checks that keep a broken plug-in from passing or from spoiling the next kernel."""
 
-    def __init__(self, kernel_: Kernel, spec: CallSpec, q, k, v, mask):
+    def __init__(self, kernel_: Kernel, spec: CallSpec, q, k, v, mask, batch=None):
         import torch
 
         self.kernel = kernel_
         self.spec = spec
-        # q, k, v come as (b, h, s, d) views of the model's tensors on the kernel's device.
+        batch = dict(batch or {})
+        # q, k, v come as (b, h, s, d) views of the model's tensors on the kernel's device, or for
+        # a ragged batch as stored: rows (t, h, d), or pages (pages, page_size, h, d).
+        heads_dim = -2 if kernel_.layout == "thd" else 1
         if not kernel_.native_gqa and spec.is_gqa:
             group = spec.heads_q // spec.heads_kv
-            k = k.repeat_interleave(group, dim=1)
-            v = v.repeat_interleave(group, dim=1)
+            k = k.repeat_interleave(group, dim=heads_dim)
+            v = v.repeat_interleave(group, dim=heads_dim)
         if kernel_.layout == "bshd":
             q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        if kernel_.layout == "thd" and batch.get("block_table") is not None and not kernel_.paged:
+            k, v, batch = _gather_pages(k, v, batch, spec)
         q, k, v = (t.contiguous() for t in (q, k, v))
-        self.inputs = Inputs(q, k, v, mask, spec)
-        self._originals = {name: t.clone() for name, t in (("q", q), ("k", k), ("v", v), ("mask", mask))
+        self.inputs = Inputs(q, k, v, mask, spec, **batch)
+        self._originals = {name: t.clone() for name, t in (("q", q), ("k", k), ("v", v), ("mask", mask),
+                                                            *batch.items())
                            if isinstance(t, torch.Tensor)}
         self.prepared = kernel_.prepare(self.inputs)
         self.out = None
@@ -378,13 +406,16 @@ class _Prepared:
         out, spec = self.out, self.spec
         if not isinstance(out, torch.Tensor):
             return f"run() returned {type(out).__name__}, expected a torch.Tensor"
-        if self.kernel.layout == "bhsd":
+        if self.kernel.layout == "thd":
+            expected = (spec.seq_q, spec.heads_q, spec.head_dim_vo)
+        elif self.kernel.layout == "bhsd":
             expected = (spec.batch, spec.heads_q, spec.seq_q, spec.head_dim_vo)
         else:
             expected = (spec.batch, spec.seq_q, spec.heads_q, spec.head_dim_vo)
         if tuple(out.shape) != expected:
-            return (f"run() returned shape {tuple(out.shape)}, expected {expected} "
-                    f"({'batch, heads_q, seq_q, head_dim_vo' if self.kernel.layout == 'bhsd' else 'batch, seq_q, heads_q, head_dim_vo'})")
+            names = {"bhsd": "batch, heads_q, seq_q, head_dim_vo", "bshd": "batch, seq_q, heads_q, head_dim_vo",
+                     "thd": "total_q, heads_q, head_dim_vo"}[self.kernel.layout]
+            return f"run() returned shape {tuple(out.shape)}, expected {expected} ({names})"
         want_dtype = self.kernel.output_dtype or spec.dtype
         if out.dtype != getattr(torch, want_dtype):
             return f"run() returned dtype {str(out.dtype).replace('torch.', '')}, expected {want_dtype}"
@@ -401,4 +432,24 @@ class _Prepared:
         out = self.out
         if self.kernel.layout == "bshd":
             out = out.transpose(1, 2)
+        if self.kernel.layout == "thd":
+            out = out.transpose(0, 1).unsqueeze(0)  # the packed view: one sequence of every row
         return out.contiguous()
+
+
+def _gather_pages(k_pages, v_pages, batch, spec):
+    """A paged batch's keys and values as packed rows, for a kernel that reads no block table."""
+    import torch
+
+    table = batch["block_table"].long()
+    page_size = spec.page_size
+    rows = []
+    for b, length in enumerate(spec.k_lens):
+        pages = table[b, :(length + page_size - 1) // page_size]
+        rows.append((pages[:, None] * page_size + torch.arange(page_size, device=pages.device)).flatten()[:length])
+    index = torch.cat(rows)
+    k = k_pages.flatten(0, 1).index_select(0, index)
+    v = v_pages.flatten(0, 1).index_select(0, index)
+    lengths = torch.tensor((0, *spec.k_lens), dtype=torch.int64, device=index.device)
+    batch = dict(batch, cu_seqlens_k=lengths.cumsum(0).to(torch.int32), seqused_k=None, block_table=None)
+    return k, v, batch

@@ -130,6 +130,12 @@ Interpreter& interpreter() {
 
 bool have_cuda() { return at::detail::getCUDAHooks().hasCUDA(); }
 
+// A ragged call's q, k and v as stored, (total, heads, dim) or pages, the plug-in's own copies.
+ModelInputs ragged_inputs(const AttentionCall& call, at::Device device) {
+  return {device_copy(call.q, device).clone(), device_copy(call.k, device).clone(), device_copy(call.v, device).clone(),
+          std::nullopt};
+}
+
 py::dict spec_fields(const AttentionCall& call) {
   const AttentionShape s = call.shape();
   const QuantOptions quant = quant_options();
@@ -151,6 +157,13 @@ py::dict spec_fields(const AttentionCall& call) {
   fields["mask_kind"] = call.mask ? py::cast(call.mask->dtype == DType::boolean ? "bool" : "float") : py::none();
   fields["mask_shape"] = call.mask ? py::cast(call.mask->shape) : py::none();
   fields["metadata"] = call.metadata;
+  if (call.is_ragged()) {
+    std::vector<std::int64_t> q_lens, k_lens;
+    for (const auto& sequence : call.sequences()) q_lens.push_back(sequence.q_len), k_lens.push_back(sequence.k_len);
+    fields["q_lens"] = py::tuple(py::cast(q_lens));
+    fields["k_lens"] = py::tuple(py::cast(k_lens));
+    fields["page_size"] = call.is_paged() ? call.k.shape[1] : 0;
+  }
   py::dict q;
   q["quant_gran"] = std::string(to_string(quant.quant_gran));
   q["k_smooth"] = quant.k_smooth;
@@ -167,6 +180,9 @@ class PythonKernel final : public Kernel {
     const std::string summary = py::str(kernel_.attr("summary")).cast<std::string>();
     description_.summary = summary.empty() ? "Python plug-in kernel" : summary;
     description_.device = kernel_.attr("device").cast<std::string>();
+    // A kernel of layout "thd" takes ragged batches as one, paged ones too: the plug-in API gathers
+    // the pages for one that reads no block table. The others get them sequence by sequence.
+    description_.ragged = description_.paged = kernel_.attr("layout").cast<std::string>() == "thd";
     const py::object reduced = kernel_.attr("reduced_precision");
     if (!reduced.is_none()) {
       const std::string name = reduced.cast<std::string>();
@@ -265,10 +281,20 @@ class PythonPrepared final : public PreparedKernel, public DeviceOutput {
     if (!reason.is_none()) throw KernelNotSupported(py::str(reason).cast<std::string>());
     has_preparation_ = kernel.object().attr("has_preparation")().cast<bool>();
     // The plug-in's own copies: it may write into them (problem() catches that and restores them).
-    const ModelInputs in = model_inputs(call, on_gpu_ ? current_gpu() : at::Device(at::kCPU), /*writable=*/true);
+    const at::Device device = on_gpu_ ? current_gpu() : at::Device(at::kCPU);
+    const ModelInputs in = call.is_ragged() ? ragged_inputs(call, device)
+                                            : model_inputs(call, device, /*writable=*/true);
+    py::dict batch;
+    if (call.is_ragged()) {
+      // Offsets, counts and the block table as the varlen libraries take them: int32, on the device.
+      for (const auto& [name, field] : {std::pair{"cu_seqlens_q", &call.cu_seqlens_q}, {"cu_seqlens_k", &call.cu_seqlens_k},
+                                        {"seqused_k", &call.seqused_k}, {"block_table", &call.block_table}}) {
+        batch[name] = *field ? py::cast(device_copy(**field, device).to(at::kInt)) : py::none();
+      }
+    }
     try {
       prepared_ = plugin.attr("_Prepared")(kernel.object(), spec, in.q, in.k, in.v,
-                                           in.mask ? py::cast(*in.mask) : py::none());
+                                           in.mask ? py::cast(*in.mask) : py::none(), batch);
     } catch (py::error_already_set& error) {
       throw_failure(error, has_preparation_ ? "prepare()" : "setting up the inputs");
     }

@@ -4,6 +4,8 @@ tests/e2e/jobs/flash_attn_varlen_job.py, are captured in the record's thd form: 
 pages a call reads (not the whole cache), per-sequence key counts. The fp64 reference computes what
 the ops computed, torch's backends replay them one sequence at a time, the work is summed over the
 sequences, and keys appended to a cache (which the record cannot hold) are refused by name."""
+import os
+
 import numpy as np
 import pytest
 
@@ -13,6 +15,7 @@ from conftest import FAST, load_json, run_attnreplay
 CALLS = ["varlen", "window_softcap_used", "paged", "fa3_paged_decode", "fa3_varlen_window", "fa3_dense_cache",
          "fa3_appended"]
 Q_LENS = [5, 1, 9]
+PLUGINS = os.path.join(os.path.dirname(__file__), "plugins", "varlen_plugins.py")
 
 
 @pytest.fixture(scope="module")
@@ -178,3 +181,24 @@ def test_bad_routine_flags_are_named(flags, message):
     result = run_attnreplay("run", *flags, "--kernels", "reference")
     assert result.returncode != 0 and message in result.stderr, (result.returncode, result.stderr)
     assert "Traceback" not in result.stderr and "terminate" not in result.stderr
+
+
+def test_plugins_take_a_ragged_batch_as_one(replayed, tmp_path):
+    # A plug-in of layout "thd" gets the packed rows and the offsets (a paged batch's keys gathered,
+    # or with `paged` the pages and block table), and returns the packed output.
+    folder, _, _, _ = replayed
+    report = tmp_path / "plugins.json"
+    run_attnreplay("run", the_capture(folder / "caps"), "--kernel-module", PLUGINS, "--kernels",
+                   "varlen-rows,paged-rows", "--json", report, *FAST, check=0)
+    calls = load_json(report)["calls"]
+    for name, call in zip(CALLS, calls):
+        kernels = {k["kernel"]: k for k in call["kernels"]}
+        rows, paged = kernels["varlen-rows"], kernels["paged-rows"]
+        if name in ("window_softcap_used", "fa3_varlen_window"):
+            assert rows["status"] == "not_supported" and "which this kernel does not compute" in rows["reason"], rows
+        elif name != "fa3_appended":
+            assert rows["status"] == "not_verified" and rows["error"]["rel_l2"] < 1e-6, (name, rows)
+        if name in ("paged", "fa3_paged_decode"):
+            assert paged["status"] == "not_verified" and paged["error"]["rel_l2"] < 1e-6, (name, paged)
+        elif name in ("varlen", "fa3_dense_cache"):
+            assert paged["status"] == "not_supported" and paged["reason"] == "takes paged batches", paged
