@@ -125,7 +125,8 @@ void add_stopping_options(CLI::App& app, RunArgs& a) {
   app.add_option("--warmup", a.warmup, "warm-up runs (CPU 1, GPU 3)");
   app.add_option("--min-samples", a.min_samples, "fewest timed samples (CPU 5, GPU 10)");
   app.add_option("--min-time", a.min_time, "least seconds of timed samples (CPU 0.1, GPU 0.5)");
-  app.add_option("--max-noise", a.max_noise_percent, "stop once the relative stdev is under this percentage (CPU 2, GPU 0.5)");
+  app.add_option("--max-noise", a.max_noise_percent, "stop once the samples' robust spread (1.4826 MAD / median) is under this percentage, or the "
+                 "median's standard error under a tenth of it (CPU 2, GPU 0.5)");
   app.add_option("--timeout", a.timeout, "most seconds of sampling per call and kernel (CPU 5, GPU 15)");
   app.add_option("--timed-calls-per-group", a.timed_calls_per_group,
                  "calls whose timing cannot differ (same shape, dtypes, layout, strides, mask, causality) share "
