@@ -118,8 +118,9 @@ struct AttentionCall {
   // they need the data of cu_seqlens, seqused_k and block_table.
   std::vector<Sequence> sequences() const;
   // Sequence b as a dense call (bshd, batch 1, bottom-right or top-left as the call): its queries,
-  // the keys it uses (gathered from their pages), its output rows and its ALiBi slopes.
-  AttentionCall sequence_call(std::size_t b, const std::vector<Sequence>& sequences) const;
+  // the keys it uses (gathered from their pages), its output rows and its ALiBi slopes. Without
+  // data, only the shapes: enough for a kernel to say whether it takes the call.
+  AttentionCall sequence_call(std::size_t b, const std::vector<Sequence>& sequences, bool with_data = true) const;
   // "a ragged batch of 8 sequences (queries 1..512, keys 17..4096), paged (page size 16, 301
   // pages)", for reports; empty for a dense call.
   std::string describe_batch() const;

@@ -137,7 +137,8 @@ std::vector<AttentionCall::Sequence> AttentionCall::sequences() const {
   return result;
 }
 
-AttentionCall AttentionCall::sequence_call(std::size_t b, const std::vector<Sequence>& sequences) const {
+AttentionCall AttentionCall::sequence_call(std::size_t b, const std::vector<Sequence>& sequences,
+                                           bool with_data) const {
   const Sequence& sequence = sequences.at(b);
   AttentionCall one = *this;
   one.layout = Layout::bshd;
@@ -145,6 +146,24 @@ AttentionCall AttentionCall::sequence_call(std::size_t b, const std::vector<Sequ
   one.cu_seqlens_k.reset();
   one.seqused_k.reset();
   one.block_table.reset();
+  if (!with_data) {
+    auto rows = [](const HostTensor& like, std::int64_t count) {
+      HostTensor shape_only = like;
+      shape_only.bytes.reset();
+      shape_only.captured_strides.clear();
+      shape_only.shape = {1, count, like.shape[like.rank() - 2], like.shape[like.rank() - 1]};
+      return shape_only;
+    };
+    one.q = rows(q, sequence.q_len);
+    one.k = rows(k, sequence.k_len);
+    one.v = rows(v, sequence.k_len);
+    if (out) one.out = rows(*out, sequence.q_len);
+    if (alibi_slopes && alibi_slopes->rank() == 2) {
+      one.alibi_slopes->shape = {alibi_slopes->shape[1]};
+      one.alibi_slopes->bytes.reset();
+    }
+    return one;
+  }
   one.q = packed_rows(q, sequence.q_begin, sequence.q_len);
   if (out) one.out = packed_rows(*out, sequence.q_begin, sequence.q_len);
   if (is_paged()) {

@@ -115,7 +115,8 @@ std::optional<std::string> PerSequenceKernel::unsupported_reason(const Attention
   const auto sequences = call.sequences();
   for (std::size_t b = 0; b < sequences.size(); ++b) {
     if (sequences[b].q_len == 0 || sequences[b].k_len == 0) continue;
-    if (auto reason = kernel_.unsupported_reason(call.sequence_call(b, sequences))) {
+    // Shapes only: the data is gathered once, in prepare().
+    if (auto reason = kernel_.unsupported_reason(call.sequence_call(b, sequences, /*with_data=*/false))) {
       return fmt::format("sequence {} of {}, run alone: {}", b, sequences.size(), *reason);
     }
   }

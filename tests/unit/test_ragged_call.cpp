@@ -104,6 +104,16 @@ TEST_CASE("a sequence of a paged call is the dense call of its keys, gathered fr
   }
 }
 
+TEST_CASE("a sequence without data has the shapes alone, for kernels to decide on") {
+  const AttentionCall paged = paged_call(packed_call());
+  const AttentionCall one = paged.sequence_call(2, paged.sequences(), /*with_data=*/false);
+  CHECK(one.shape() == AttentionShape{1, kHeads, kHeadsKv, 5, 5, kDim, kDim});
+  CHECK(one.q.data() == nullptr);
+  CHECK(one.k.data() == nullptr);
+  CHECK(one.layout == Layout::bshd);
+  CHECK(!one.block_table);
+}
+
 TEST_CASE("the reference of a ragged call is each sequence's, paged or packed alike") {
   const AttentionCall packed = packed_call();
   const ReferenceOutput whole = reference_attention(packed);
