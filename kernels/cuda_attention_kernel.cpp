@@ -83,6 +83,7 @@ class PreparedCudaAttention final : public PreparedKernel, public DeviceOutput {
                    call.v.data()) {}
   bool has_preparation() const override { return attention_.has_preparation(); }
   void prepare_inputs() override { attention_.prepare_inputs(current_stream()); }
+  double preparation_bytes() const override { return static_cast<double>(attention_.preparation_bytes()); }
   void run() override { attention_.run(current_stream()); }
 #ifdef ATTNREPLAY_TORCH_CUDA
   bool runs_on_current_stream() const override { return true; }

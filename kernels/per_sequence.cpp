@@ -40,6 +40,12 @@ class PreparedPerSequence final : public PreparedKernel, public DeviceOutput {
       if (part.kernel) part.kernel->prepare_inputs();
   }
   bool runs_on_current_stream() const override { return on_stream_; }
+  double preparation_bytes() const override {
+    double bytes = 0;
+    for (const Part& part : parts_)
+      if (part.kernel) bytes += part.kernel->preparation_bytes();
+    return bytes;
+  }
 
   HostTensor output() override {
     const std::int64_t heads = packed_.heads_q, dim = packed_.head_dim_vo;
@@ -104,6 +110,7 @@ class HostOutputOnly final : public PreparedKernel {
   bool has_preparation() const override { return kernel_->has_preparation(); }
   void prepare_inputs() override { kernel_->prepare_inputs(); }
   bool runs_on_current_stream() const override { return kernel_->runs_on_current_stream(); }
+  double preparation_bytes() const override { return kernel_->preparation_bytes(); }
 
  private:
   std::unique_ptr<PreparedPerSequence> kernel_;

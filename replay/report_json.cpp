@@ -71,6 +71,14 @@ nlohmann::json kernel_json(const KernelResult& k) {
   if (k.source != "built-in") j["kernel_source"] = k.source;
   if (!k.timing_shared_from.empty()) j["timing_shared_from"] = k.timing_shared_from;
   if (k.timing_with_preparation) j["timing_with_preparation"] = timing_json(*k.timing_with_preparation);
+  if (k.preparation) {
+    const auto seconds = k.preparation_s();
+    const auto ratio = k.preparation_ratio();
+    j["preparation"] = {{"bytes", number(k.preparation->bytes)},
+                        {"bound_s", k.preparation->bound_s > 0 ? number(k.preparation->bound_s) : nlohmann::json()},
+                        {"time_s", seconds ? number(*seconds) : nlohmann::json()},
+                        {"ratio_to_bound", ratio ? number(*ratio) : nlohmann::json()}};
+  }
   if (k.timing) {
     j["timing"] = timing_json(*k.timing);
     j["tflops"] = number(k.tflops());

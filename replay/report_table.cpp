@@ -78,8 +78,14 @@ void print_call_table(const CallResult& call, std::ostream& out) {
                                           : std::string()));
     }
     if (k.timing_with_preparation) {
-      footnotes.push_back(fmt::format("{}: {:.4g} ms with its input preparation",
-                                      k.kernel, k.timing_with_preparation->median_s * 1e3));
+      // The preparation's own time beside moving its bytes at the copy ceiling, where measured.
+      std::string bound;
+      if (const auto ratio = k.preparation_ratio()) {
+        bound = fmt::format(" (preparation {:.4g} ms, {:.2f}x its bound: {} at the copy ceiling, {:.4g} ms)",
+                            *k.preparation_s() * 1e3, *ratio, si(k.preparation->bytes, "B"), k.preparation->bound_s * 1e3);
+      }
+      footnotes.push_back(fmt::format("{}: {:.4g} ms with its input preparation{}", k.kernel,
+                                      k.timing_with_preparation->median_s * 1e3, bound));
     }
     if (!k.reason.empty() && k.disposition != Disposition::not_verified && k.disposition != Disposition::passed) {
       footnotes.push_back(fmt::format("{}: {}", k.kernel, k.reason));

@@ -43,6 +43,17 @@ struct KernelResult {
   std::string timing_shared_from;
   // Achieved rates over the ceilings measured on the same GPU at start-up, when measured.
   std::optional<double> matrix_ceiling_fraction, copy_ceiling_fraction;
+  // What the input preparation must move at least (PreparedKernel::preparation_bytes), and the
+  // time that takes at the copy ceiling measured at start-up (0 when not measured).
+  struct PreparationBound {
+    double bytes = 0;
+    double bound_s = 0;
+  };
+  std::optional<PreparationBound> preparation;
+  // The preparation's own time, timing_with_preparation's median less timing's, and that over its
+  // bound; set when both timings (and for the ratio, the bound) are.
+  std::optional<double> preparation_s() const;
+  std::optional<double> preparation_ratio() const;
   double tflops() const { return timing ? work.tflops(timing->median_s) : 0.0; }
   double gbytes_per_s() const { return timing ? work.gbytes_per_s(timing->median_s) : 0.0; }
   AttentionWork work;

@@ -45,6 +45,17 @@ double Ceilings::matrix_tflops_for(DType dtype) const {
   }
 }
 
+std::optional<double> KernelResult::preparation_s() const {
+  if (!timing || !timing_with_preparation) return std::nullopt;
+  return timing_with_preparation->median_s - timing->median_s;
+}
+
+std::optional<double> KernelResult::preparation_ratio() const {
+  const auto seconds = preparation_s();
+  if (!seconds || !preparation || preparation->bound_s <= 0) return std::nullopt;
+  return *seconds / preparation->bound_s;
+}
+
 bool Report::any_failed() const {
   if (!input_errors.empty()) return true;
   for (const auto& call : calls)
@@ -360,6 +371,10 @@ CallResult replay_call(const AttentionCall& captured, const ReplayOptions& optio
         if (options.timing_groups) options.timing_groups->record(group, k.kernel, {k.timing, k.timing_with_preparation, call.where()});
         measure_s += since(stage);
         stage = Clock::now();
+      }
+      if (const double bytes = prepared->preparation_bytes(); bytes > 0) {
+        const double copy = options.ceilings.copy_gbps * 1e9;
+        k.preparation = KernelResult::PreparationBound{bytes, copy > 0 ? bytes / copy : 0.0};
       }
       if (on_gpu) {
         const double matrix = options.ceilings.matrix_tflops_for(call.q.dtype);

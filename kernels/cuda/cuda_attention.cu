@@ -227,6 +227,20 @@ Attention::~Attention() = default;
 
 bool Attention::has_preparation() const { return state_->kind != Kind::flash || state_->p.bshd; }
 
+std::size_t Attention::preparation_bytes() const {
+  const State& s = *state_;
+  if (!has_preparation()) return 0;
+  // A work buffer exists for each input the preparation makes; V stays as uploaded for sage1 on
+  // bhsd inputs. Intermediate maxima (a few bytes a head) are left out.
+  std::size_t read = 0, written = 0;
+  for (const auto& [in, work] : {std::pair{&s.q_in, &s.q_work}, {&s.k_in, &s.k_work}, {&s.v_in, &s.v_work}}) {
+    if (work->bytes() > 0) read += in->bytes(), written += work->bytes();
+  }
+  if (s.k_mean.bytes() > 0) read += s.k_in.bytes();
+  written += s.q_scale.bytes() + s.k_scale.bytes() + s.v_scale.bytes() + s.k_mean.bytes();
+  return read + written;
+}
+
 void Attention::prepare_inputs(cudaStream_t stream) {
   State& s = *state_;
   const AttentionArgs& a = s.args;

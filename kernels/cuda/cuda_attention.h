@@ -60,6 +60,9 @@ class Attention {
   bool has_preparation() const;
   // Redoes the input preparation from the uploaded inputs.
   void prepare_inputs(cudaStream_t stream = nullptr);
+  // The least the preparation must move: each input it prepares read once (K twice when smoothed,
+  // once for its channel means), and what the attention reads written once, scales included.
+  std::size_t preparation_bytes() const;
   // Queues the attention alone.
   void run(cudaStream_t stream = nullptr);
   // Waits for queued work; reports a kernel fault with the place it was noticed.

@@ -28,7 +28,7 @@ CSV_HEADER = [
     "source", "call_index", "case_tag", "op", "backend", "batch", "heads_q", "heads_kv", "seq_q", "seq_kv",
     "head_dim_qk", "head_dim_vo", "dtype", "layout", "is_causal", "causal_alignment", "mask", "batching", "scale", "flops",
     "bytes", "arithmetic_intensity", "kernel", "status", "reason", "time_method", "cache", "median_s", "min_s",
-    "max_s", "stdev_rel", "spread_rel", "median_s_with_preparation", "samples", "discarded_samples", "sm_clock_mhz", "power_w",
+    "max_s", "stdev_rel", "spread_rel", "median_s_with_preparation", "preparation_ratio_to_bound", "samples", "discarded_samples", "sm_clock_mhz", "power_w",
     "tflops", "gbytes_per_s", "matrix_ceiling_fraction",
     "copy_ceiling_fraction", "max_abs", "mean_abs", "mse",
     "rmse", "std_abs", "rel_l1", "rel_l2", "cosine", "nan_count", "inf_count", "rows_compared", "sampled", "rerun",

@@ -1,6 +1,7 @@
 // The printers (replay/report_*.cpp) on a Report built by hand: CSV columns and fields, the JSON
 // record's schema and nulls for non-finite numbers, and what the table shows.
 #include <catch2/catch_test_macros.hpp>
+#include <catch2/matchers/catch_matchers_floating_point.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
 #include <algorithm>
@@ -288,4 +289,25 @@ TEST_CASE("report: the SM clock of a GPU kernel's samples in the JSON, the CSV a
   const auto at = static_cast<std::size_t>(mhz - heading.begin()) - 1;
   REQUIRE(at < fields.size());
   CHECK(fields[at] == "1605");
+}
+
+TEST_CASE("report: a preparation's time beside its bound at the copy ceiling") {
+  Report report = sample_report();
+  KernelResult& kernel = report.calls[0].kernels[0];
+  TimingSummary with_preparation = *kernel.timing;
+  with_preparation.median_s = 0.0026;  // 0.6 ms of preparation on a 2 ms kernel
+  kernel.timing_with_preparation = with_preparation;
+  kernel.preparation = KernelResult::PreparationBound{300e6, 0.0001};  // 300 MB at 3 TB/s
+  const nlohmann::json json = report_to_json(report).at("calls")[0].at("kernels")[0].at("preparation");
+  CHECK(json.at("bytes") == 300e6);
+  CHECK(json.at("bound_s") == 0.0001);
+  CHECK_THAT(json.at("time_s").get<double>(), Catch::Matchers::WithinRel(0.0006, 1e-9));
+  CHECK_THAT(json.at("ratio_to_bound").get<double>(), Catch::Matchers::WithinRel(6.0, 1e-9));
+  std::ostringstream table;
+  print_table(report, table);
+  CHECK(table.str().find("2.6 ms with its input preparation (preparation 0.6 ms, 6.00x its bound: 300 MB at the "
+                         "copy ceiling, 0.1 ms)") != std::string::npos);
+  // Without a measured ceiling there is no bound, and no ratio.
+  kernel.preparation->bound_s = 0;
+  CHECK(report_to_json(report).at("calls")[0].at("kernels")[0].at("preparation").at("ratio_to_bound").is_null());
 }
