@@ -29,6 +29,8 @@ def main():
     parser.add_argument("--attnreplay", required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--time-every-call", action="store_true",
+                        help="time every call (no timing groups): calls long enough for the speed-up to show")
     args = parser.parse_args()
     gpus = torch.cuda.device_count()
     processes = max(2, gpus)
@@ -36,6 +38,8 @@ def main():
     capture = os.path.join(folder, "calls")
     write_small_shapes(capture, args.calls)
     flags = ["run", capture, "--kernels", KERNELS, "--no-ceilings", "-q"]
+    if args.time_every_call:
+        flags.append("--time-every-call")
 
     def timed(command, cwd):
         os.makedirs(cwd, exist_ok=True)
@@ -58,7 +62,7 @@ def main():
     indices = [c["call_index"] for c in joined["calls"]]
     result = {
         "gpu": one["environment"].get("gpu"), "gpus": gpus, "processes": processes, "calls": args.calls,
-        "kernels": KERNELS.split(","), "one_process_s": one_s, "sharded_s": sharded_s, "speedup": one_s / sharded_s,
+        "kernels": KERNELS.split(","), "time_every_call": args.time_every_call, "one_process_s": one_s, "sharded_s": sharded_s, "speedup": one_s / sharded_s,
         "ranks_share_a_gpu": processes > gpus, "every_call_once": indices == list(range(args.calls)),
         "error_statistics_identical": errors(one) == errors(joined), "parts": joined.get("sharded", {}).get("parts"),
         "exit_codes": [one_rc, sharded_rc],
