@@ -213,7 +213,7 @@ AttentionShape AttentionCall::shape() const {
   if (window_left && *window_left < 0) fail("window_left", fmt::format("expected >= 0 or unset, got {}", *window_left));
   if (window_right && *window_right < 0) fail("window_right", fmt::format("expected >= 0 or unset, got {}", *window_right));
   if (!(softcap >= 0.0 && std::isfinite(softcap))) fail("softcap", fmt::format("expected >= 0, got {}", softcap));
-  const std::int64_t batch = is_ragged() ? check_ragged_fields(s) : s.batch;
+  const std::int64_t batch = is_ragged() ? check_ragged_fields() : s.batch;
   if (alibi_slopes) {
     const bool per_head = alibi_slopes->shape == std::vector<std::int64_t>{s.heads_q};
     const bool per_sequence = alibi_slopes->shape == std::vector<std::int64_t>{batch, s.heads_q};

@@ -126,7 +126,7 @@ struct AttentionCall {
   std::string describe_batch() const;
   // shape()'s checks of a ragged call's own fields (their shapes and dtypes; sequences() checks
   // their values); returns the number of sequences.
-  std::int64_t check_ragged_fields(const AttentionShape& s) const;
+  std::int64_t check_ragged_fields() const;
 };
 
 // Returns `tensor` (one of q, k, v, out in `layout`) as a contiguous (b, h, s, d) tensor; a THD

@@ -19,6 +19,23 @@ std::vector<std::int64_t> integers(const HostTensor& tensor) {
   return values;
 }
 
+// The first of the call's tensors beside q, k, v and out (offsets, counts, the block table, ...)
+// whose values were not read (a header), or empty when all were.
+std::string_view unread_field(const AttentionCall& call) {
+  for (const auto& [field, tensor] : call.named_tensors()) {
+    if (field != "q" && field != "k" && field != "v" && field != "out" && !tensor->data()) return field;
+  }
+  return {};
+}
+
+// Row b of a block table: the pages sequence b lists.
+std::vector<std::int64_t> table_row(const HostTensor& table, std::size_t b) {
+  const std::int64_t width = table.shape[1];
+  std::vector<std::int64_t> row(static_cast<std::size_t>(width));
+  for (std::int64_t j = 0; j < width; ++j) row[static_cast<std::size_t>(j)] = static_cast<std::int64_t>(table.at(static_cast<std::int64_t>(b) * width + j));
+  return row;
+}
+
 // Rows [first, first + count) of packed (t, h, d) as a (1, count, h, d) BSHD tensor.
 HostTensor packed_rows(const HostTensor& packed, std::int64_t first, std::int64_t count) {
   HostTensor rows = HostTensor::allocate(packed.dtype, {1, count, packed.shape[1], packed.shape[2]});
@@ -48,7 +65,7 @@ HostTensor paged_rows(const HostTensor& pages, const std::int64_t* table, std::i
 
 }  // namespace
 
-std::int64_t AttentionCall::check_ragged_fields(const AttentionShape& s) const {
+std::int64_t AttentionCall::check_ragged_fields() const {
   auto fail = [this](std::string_view field, const std::string& what) {
     throw_input_error(fmt::format("{}: field '{}'", where(), field), "{}", what);
   };
@@ -77,7 +94,6 @@ std::int64_t AttentionCall::check_ragged_fields(const AttentionShape& s) const {
     fail("cu_seqlens_k", "a ragged call with packed keys needs their offsets");
   }
   if (mask) fail("mask", "a ragged call takes no mask (its sequences' lengths say which keys exist)");
-  static_cast<void>(s);
   return n;
 }
 
@@ -86,11 +102,7 @@ std::vector<AttentionCall::Sequence> AttentionCall::sequences() const {
   auto fail = [this](std::string_view field, const std::string& what) {
     throw_input_error(fmt::format("{}: field '{}'", where(), field), "{}", what);
   };
-  for (const auto& [field, tensor] : named_tensors()) {
-    if (field != "q" && field != "k" && field != "v" && field != "out" && !tensor->data()) {
-      fail(field, "its values were not read");
-    }
-  }
+  if (const std::string_view field = unread_field(*this); !field.empty()) fail(field, "its values were not read");
   auto offsets = [&](const HostTensor& tensor, std::string_view field, std::int64_t rows, std::string_view holder) {
     std::vector<std::int64_t> cu = integers(tensor);
     if (cu.front() != 0) fail(field, fmt::format("expected to start at 0, got {}", cu.front()));
@@ -167,10 +179,9 @@ AttentionCall AttentionCall::sequence_call(std::size_t b, const std::vector<Sequ
   one.q = packed_rows(q, sequence.q_begin, sequence.q_len);
   if (out) one.out = packed_rows(*out, sequence.q_begin, sequence.q_len);
   if (is_paged()) {
-    const std::vector<std::int64_t> table = integers(*block_table);
-    const std::int64_t* row = table.data() + b * static_cast<std::size_t>(block_table->shape[1]);
-    one.k = paged_rows(k, row, sequence.k_len);
-    one.v = paged_rows(v, row, sequence.k_len);
+    const std::vector<std::int64_t> row = table_row(*block_table, b);
+    one.k = paged_rows(k, row.data(), sequence.k_len);
+    one.v = paged_rows(v, row.data(), sequence.k_len);
   } else {
     one.k = packed_rows(k, sequence.k_begin, sequence.k_len);
     one.v = packed_rows(v, sequence.k_begin, sequence.k_len);
@@ -189,11 +200,7 @@ std::string AttentionCall::describe_batch() const {
   if (!is_ragged()) return {};
   const std::int64_t count = cu_seqlens_q ? cu_seqlens_q->numel() - 1 : 0;
   std::string text = fmt::format("a ragged batch of {} sequence{}", count, count == 1 ? "" : "s");
-  bool loaded = true;
-  for (const auto& [field, tensor] : named_tensors()) {
-    if (field != "q" && field != "k" && field != "v" && field != "out") loaded = loaded && tensor->data();
-  }
-  if (loaded) {
+  if (unread_field(*this).empty()) {
     const std::vector<Sequence> all = sequences();
     auto [q_min, q_max] = std::minmax_element(all.begin(), all.end(), [](auto& a, auto& b) { return a.q_len < b.q_len; });
     auto [k_min, k_max] = std::minmax_element(all.begin(), all.end(), [](auto& a, auto& b) { return a.k_len < b.k_len; });

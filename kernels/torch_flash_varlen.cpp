@@ -19,28 +19,18 @@ class PreparedVarlen final : public PreparedKernel, public DeviceOutput {
       : causal_(call.is_causal), scale_(call.softmax_scale()) {
     at::InferenceMode inference;
     const at::Device gpu = current_gpu();
-    const auto sequences = call.sequences();
-    std::vector<std::int64_t> k_offsets{0}, gather;
-    for (const auto& sequence : sequences) {
+    for (const auto& sequence : call.sequences()) {
       max_q_ = std::max(max_q_, sequence.q_len);
       max_k_ = std::max(max_k_, sequence.k_len);
-      k_offsets.push_back(k_offsets.back() + sequence.k_len);
     }
     q_ = device_copy(call.q, gpu);
     cu_q_ = device_copy(*call.cu_seqlens_q, gpu).to(at::kInt);
     if (call.is_paged()) {
-      // Each sequence's tokens, in order, as rows of the pages flattened to (pages * page_size, h, d).
-      const std::int64_t page_size = call.k.shape[1];
-      const HostTensor& table = *call.block_table;
-      for (std::size_t b = 0; b < sequences.size(); ++b)
-        for (std::int64_t t = 0; t < sequences[b].k_len; ++t) {
-          const auto page = static_cast<std::int64_t>(table.at(static_cast<std::int64_t>(b) * table.shape[1] + t / page_size));
-          gather.push_back(page * page_size + t % page_size);
-        }
+      PackedKeyRows keys = packed_key_rows(call, gpu);
       pages_k_ = device_copy(call.k, gpu).flatten(0, 1);
       pages_v_ = device_copy(call.v, gpu).flatten(0, 1);
-      gather_ = at::tensor(gather, at::TensorOptions().dtype(at::kLong)).to(gpu);
-      cu_k_ = at::tensor(k_offsets, at::TensorOptions().dtype(at::kLong)).to(gpu).to(at::kInt);
+      gather_ = std::move(keys.rows);
+      cu_k_ = std::move(keys.cu_seqlens_k);
       prepare_inputs();
     } else {
       k_ = device_copy(call.k, gpu);

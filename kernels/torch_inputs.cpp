@@ -70,6 +70,22 @@ BytePool::Hooks pinned_memory(int device) {
   return hooks;
 }
 
+PackedKeyRows packed_key_rows(const AttentionCall& call, at::Device device) {
+  const std::int64_t page_size = call.k.shape.at(1);
+  const HostTensor& table = *call.block_table;
+  std::vector<std::int64_t> rows, offsets{0};
+  const auto sequences = call.sequences();
+  for (std::size_t b = 0; b < sequences.size(); ++b) {
+    for (std::int64_t t = 0; t < sequences[b].k_len; ++t) {
+      const auto page = static_cast<std::int64_t>(table.at(static_cast<std::int64_t>(b) * table.shape[1] + t / page_size));
+      rows.push_back(page * page_size + t % page_size);
+    }
+    offsets.push_back(offsets.back() + sequences[b].k_len);
+  }
+  const auto longs = at::TensorOptions().dtype(at::kLong);
+  return {at::tensor(rows, longs).to(device), at::tensor(offsets, longs).to(device).to(at::kInt)};
+}
+
 at::Tensor bhsd_view(at::Tensor tensor, Layout layout) {
   if (layout == Layout::thd) {
     // Packed rows (t, h, d) are one sequence of t; pages (p, page_size, h, d) one of p * page_size.

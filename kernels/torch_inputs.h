@@ -55,6 +55,15 @@ struct ModelInputs {
 // code that may write into its inputs (a user's plug-in).
 ModelInputs model_inputs(const AttentionCall& call, at::Device device, bool writable = false);
 
+// A paged call's keys as packed rows, for kernels that read no block table: `rows` indexes the
+// pages flattened to (pages * page_size, heads_kv, dim), each sequence's keys in turn (int64, on
+// `device`); `cu_seqlens_k` are the packed keys' offsets (int32). k.flatten(0, 1).index_select(0,
+// rows) gathers them.
+struct PackedKeyRows {
+  at::Tensor rows, cu_seqlens_k;
+};
+PackedKeyRows packed_key_rows(const AttentionCall& call, at::Device device);
+
 // The GPU this process runs on: the current CUDA device, which a sharded run sets to its local one
 // (replay/sharding.h). Every GPU kernel and the GPU reference put their tensors there.
 at::Device current_gpu();

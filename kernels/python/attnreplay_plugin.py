@@ -371,7 +371,8 @@ class _Prepared:
         self.spec = spec
         batch = dict(batch or {})
         # q, k, v come as (b, h, s, d) views of the model's tensors on the kernel's device, or for
-        # a ragged batch as stored: rows (t, h, d), or pages (pages, page_size, h, d).
+        # a ragged batch as stored: rows (t, h, d), or pages (pages, page_size, h, d) for a kernel
+        # that reads them (the host packs a paged batch's keys for the others).
         heads_dim = -2 if kernel_.layout == "thd" else 1
         if not kernel_.native_gqa and spec.is_gqa:
             group = spec.heads_q // spec.heads_kv
@@ -379,8 +380,6 @@ class _Prepared:
             v = v.repeat_interleave(group, dim=heads_dim)
         if kernel_.layout == "bshd":
             q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        if kernel_.layout == "thd" and batch.get("block_table") is not None and not kernel_.paged:
-            k, v, batch = _gather_pages(k, v, batch, spec)
         q, k, v = (t.contiguous() for t in (q, k, v))
         self.inputs = Inputs(q, k, v, mask, spec, **batch)
         self._originals = {name: t.clone() for name, t in (("q", q), ("k", k), ("v", v), ("mask", mask),
@@ -436,20 +435,3 @@ class _Prepared:
             out = out.transpose(0, 1).unsqueeze(0)  # the packed view: one sequence of every row
         return out.contiguous()
 
-
-def _gather_pages(k_pages, v_pages, batch, spec):
-    """A paged batch's keys and values as packed rows, for a kernel that reads no block table."""
-    import torch
-
-    table = batch["block_table"].long()
-    page_size = spec.page_size
-    rows = []
-    for b, length in enumerate(spec.k_lens):
-        pages = table[b, :(length + page_size - 1) // page_size]
-        rows.append((pages[:, None] * page_size + torch.arange(page_size, device=pages.device)).flatten()[:length])
-    index = torch.cat(rows)
-    k = k_pages.flatten(0, 1).index_select(0, index)
-    v = v_pages.flatten(0, 1).index_select(0, index)
-    lengths = torch.tensor((0, *spec.k_lens), dtype=torch.int64, device=index.device)
-    batch = dict(batch, cu_seqlens_k=lengths.cumsum(0).to(torch.int32), seqused_k=None, block_table=None)
-    return k, v, batch

@@ -130,10 +130,26 @@ Interpreter& interpreter() {
 
 bool have_cuda() { return at::detail::getCUDAHooks().hasCUDA(); }
 
-// A ragged call's q, k and v as stored, (total, heads, dim) or pages, the plug-in's own copies.
-ModelInputs ragged_inputs(const AttentionCall& call, at::Device device) {
-  return {device_copy(call.q, device).clone(), device_copy(call.k, device).clone(), device_copy(call.v, device).clone(),
-          std::nullopt};
+// A ragged call's q, k and v as stored, (total, heads, dim) or pages, the plug-in's own copies; and
+// its offsets, counts and block table as the varlen libraries take them (int32, on the device). A
+// kernel that reads no block table (`reads_pages` false) gets a paged call's keys packed.
+std::pair<ModelInputs, py::dict> ragged_inputs(const AttentionCall& call, at::Device device, bool reads_pages) {
+  ModelInputs in{device_copy(call.q, device).clone(), device_copy(call.k, device).clone(),
+                 device_copy(call.v, device).clone(), std::nullopt};
+  py::dict batch;
+  for (const auto& [name, field] : {std::pair{"cu_seqlens_q", &call.cu_seqlens_q}, {"cu_seqlens_k", &call.cu_seqlens_k},
+                                    {"seqused_k", &call.seqused_k}, {"block_table", &call.block_table}}) {
+    batch[name] = *field ? py::cast(device_copy(**field, device).to(at::kInt)) : py::none();
+  }
+  if (call.is_paged() && !reads_pages) {
+    const PackedKeyRows keys = packed_key_rows(call, device);
+    in.k = in.k.flatten(0, 1).index_select(0, keys.rows);
+    in.v = in.v.flatten(0, 1).index_select(0, keys.rows);
+    batch["cu_seqlens_k"] = keys.cu_seqlens_k;
+    batch["seqused_k"] = py::none();
+    batch["block_table"] = py::none();
+  }
+  return {std::move(in), std::move(batch)};
 }
 
 py::dict spec_fields(const AttentionCall& call) {
@@ -180,8 +196,8 @@ class PythonKernel final : public Kernel {
     const std::string summary = py::str(kernel_.attr("summary")).cast<std::string>();
     description_.summary = summary.empty() ? "Python plug-in kernel" : summary;
     description_.device = kernel_.attr("device").cast<std::string>();
-    // A kernel of layout "thd" takes ragged batches as one, paged ones too: the plug-in API gathers
-    // the pages for one that reads no block table. The others get them sequence by sequence.
+    // A kernel of layout "thd" takes ragged batches as one, paged ones too: one that reads no block
+    // table gets the pages gathered (ragged_inputs). The others get them sequence by sequence.
     description_.ragged = description_.paged = kernel_.attr("layout").cast<std::string>() == "thd";
     const py::object reduced = kernel_.attr("reduced_precision");
     if (!reduced.is_none()) {
@@ -282,16 +298,9 @@ class PythonPrepared final : public PreparedKernel, public DeviceOutput {
     has_preparation_ = kernel.object().attr("has_preparation")().cast<bool>();
     // The plug-in's own copies: it may write into them (problem() catches that and restores them).
     const at::Device device = on_gpu_ ? current_gpu() : at::Device(at::kCPU);
-    const ModelInputs in = call.is_ragged() ? ragged_inputs(call, device)
-                                            : model_inputs(call, device, /*writable=*/true);
-    py::dict batch;
-    if (call.is_ragged()) {
-      // Offsets, counts and the block table as the varlen libraries take them: int32, on the device.
-      for (const auto& [name, field] : {std::pair{"cu_seqlens_q", &call.cu_seqlens_q}, {"cu_seqlens_k", &call.cu_seqlens_k},
-                                        {"seqused_k", &call.seqused_k}, {"block_table", &call.block_table}}) {
-        batch[name] = *field ? py::cast(device_copy(**field, device).to(at::kInt)) : py::none();
-      }
-    }
+    const auto [in, batch] = call.is_ragged()
+                                 ? ragged_inputs(call, device, kernel.object().attr("paged").cast<bool>())
+                                 : std::pair{model_inputs(call, device, /*writable=*/true), py::dict()};
     try {
       prepared_ = plugin.attr("_Prepared")(kernel.object(), spec, in.q, in.k, in.v,
                                            in.mask ? py::cast(*in.mask) : py::none(), batch);
