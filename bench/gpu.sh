@@ -13,7 +13,8 @@ exec > >(tee -a "$LOG") 2>&1
 status=0
 step() { echo; echo "== $* ($(date -u +%H:%M:%S))"; }
 # GPU_STEPS picks a subset, e.g. GPU_STEPS="tests dobench" (the build always runs); "peer",
-# "plugins", "groups", "pipeline", "shard", "reference", "batches" and "short" run only when asked for.
+# "plugins", "groups", "pipeline", "shard", "reference", "batches", "short" and "prep" run only when
+# asked for.
 STEPS="${GPU_STEPS:-tests dobench suite quant capture}"
 wants() { [[ " $STEPS " == *" $1 "* ]]; }
 
@@ -56,6 +57,14 @@ fi
 if wants short; then
 step "short calls against do_bench"
 python3 "$ROOT/bench/short_call_check.py" --attnreplay "$BIN" --out "$OUT/short_calls.json" | tail -60 || status=1
+fi
+
+if wants prep; then
+step "the quantized kernels' input preparation, variant by variant"
+python3 -m pytest -q -p no:cacheprovider --timeout 300 "$ROOT/tests/gpu/test_quantized_gpu.py" > "$OUT/pytest-quant.txt" 2>&1 || status=1
+grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest-quant.txt" | tail -20
+python3 "$ROOT/bench/preparation_check.py" --attnreplay "$BIN" --out "$OUT/preparation.json" \
+  --variants "${PREP_VARIANTS:-fused,separate}" --cases "${PREP_CASES:-}" | tee "$OUT/preparation.txt" || status=1
 fi
 
 if wants batches; then

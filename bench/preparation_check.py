@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""The quantized kernels' input preparation against its memory-bandwidth bound, variant by variant.
+
+Runs `attnreplay run` on the shapes of bench/suite_quant.txt for sage1-int8, sage2-int8-fp8 and
+fa3-fp8 once per variant (environment settings of the preparation kernel, docs/quantized.md) and
+tabulates each kind's preparation time, its bound and their ratio, the attention alone, and the
+whole call, side by side in one run. Used by bench/gpu.sh's `prep` step.
+"""
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+KINDS = ["sage1-int8", "sage2-int8-fp8", "fa3-fp8"]
+# name -> environment; "separate" is the launch-per-operation path the one kernel replaced.
+VARIANTS = {
+    "fused": {},
+    "separate": {"ATTNREPLAY_PREPARATION": "separate"},
+    "no-reuse": {"ATTNREPLAY_PREPARATION_REUSE": "1000"},
+    "reuse-0.5": {"ATTNREPLAY_PREPARATION_REUSE": "0.5"},
+    "reuse-3": {"ATTNREPLAY_PREPARATION_REUSE": "3"},
+    "2-ctas": {"ATTNREPLAY_PREPARATION_CTAS_PER_SM": "2"},
+}
+
+
+def suite_cases(path):
+    cases = []
+    for line in Path(path).read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        args = shlex.split(line)
+        shape = args[args.index("--shape") + 1]
+        tag = args[args.index("--case_tag") + 1]
+        cases.append((tag, ["--shape", shape, "--dtype", "bf16"] + (["--causal"] if "--causal" in args else [])))
+    return cases
+
+
+def run_case(binary, case_args, env_extra, timeout):
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "out.json"
+        command = [binary, "run", *case_args, "--kernels", ",".join(KINDS), "--ref-sample-rows", "64", "--json", str(out)]
+        env = dict(os.environ, **env_extra)
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+        if done.returncode != 0 or not out.exists():
+            raise RuntimeError(f"{shlex.join(command)}: exit {done.returncode}\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+        call = json.loads(out.read_text())["calls"][0]
+    rows = {}
+    for k in call["kernels"]:
+        prep = k.get("preparation") or {}
+        rows[k["kernel"]] = {
+            "status": k["status"],
+            "kernel_s": k["timing"]["median_s"],
+            "whole_s": (k.get("timing_with_preparation") or {}).get("median_s"),
+            "preparation_s": prep.get("time_s"),
+            "bound_s": prep.get("bound_s"),
+            "ratio_to_bound": prep.get("ratio_to_bound"),
+            "bytes": prep.get("bytes"),
+        }
+    return rows
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--attnreplay", required=True)
+    parser.add_argument("--suite", default=str(ROOT / "bench" / "suite_quant.txt"))
+    parser.add_argument("--variants", default="fused,separate", help="comma-separated: " + ",".join(VARIANTS))
+    parser.add_argument("--cases", default="", help="comma-separated case tags (default: all)")
+    parser.add_argument("--timeout", type=float, default=180)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+
+    variants = args.variants.split(",")
+    wanted = set(filter(None, args.cases.split(",")))
+    results = []
+    failed = False
+    print(f"{'case':28} {'variant':10} {'kind':15} {'prep ms':>9} {'bound ms':>9} {'ratio':>6} {'kernel ms':>10} {'whole ms':>9}")
+    for tag, case_args in suite_cases(args.suite):
+        if wanted and tag not in wanted:
+            continue
+        for variant in variants:
+            try:
+                rows = run_case(args.attnreplay, case_args, VARIANTS[variant], args.timeout)
+            except (RuntimeError, subprocess.TimeoutExpired) as error:
+                print(f"{tag:28} {variant:10} FAILED: {error}", flush=True)
+                failed = True
+                continue
+            for kind in KINDS:
+                r = rows[kind]
+                results.append({"case": tag, "variant": variant, "kind": kind, **r})
+                if r["preparation_s"] is None:
+                    print(f"{tag:28} {variant:10} {kind:15} {r['status']}", flush=True)
+                    continue
+                whole = r["whole_s"]
+                print(f"{tag:28} {variant:10} {kind:15} {r['preparation_s'] * 1e3:9.4f} {r['bound_s'] * 1e3:9.4f} "
+                      f"{r['ratio_to_bound']:6.2f} {r['kernel_s'] * 1e3:10.4f} {whole * 1e3:9.4f}", flush=True)
+    Path(args.out).write_text(json.dumps({"kinds": KINDS, "variants": {v: VARIANTS[v] for v in variants},
+                                          "results": results}, indent=1))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
