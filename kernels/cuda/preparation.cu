@@ -1,10 +1,6 @@
 // The input preparation's persistent kernel (kernels/cuda/preparation.h). Arithmetic is the
 // definition's, operation by operation (docs/quantized.md) and as kernels/quantized_attention.cpp
 // emulates it: the _rn intrinsics keep nvcc from fusing a multiply and an add into one rounding.
-//
-// A CTA is 8 consumer warps and one producer warp. While the consumers work on a step from one
-// shared-memory stage, the producer takes the next step, copies its rows into the other stage and
-// waits for what it depends on, so that neither DRAM's latency nor the step list's is in the path.
 #include <algorithm>
 
 #include "kernels/cuda/attention_launch.h"
@@ -14,23 +10,28 @@
 namespace attnreplay::cuda_attention {
 namespace {
 
-constexpr int kConsumers = 256;
-constexpr int kThreads = kConsumers + 32;
-constexpr int kConsumerBarrier = 1;  // named barrier of the consumer warps (0 is __syncthreads')
-constexpr int kStageRows = 128;      // rows a step at most
-constexpr int kStageBytes = kStageRows * 128 * 2;
-constexpr int kScratchBytes = 8 * 1024 + 2 * 128 * 4;  // a step's own figures (maxima, means, scales)
-constexpr int kSharedBytes = 2 * kStageBytes + kScratchBytes;
+constexpr int kThreads = 256;
+constexpr int kGatherRows = 128;   // rows an abs_max step
+constexpr int kCopyRows = 128;     // rows a copy step
 constexpr int kMeanChannels = 32;  // one warp sums them, one channel a thread
 constexpr int kMeanKeys = 256;     // keys a shared-memory stage of the mean
-static_assert(2 * kMeanKeys * kMeanChannels * 2 <= kStageBytes, "the mean streams through one stage");
-
-__device__ __forceinline__ void consumer_sync() { named_barrier_sync(kConsumerBarrier, kConsumers); }
+// The largest step's shared memory: 128 rows of dim 128 (K's INT8 block, V's FP8 tile) and two
+// rows of floats; the mean's two stages are 32 KB.
+constexpr int kSharedBytes = 128 * 128 * 2 + 2 * 128 * 4;
 
 template <typename Elem>
 __device__ __forceinline__ const Elem* row_pointer(const InputView& in, std::int64_t head, std::int64_t s) {
   const std::int64_t b = head / in.heads, h = head % in.heads;
   return static_cast<const Elem*>(in.data) + b * in.stride_b + h * in.stride_h + s * in.stride_s;
+}
+
+// Eight 16-bit elements (16 bytes, aligned) as floats.
+template <typename Elem>
+__device__ __forceinline__ void load8(const Elem* p, float (&x)[8]) {
+  const uint4 raw = *reinterpret_cast<const uint4*>(p);
+  const Elem* e = reinterpret_cast<const Elem*>(&raw);
+#pragma unroll
+  for (int k = 0; k < 8; ++k) x[k] = to_float(e[k]);
 }
 
 __device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
@@ -39,64 +40,27 @@ __device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
   return value;
 }
 
-// ---- Staged rows ----
-// Row r's 16-byte vector j sits at j ^ (((r >> 4) ^ r) & 7): the threads of a quarter warp, which
-// read 8 rows, 8 of a row's vectors, or (V's transpose) 8 rows 16 apart, hit 8 bank groups.
-template <int kDim>
-__device__ __forceinline__ int staged(int row, int vector) {
-  return row * (kDim / 8) + (vector ^ (((row >> 4) ^ row) & 7));
-}
-
-template <typename Elem, int kDim>
-__device__ __forceinline__ void staged_values(const uint4* stage, int row, int vector, float (&x)[8]) {
-  const uint4 raw = stage[staged<kDim>(row, vector)];
-  const Elem* e = reinterpret_cast<const Elem*>(&raw);
-#pragma unroll
-  for (int k = 0; k < 8; ++k) x[k] = to_float(e[k]);
-}
-
-// Rows a step reads (0: it reads the head itself, as the mean does).
-__device__ __forceinline__ int step_rows(const PreparedInput& t, StepKind kind) {
-  switch (kind) {
-    case StepKind::channel_mean: return 0;
-    case StepKind::int8_block:
-    case StepKind::fp8_rows_block: return t.block_rows;
-    default: return kStageRows;
-  }
-}
-
-// The producer warp: cp.async of the step's rows, zeros past the end.
-template <typename Elem, int kDim>
-__device__ void stage_rows(const PreparedInput& t, const Step& step, uint4* stage, int lane) {
-  const int rows = step_rows(t, step.kind);
-  const std::int64_t first = static_cast<std::int64_t>(step.block) * rows;
-  for (int v = lane; v < rows * (kDim / 8); v += 32) {
-    const int row = v / (kDim / 8), vector = v % (kDim / 8);
-    const bool valid = first + row < t.in.seq;
-    cp_async_16(stage + staged<kDim>(row, vector),
-                row_pointer<Elem>(t.in, step.head, valid ? first + row : 0) + vector * 8, valid);
-  }
-}
-
 // ---- Layout change ----
 
 template <int kDim>
-__device__ void copy_step(const PreparedInput& t, std::int64_t head, std::int64_t block, const uint4* stage) {
-  constexpr int kVectors = kDim / 8;
-  const std::int64_t first = block * kStageRows;
-  const int rows = static_cast<int>(min(static_cast<std::int64_t>(kStageRows), t.in.seq - first));
-  uint4* out = static_cast<uint4*>(t.out) + (head * t.in.seq + first) * kVectors;
-  for (int i = static_cast<int>(threadIdx.x); i < rows * kVectors; i += kConsumers) {
-    out[i] = stage[staged<kDim>(i / kVectors, i % kVectors)];
+__device__ void copy_step(const PreparedInput& t, std::int64_t head, std::int64_t block) {
+  constexpr int kVectors = kDim * 2 / 16;
+  const InputView& in = t.in;
+  const std::int64_t first = block * kCopyRows;
+  const int rows = static_cast<int>(min(static_cast<std::int64_t>(kCopyRows), in.seq - first));
+  uint4* out = static_cast<uint4*>(t.out) + (head * in.seq + first) * kVectors;
+  for (int i = static_cast<int>(threadIdx.x); i < rows * kVectors; i += kThreads) {
+    const int row = i / kVectors, vector = i % kVectors;
+    out[i] = reinterpret_cast<const uint4*>(row_pointer<std::uint16_t>(in, head, first + row))[vector];
   }
 }
 
 // ---- K smoothing: 32 channels' means, summed in key order ----
 
 template <typename Elem>
-__device__ void channel_mean_step(const PreparedInput& t, std::int64_t head, int group, uint4* shared) {
-  // The order of the sum is the definition's, so one thread adds up one channel; the consumers
-  // stream the keys through the stage (double-buffered) so that the adds never wait for DRAM.
+__device__ void channel_mean_step(const PreparedInput& t, std::int64_t head, int group, unsigned char* shared) {
+  // The order of the sum is the definition's, so one thread adds up one channel; the CTA streams
+  // the keys through shared memory (double-buffered) so that its adds never wait for DRAM.
   auto stage = reinterpret_cast<Elem(*)[kMeanKeys][kMeanChannels]>(shared);
   const InputView& in = t.in;
   const int c0 = group * kMeanChannels;
@@ -104,7 +68,7 @@ __device__ void channel_mean_step(const PreparedInput& t, std::int64_t head, int
   const std::int64_t stages = (in.seq + kMeanKeys - 1) / kMeanKeys;
   auto load = [&](std::int64_t st) {
     constexpr int kVectorsPerKey = kMeanChannels * 2 / 16;
-    for (int v = static_cast<int>(threadIdx.x); v < kMeanKeys * kVectorsPerKey; v += kConsumers) {
+    for (int v = static_cast<int>(threadIdx.x); v < kMeanKeys * kVectorsPerKey; v += kThreads) {
       const int row = v / kVectorsPerKey, column = (v % kVectorsPerKey) * 8;
       const std::int64_t key = st * kMeanKeys + row;
       const bool valid = key < in.seq;
@@ -122,12 +86,12 @@ __device__ void channel_mean_step(const PreparedInput& t, std::int64_t head, int
     } else {
       cp_async_wait<0>();
     }
-    consumer_sync();
+    __syncthreads();
     if (threadIdx.x < kMeanChannels) {
       const int keys = static_cast<int>(min(static_cast<std::int64_t>(kMeanKeys), in.seq - st * kMeanKeys));
       for (int j = 0; j < keys; ++j) sum = __fadd_rn(sum, to_float(stage[st % 2][j][threadIdx.x]));
     }
-    consumer_sync();
+    __syncthreads();
   }
   if (threadIdx.x < kMeanChannels) {
     t.mean[head * in.head_dim + c0 + threadIdx.x] = __fdiv_rn(sum, static_cast<float>(in.seq));
@@ -136,34 +100,50 @@ __device__ void channel_mean_step(const PreparedInput& t, std::int64_t head, int
 
 // ---- INT8 codes with a scale per group ----
 
-// One block of rows (64 of Q, 128 of K) of one head: every group lies inside it. x is computed
-// twice from the staged rows, once for the maxima and once for the codes, by the same operations:
-// registers would hold 64 floats a thread.
+// One block of rows (64 of Q, 128 of K) of one head: every group lies inside it. The rows are
+// staged in shared memory as loaded (16-bit), and x is computed twice from them, once for the
+// maxima and once for the codes, by the same operations: registers would hold 64 floats a thread.
 template <typename Elem, int kDim, int kRows>
-__device__ void int8_step(const PreparedInput& t, std::int64_t head, std::int64_t block, const uint4* stage,
-                          float* scratch) {
-  constexpr int kThreadsPerRow = kConsumers / kRows;
+__device__ void int8_step(const PreparedInput& t, std::int64_t head, std::int64_t block, unsigned char* shared) {
+  constexpr int kThreadsPerRow = kThreads / kRows;
   constexpr int kPerThread = kDim / kThreadsPerRow;
-  constexpr int kVectorsPerThread = kPerThread / 8;
+  constexpr int kVectorsPerRow = kDim / 8, kVectorsPerThread = kPerThread / 8;
   static_assert(kPerThread % 16 == 0, "whole 16-byte vectors of codes");
-  float* row_amax = scratch;
-  float* mean = scratch + kRows;
+  static_assert(kRows * kDim * 2 + (kRows + kDim) * 4 <= kSharedBytes, "the block fits");
+  uint4* tile = reinterpret_cast<uint4*>(shared);
+  float* row_amax = reinterpret_cast<float*>(shared + kRows * kDim * sizeof(Elem));
+  float* mean = row_amax + kRows;
+  // A row's vectors are permuted by (row, thread) so that the 8 threads of a quarter warp, which
+  // read 8 different rows' or parts' vectors at once, hit 8 different bank groups.
+  auto slot = [](int row, int vector) {
+    return row * kVectorsPerRow + (vector ^ ((row * kThreadsPerRow + vector / kVectorsPerThread) & 7));
+  };
   const InputView& in = t.in;
-  if (t.mean) {
-    for (int c = static_cast<int>(threadIdx.x); c < kDim; c += kConsumers) mean[c] = __ldcg(t.mean + head * kDim + c);
-    consumer_sync();
+  const std::int64_t first = block * kRows;
+  for (int v = static_cast<int>(threadIdx.x); v < kRows * kVectorsPerRow; v += kThreads) {
+    const int row = v / kVectorsPerRow, vector = v % kVectorsPerRow;
+    const bool valid = first + row < in.seq;
+    cp_async_16(&tile[slot(row, vector)], row_pointer<Elem>(in, head, valid ? first + row : 0) + vector * 8, valid);
   }
+  cp_async_commit();
+  if (t.mean) {
+    for (int c = static_cast<int>(threadIdx.x); c < kDim; c += kThreads) mean[c] = __ldcg(t.mean + head * kDim + c);
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+
   const int r = static_cast<int>(threadIdx.x) / kThreadsPerRow;
   const int part = static_cast<int>(threadIdx.x) % kThreadsPerRow;
-  const std::int64_t i = block * kRows + r;
+  const std::int64_t i = first + r;
   const int c0 = part * kPerThread;
   const bool inside = i < in.seq;
   // Rows past the end belong to no group: zero, they leave every amax as it is.
   auto vector_values = [&](int v, float (&x)[8]) {
-    staged_values<Elem, kDim>(stage, r, part * kVectorsPerThread + v, x);
+    const uint4 raw = tile[slot(r, part * kVectorsPerThread + v)];
+    const Elem* e = reinterpret_cast<const Elem*>(&raw);
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
-      float value = __fmul_rn(x[k], t.pre_scale);  // pre_scale is 1 for K: exact
+      float value = __fmul_rn(to_float(e[k]), t.pre_scale);  // pre_scale is 1 for K: exact
       if (t.mean) value = __fsub_rn(value, mean[c0 + v * 8 + k]);
       x[k] = inside ? value : 0.0f;
     }
@@ -179,7 +159,7 @@ __device__ void int8_step(const PreparedInput& t, std::int64_t head, std::int64_
 #pragma unroll
   for (int offset = 1; offset < kThreadsPerRow; offset *= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
   if (part == 0) row_amax[r] = amax;
-  consumer_sync();
+  __syncthreads();
 
   // This row's group: its first row, stride and size, and the group's index in the block.
   int first_row = 0, stride = 1, count = kRows, index = 0;
@@ -214,7 +194,9 @@ __device__ void int8_step(const PreparedInput& t, std::int64_t head, std::int64_
     }
     reinterpret_cast<uint4*>(dst)[v] = *reinterpret_cast<const uint4*>(codes);
   }
-  if (part == 0 && leader) t.scales[head * t.groups + block * t.groups_per_block + index] = scale;
+  if (part == 0 && leader) {
+    t.scales[head * t.groups + block * t.groups_per_block + index] = scale;
+  }
 }
 
 // ---- max |x| of 128 rows ----
@@ -224,25 +206,24 @@ __device__ __forceinline__ std::int64_t amax_index(const PreparedInput& t, std::
 }
 
 template <typename Elem, int kDim>
-__device__ void abs_max_step(const PreparedInput& t, std::int64_t head, std::int64_t block, const uint4* stage,
-                             float* scratch) {
+__device__ void abs_max_step(const PreparedInput& t, std::int64_t head, std::int64_t block, unsigned char* shared) {
   constexpr int kVectors = kDim / 8;
-  constexpr int kRowsAPass = kConsumers / kVectors;
-  static_assert(kRowsAPass * kDim * 4 <= kScratchBytes, "the partial maxima fit");
-  auto partial = reinterpret_cast<float(*)[kDim]>(scratch);
+  constexpr int kRowsAPass = kThreads / kVectors;
+  auto partial = reinterpret_cast<float(*)[kDim]>(shared);
+  const InputView& in = t.in;
   const int vector = static_cast<int>(threadIdx.x) % kVectors, row = static_cast<int>(threadIdx.x) / kVectors;
-  // Staged rows past the end are zeros: they leave the maxima as they are.
+  const std::int64_t first = block * kGatherRows;
+  const std::int64_t end = min(in.seq, first + kGatherRows);
   float m[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-#pragma unroll 4
-  for (int s = row; s < kStageRows; s += kRowsAPass) {
+  for (std::int64_t s = first + row; s < end; s += kRowsAPass) {
     float x[8];
-    staged_values<Elem, kDim>(stage, s, vector, x);
+    load8(row_pointer<Elem>(in, head, s) + vector * 8, x);
 #pragma unroll
     for (int k = 0; k < 8; ++k) m[k] = fmaxf(m[k], fabsf(x[k]));
   }
 #pragma unroll
   for (int k = 0; k < 8; ++k) partial[row][vector * 8 + k] = m[k];
-  consumer_sync();
+  __syncthreads();
   // max is exact in any order: atomics across CTAs change nothing.
   if (t.per_channel) {
     if (threadIdx.x < kDim) {
@@ -271,20 +252,22 @@ __device__ __forceinline__ float fp8_scale(const PreparedInput& t, std::int64_t 
 }
 
 template <typename Elem, int kDim>
-__device__ void fp8_rows_step(const PreparedInput& t, std::int64_t head, std::int64_t block, const uint4* stage) {
+__device__ void fp8_rows_step(const PreparedInput& t, std::int64_t head, std::int64_t block) {
   constexpr int kVectors = kDim / 16;  // 16 codes a vector
+  const InputView& in = t.in;
   const float scale = fp8_scale(t, amax_index(t, head));
   if (block == 0 && threadIdx.x == 0) t.scales[head] = scale;
   const std::int64_t first = block * t.block_rows;
   uint4* out = reinterpret_cast<uint4*>(static_cast<std::uint8_t*>(t.out) + (head * t.rows + first) * kDim);
-  for (int i = static_cast<int>(threadIdx.x); i < t.block_rows * kVectors; i += kConsumers) {
+  for (int i = static_cast<int>(threadIdx.x); i < t.block_rows * kVectors; i += kThreads) {
     const int row = i / kVectors, vector = i % kVectors;
     alignas(16) std::uint8_t codes[16] = {};
-    if (first + row < t.in.seq) {
+    if (first + row < in.seq) {
+      const Elem* src = row_pointer<Elem>(in, head, first + row) + vector * 16;
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         float x[8];
-        staged_values<Elem, kDim>(stage, row, vector * 2 + half, x);
+        load8(src + half * 8, x);
 #pragma unroll
         for (int k = 0; k < 8; ++k) codes[half * 8 + k] = fp8_code(x[k], scale);
       }
@@ -300,19 +283,30 @@ __device__ __forceinline__ int permuted_key(int p) {
 }
 
 template <typename Elem, int kDim>
-__device__ void fp8_values_step(const PreparedInput& t, std::int64_t head, std::int64_t block, const uint4* stage,
-                                float* scratch) {
-  float* channel_scale = scratch;
+__device__ void fp8_values_step(const PreparedInput& t, std::int64_t head, std::int64_t block, unsigned char* shared) {
+  // The tile's columns are swizzled by the key's 16-key group: the write loop's warp reads 8
+  // groups' keys at once, which would otherwise all fall in one bank.
+  auto tile = reinterpret_cast<Elem(*)[kDim]>(shared);
+  float* channel_scale = reinterpret_cast<float*>(shared + kBlockK * kDim * sizeof(Elem));
+  auto swizzled = [](int key, int c) { return c ^ (((key >> 4) & 7) << 3); };
+  const InputView& in = t.in;
   const std::int64_t key0 = block * kBlockK;
-  for (int c = static_cast<int>(threadIdx.x); c < kDim; c += kConsumers) {
+  for (int c = static_cast<int>(threadIdx.x); c < kDim; c += kThreads) {
     const float scale = fp8_scale(t, t.per_channel ? head * kDim + c : amax_index(t, head));
     channel_scale[c] = scale;
     if (block == 0 && (t.per_channel || c == 0)) t.scales[t.per_channel ? head * kDim + c : head] = scale;
   }
-  consumer_sync();
+  constexpr int kVectors = kDim / 8;
+  for (int v = static_cast<int>(threadIdx.x); v < kBlockK * kVectors; v += kThreads) {
+    const int row = v / kVectors, column = (v % kVectors) * 8;
+    uint4 value = make_uint4(0, 0, 0, 0);
+    if (key0 + row < in.seq) value = *reinterpret_cast<const uint4*>(row_pointer<Elem>(in, head, key0 + row) + column);
+    *reinterpret_cast<uint4*>(&tile[row][swizzled(row, column)]) = value;
+  }
+  __syncthreads();
   // Out: a channel's 128 keys are 8 vectors of 16 codes.
   std::uint8_t* out = static_cast<std::uint8_t*>(t.out);
-  for (int item = static_cast<int>(threadIdx.x); item < kDim * 8; item += kConsumers) {
+  for (int item = static_cast<int>(threadIdx.x); item < kDim * 8; item += kThreads) {
     const int c = item / 8, group = item % 8;
     const float scale = channel_scale[c];
     alignas(16) std::uint8_t codes[16];
@@ -320,8 +314,7 @@ __device__ void fp8_values_step(const PreparedInput& t, std::int64_t head, std::
     for (int k = 0; k < 16; ++k) {
       const int p = group * 16 + k;
       const int key = (p & ~31) + permuted_key(p & 31);
-      const Elem value = reinterpret_cast<const Elem*>(stage + staged<kDim>(key, c / 8))[c % 8];
-      codes[k] = key0 + key < t.in.seq ? fp8_code(to_float(value), scale) : std::uint8_t{0};
+      codes[k] = key0 + key < in.seq ? fp8_code(to_float(tile[key][swizzled(key, c)]), scale) : std::uint8_t{0};
     }
     *reinterpret_cast<uint4*>(out + (head * kDim + c) * t.rows + key0 + group * 16) = *reinterpret_cast<const uint4*>(codes);
   }
@@ -330,68 +323,45 @@ __device__ void fp8_values_step(const PreparedInput& t, std::int64_t head, std::
 // ---- The kernel ----
 
 template <typename Elem, int kDim>
-__device__ void run_step(const PreparedInput& t, const Step& step, uint4* stage, float* scratch) {
-  const std::int64_t head = step.head, block = step.block;
-  switch (step.kind) {
-    case StepKind::copy: copy_step<kDim>(t, head, block, stage); break;
-    case StepKind::channel_mean: channel_mean_step<Elem>(t, head, static_cast<int>(block), stage); break;
-    case StepKind::int8_block:
-      if (t.is_key) int8_step<Elem, kDim, kBlockK>(t, head, block, stage, scratch);
-      else int8_step<Elem, kDim, kBlockQ>(t, head, block, stage, scratch);
-      break;
-    case StepKind::abs_max_block: abs_max_step<Elem, kDim>(t, head, block, stage, scratch); break;
-    case StepKind::fp8_rows_block: fp8_rows_step<Elem, kDim>(t, head, block, stage); break;
-    case StepKind::fp8_values_block: fp8_values_step<Elem, kDim>(t, head, block, stage, scratch); break;
-  }
-}
-
-template <typename Elem, int kDim>
-__global__ void __launch_bounds__(kThreads, 2) preparation_kernel(const PreparationArgs args) {
-  extern __shared__ uint4 shared[];
-  uint4* stages[2] = {shared, shared + kStageBytes / 16};
-  float* scratch = reinterpret_cast<float*>(shared + 2 * kStageBytes / 16);
-  __shared__ Step steps[2];
-  __shared__ bool more[2];
-  const bool producer = threadIdx.x >= kConsumers;
-  const int lane = static_cast<int>(threadIdx.x) % 32;
-
-  // The producer: takes the next step, stages its rows in `stage`, waits for what it needs.
-  auto take = [&](int slot) {
-    if (lane == 0) {
-      const std::uint32_t index = atomicAdd(args.counters, 1u);
-      more[slot] = index < args.step_count;
-      if (more[slot]) steps[slot] = args.steps[index];
-    }
-    __syncwarp();
-    if (!more[slot]) return;
-    const Step step = steps[slot];
-    const PreparedInput& t = args.inputs[step.tensor];
-    stage_rows<Elem, kDim>(t, step, stages[slot], lane);
-    cp_async_commit();
-    if (lane == 0 && step.wait != 0) {
-      while (load_acquire(args.counters + step.wait) < step.wait_count) __nanosleep(128);
-      __threadfence();
-    }
-    cp_async_wait<0>();
-  };
-
-  if (producer) take(0);
+__global__ void __launch_bounds__(kThreads, 3) preparation_kernel(const PreparationArgs args) {
+  static_assert(kBlockK * kDim * 2 + kDim * 4 <= kSharedBytes && 2 * kMeanKeys * kMeanChannels * 2 <= kSharedBytes,
+                "every step's shared memory fits");
+  __shared__ __align__(16) unsigned char shared[kSharedBytes];
+  __shared__ std::uint32_t next;
+  if (threadIdx.x == 0) next = atomicAdd(args.counters, 1u);
   __syncthreads();
-  for (int n = 0;; ++n) {
-    const int slot = n & 1;
-    if (!more[slot]) return;
-    if (producer) {
-      take(slot ^ 1);
-    } else {
-      const Step step = steps[slot];
-      run_step<Elem, kDim>(args.inputs[step.tensor], step, stages[slot], scratch);
-      if (step.signal != 0) {
-        __threadfence();  // this thread's writes, before the count that publishes them
-        consumer_sync();
-        if (threadIdx.x == 0) atomicAdd(args.counters + step.signal, 1u);
+  for (;;) {
+    const std::uint32_t index = next;
+    if (index >= args.step_count) return;
+    const Step step = args.steps[index];
+    __syncthreads();  // every thread has read `next`
+    if (threadIdx.x == 0) {
+      next = atomicAdd(args.counters, 1u);  // read after this step's last barrier
+      if (step.wait != 0) {
+        while (load_acquire(args.counters + step.wait) < step.wait_count) __nanosleep(256);
+        __threadfence();
       }
     }
-    __syncthreads();  // the stage consumed is free, the next one is filled
+    __syncthreads();
+    const PreparedInput& t = args.inputs[step.tensor];
+    const std::int64_t head = step.head, block = step.block;
+    switch (step.kind) {
+      case StepKind::copy: copy_step<kDim>(t, head, block); break;
+      case StepKind::channel_mean: channel_mean_step<Elem>(t, head, static_cast<int>(block), shared); break;
+      case StepKind::int8_block:
+        if (t.is_key) int8_step<Elem, kDim, kBlockK>(t, head, block, shared);
+        else int8_step<Elem, kDim, kBlockQ>(t, head, block, shared);
+        break;
+      case StepKind::abs_max_block: abs_max_step<Elem, kDim>(t, head, block, shared); break;
+      case StepKind::fp8_rows_block: fp8_rows_step<Elem, kDim>(t, head, block); break;
+      case StepKind::fp8_values_block: fp8_values_step<Elem, kDim>(t, head, block, shared); break;
+    }
+    if (step.signal != 0) {
+      __threadfence();  // this thread's writes, before the count that publishes them
+      __syncthreads();
+      if (threadIdx.x == 0) atomicAdd(args.counters + step.signal, 1u);
+    }
+    __syncthreads();  // shared memory free for the next step, `next` written
   }
 }
 
@@ -434,18 +404,15 @@ int preparation_grid(Element element, int head_dim, int ctas_per_sm) {
   int device = 0, multiprocessors = 0, resident = 0;
   ATTNREPLAY_CUDA_CHECK(cudaGetDevice(&device));
   ATTNREPLAY_CUDA_CHECK(cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, device));
-  ATTNREPLAY_FOR_ELEMENT_AND_DIM(element, head_dim, {
-    ATTNREPLAY_CUDA_CHECK(cudaFuncSetAttribute(preparation_kernel<Elem, kDim>,
-                                               cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes));
-    ATTNREPLAY_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, preparation_kernel<Elem, kDim>,
-                                                                        kThreads, kSharedBytes));
-  });
+  ATTNREPLAY_FOR_ELEMENT_AND_DIM(element, head_dim,
+                                 ATTNREPLAY_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                                     &resident, preparation_kernel<Elem, kDim>, kThreads, 0)));
   return multiprocessors * std::max(1, std::min(resident, ctas_per_sm));
 }
 
 void run_preparation(const PreparationArgs& args, Element element, int head_dim, int grid, cudaStream_t stream) {
   ATTNREPLAY_FOR_ELEMENT_AND_DIM(element, head_dim,
-                                 (preparation_kernel<Elem, kDim><<<grid, kThreads, kSharedBytes, stream>>>(args)));
+                                 (preparation_kernel<Elem, kDim><<<grid, kThreads, 0, stream>>>(args)));
   ATTNREPLAY_CUDA_CHECK_LAUNCH("preparation_kernel");
 }
 
