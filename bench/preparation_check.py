@@ -41,6 +41,10 @@ def suite_cases(path):
     return cases
 
 
+def median_stderr(timing):
+    return 1.2533 * timing["spread_rel"] * timing["median_s"] / max(1, timing["samples"]) ** 0.5
+
+
 def run_case(binary, case_args, env_extra, timeout):
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out.json"
@@ -53,7 +57,13 @@ def run_case(binary, case_args, env_extra, timeout):
     rows = {}
     for k in call["kernels"]:
         prep = k.get("preparation") or {}
+        alone, whole = k["timing"], k.get("timing_with_preparation") or {}
         rows[k["kernel"]] = {
+            # The preparation is a difference of two medians: its standard error, from each
+            # median's (1.2533 sigma / sqrt(n), sigma from the robust spread), and their clocks.
+            "preparation_stderr_s": (median_stderr(alone) ** 2 + median_stderr(whole) ** 2) ** 0.5 if whole else None,
+            "kernel_mhz": alone.get("sm_clock_median_mhz"),
+            "whole_mhz": whole.get("sm_clock_median_mhz"),
             "status": k["status"],
             "kernel_s": k["timing"]["median_s"],
             "whole_s": (k.get("timing_with_preparation") or {}).get("median_s"),
@@ -79,7 +89,7 @@ def main():
     wanted = set(filter(None, args.cases.split(",")))
     results = []
     failed = False
-    print(f"{'case':28} {'variant':10} {'kind':15} {'prep ms':>9} {'bound ms':>9} {'ratio':>6} {'kernel ms':>10} {'whole ms':>9}")
+    print(f"{'case':28} {'variant':10} {'kind':15} {'prep ms':>9} {'bound ms':>9} {'ratio':>6} {'kernel ms':>10} {'whole ms':>9} {'±2se ms':>8} {'MHz':>9}")
     for tag, case_args in suite_cases(args.suite):
         if wanted and tag not in wanted:
             continue
@@ -98,7 +108,8 @@ def main():
                     continue
                 whole = r["whole_s"]
                 print(f"{tag:28} {variant:10} {kind:15} {r['preparation_s'] * 1e3:9.4f} {r['bound_s'] * 1e3:9.4f} "
-                      f"{r['ratio_to_bound']:6.2f} {r['kernel_s'] * 1e3:10.4f} {whole * 1e3:9.4f}", flush=True)
+                      f"{r['ratio_to_bound']:6.2f} {r['kernel_s'] * 1e3:10.4f} {whole * 1e3:9.4f} "
+                      f"{2 * r['preparation_stderr_s'] * 1e3:8.4f} {r['kernel_mhz']:4.0f}/{r['whole_mhz']:4.0f}", flush=True)
     Path(args.out).write_text(json.dumps({"kinds": KINDS, "variants": {v: VARIANTS[v] for v in variants},
                                           "results": results}, indent=1))
     return 1 if failed else 0
