@@ -14,7 +14,7 @@ status=0
 step() { echo; echo "== $* ($(date -u +%H:%M:%S))"; }
 # GPU_STEPS picks a subset, e.g. GPU_STEPS="tests dobench" (the build always runs); "peer",
 # "plugins", "groups", "pipeline", "shard", "reference", "batches", "short" and "prep" run only when
-# asked for.
+# asked for (PREP_TESTS=0 leaves out prep's GPU tests, PREP_VARIANTS and PREP_CASES pick its runs).
 STEPS="${GPU_STEPS:-tests dobench suite quant capture}"
 wants() { [[ " $STEPS " == *" $1 "* ]]; }
 
@@ -61,8 +61,10 @@ fi
 
 if wants prep; then
 step "the quantized kernels' input preparation, variant by variant"
-python3 -m pytest -q -p no:cacheprovider --timeout 300 "$ROOT/tests/gpu/test_quantized_gpu.py" > "$OUT/pytest-quant.txt" 2>&1 || status=1
-grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest-quant.txt" | tail -20
+if [ "${PREP_TESTS:-1}" = 1 ]; then
+  python3 -m pytest -q -p no:cacheprovider --timeout 300 "$ROOT/tests/gpu/test_quantized_gpu.py" > "$OUT/pytest-quant.txt" 2>&1 || status=1
+  grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest-quant.txt" | tail -20
+fi
 python3 "$ROOT/bench/preparation_check.py" --attnreplay "$BIN" --out "$OUT/preparation.json" \
   --variants "${PREP_VARIANTS:-fused,separate}" --cases "${PREP_CASES:-}" | tee "$OUT/preparation.txt" || status=1
 fi
