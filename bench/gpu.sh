@@ -66,7 +66,7 @@ if [ "${PREP_TESTS:-1}" = 1 ]; then
   grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest-quant.txt" | tail -20
 fi
 python3 "$ROOT/bench/preparation_check.py" --attnreplay "$BIN" --out "$OUT/preparation.json" \
-  --variants "${PREP_VARIANTS:-fused,separate}" --cases "${PREP_CASES:-}" | tee "$OUT/preparation.txt" || status=1
+  --variants "${PREP_VARIANTS:-default}" --cases "${PREP_CASES:-}" | tee "$OUT/preparation.txt" || status=1
 fi
 
 if wants batches; then

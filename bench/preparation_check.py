@@ -2,9 +2,11 @@
 """The quantized kernels' input preparation against its memory-bandwidth bound, variant by variant.
 
 Runs `attnreplay run` on the shapes of bench/suite_quant.txt for sage1-int8, sage2-int8-fp8 and
-fa3-fp8 once per variant (environment settings of the preparation kernel, docs/quantized.md) and
-tabulates each kind's preparation time, its bound and their ratio, the attention alone, and the
-whole call, side by side in one run. Used by bench/gpu.sh's `prep` step.
+fa3-fp8, once per variant, and tabulates each kind's preparation time, its bound and their ratio,
+the attention alone and the whole call, with the preparation's standard error and the clocks of
+both timings. A variant is a set of environment variables: to compare a change with what it
+replaces side by side, put both behind a variable for the measurement
+(bench/results/2026-11-25-h100-preparation-fusion/ did). Used by bench/gpu.sh's `prep` step.
 """
 import argparse
 import json
@@ -17,14 +19,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 KINDS = ["sage1-int8", "sage2-int8-fp8", "fa3-fp8"]
-# name -> environment; "separate" is the launch-per-operation path the one kernel replaced.
+# name -> environment. Add the variables a change under measurement reads.
 VARIANTS = {
-    "fused": {},
-    "separate": {"ATTNREPLAY_PREPARATION": "separate"},
-    "no-reuse": {"ATTNREPLAY_PREPARATION_REUSE": "1000"},
-    "reuse-0.5": {"ATTNREPLAY_PREPARATION_REUSE": "0.5"},
-    "reuse-3": {"ATTNREPLAY_PREPARATION_REUSE": "3"},
-    "2-ctas": {"ATTNREPLAY_PREPARATION_CTAS_PER_SM": "2"},
+    "default": {},
 }
 
 
@@ -79,7 +76,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--attnreplay", required=True)
     parser.add_argument("--suite", default=str(ROOT / "bench" / "suite_quant.txt"))
-    parser.add_argument("--variants", default="fused,separate", help="comma-separated: " + ",".join(VARIANTS))
+    parser.add_argument("--variants", default="default", help="comma-separated: " + ",".join(VARIANTS))
     parser.add_argument("--cases", default="", help="comma-separated case tags (default: all)")
     parser.add_argument("--timeout", type=float, default=180)
     parser.add_argument("--out", required=True)

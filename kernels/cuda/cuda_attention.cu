@@ -2,14 +2,11 @@
 // kind, the launch, and the checks of whether this device and build can run a kind at all.
 #include <cuda_runtime.h>
 
-#include <cstdlib>
 #include <limits>
-#include <vector>
 
 #include "kernels/cuda/attention_launch.h"
 #include "kernels/cuda/cuda_attention.h"
 #include "kernels/cuda/device_utils.cuh"
-#include "kernels/cuda/preparation.h"
 #include "kernels/cuda/quantize.h"
 
 #ifndef ATTNREPLAY_CUDA_ARCHITECTURES
@@ -111,10 +108,6 @@ struct Attention::State {
   DeviceBuffer q_amax, k_amax, v_amax;
   DeviceBuffer out;
   AttentionArgs args;
-  // The preparation: its steps, and its counters and maxima (zeroed before each run).
-  DeviceBuffer steps, scratch;
-  PreparationArgs preparation;
-  int preparation_grid_size = 0;
 
   InputView view(const DeviceBuffer& buffer, std::int64_t heads, std::int64_t seq) const {
     InputView v;
@@ -226,137 +219,8 @@ Attention::Attention(Kind kind, const Problem& p, const Options& options, const 
       a.q_scale = s.q_scale.as<float>(), a.k_scale = s.k_scale.as<float>(), a.v_scale = s.v_scale.as<float>();
       break;
   }
-  plan_preparation_steps();
   prepare_inputs();
   synchronize();
-}
-
-namespace {
-
-// Tuning knobs for bench/ sweeps; the defaults are what the sweep chose.
-double environment_number(const char* name, double fallback) {
-  const char* value = std::getenv(name);
-  if (value == nullptr || *value == 0) return fallback;
-  char* end = nullptr;
-  const double number = std::strtod(value, &end);
-  if (*end != 0 || !(number > 0)) throw std::invalid_argument(std::string(name) + "=" + value + ": not a positive number");
-  return number;
-}
-
-}  // namespace
-
-void Attention::plan_preparation_steps() {
-  State& s = *state_;
-  if (!has_preparation()) return;
-  const Problem& p = s.p;
-  const AttentionArgs& a = s.args;
-  const std::int64_t d = p.head_dim;
-  PreparationArgs& args = s.preparation;
-  std::vector<TensorWork> work;
-  work.reserve(3);  // add() hands out references into it
-  // Where each input's maxima go in the scratch buffer, after the counters.
-  std::vector<std::int64_t> amax_offsets;
-  std::int64_t amax_words = 0;
-  auto add = [&](int index, const InputView& in, StepKind main, std::int64_t main_steps) -> TensorWork& {
-    args.inputs[index].in = in;
-    TensorWork t;
-    t.tensor = static_cast<std::uint8_t>(index);
-    t.heads = static_cast<std::int64_t>(in.batch) * in.heads;
-    t.head_bytes = in.seq * in.head_dim * 2;
-    t.main = main;
-    t.main_steps = main_steps;
-    work.push_back(t);
-    amax_offsets.push_back(-1);
-    return work.back();
-  };
-  auto gather_max = [&](TensorWork& t, std::int64_t seq, bool per_channel, bool per_tensor, float target) {
-    PreparedInput& in = args.inputs[t.tensor];
-    t.gather = StepKind::abs_max_block;
-    t.gather_steps = ceil_div(seq, 128);
-    t.gather_whole_tensor = per_tensor;
-    in.per_channel = per_channel, in.per_tensor = per_tensor, in.fp8_target = target;
-    amax_offsets.back() = amax_words;
-    amax_words += per_tensor ? 1 : t.heads * (per_channel ? d : 1);
-  };
-  auto copy = [&](int index, const InputView& in, DeviceBuffer& out) {
-    add(index, in, StepKind::copy, ceil_div(in.seq, 128));
-    args.inputs[index].out = out.as();
-    args.inputs[index].rows = in.seq;
-  };
-  auto int8 = [&](int index, const InputView& in, DeviceBuffer& codes, DeviceBuffer& scales, bool is_key,
-                  std::int64_t rows, std::int64_t groups) {
-    const int block = is_key ? kBlockK : kBlockQ;
-    TensorWork& t = add(index, in, StepKind::int8_block, rows / block);
-    PreparedInput& prepared = args.inputs[index];
-    prepared.out = codes.as(), prepared.rows = rows, prepared.block_rows = block;
-    prepared.scales = scales.as<float>(), prepared.groups = groups;
-    prepared.groups_per_block = int8_groups_per_block(is_key, s.options.granularity);
-    prepared.is_key = is_key, prepared.granularity = s.options.granularity;
-    prepared.pre_scale = is_key ? 1.0f : a.score_scale;
-    if (is_key && s.options.k_smooth) {
-      prepared.mean = s.k_mean.as<float>();
-      t.gather = StepKind::channel_mean, t.gather_steps = d / 32, t.gather_serial = true;
-    }
-  };
-  switch (s.kind) {
-    case Kind::flash:
-      copy(0, s.q_view(), s.q_work);
-      copy(1, s.k_view(), s.k_work);
-      copy(2, s.v_view(), s.v_work);
-      break;
-    case Kind::sage1_int8:
-    case Kind::sage2_int8_fp8:
-      int8(0, s.q_view(), s.q_work, s.q_scale, false, a.q_rows, a.q_groups);
-      int8(1, s.k_view(), s.k_work, s.k_scale, true, a.k_rows, a.k_groups);
-      if (s.kind == Kind::sage1_int8) {
-        if (p.bshd) copy(2, s.v_view(), s.v_work);
-      } else {
-        TensorWork& v = add(2, s.v_view(), StepKind::fp8_values_block, a.v_length / kBlockK);
-        // Under fp32+fp16, V's amax maps to 2.25 rather than 448: a 32-key chunk of P·V then stays
-        // inside fp16's range (docs/quantized.md).
-        const float target = s.options.pv_accumulation == PvAccumulation::fp32_fp16 ? 2.25f : 448.0f;
-        gather_max(v, p.seq_kv, true, false, target);
-        args.inputs[2].out = s.v_work.as(), args.inputs[2].rows = a.v_length, args.inputs[2].scales = s.v_scale.as<float>();
-      }
-      break;
-    case Kind::fa3_fp8: {
-      const bool per_tensor = s.options.fp8_scale == Fp8ScaleGranularity::per_tensor;
-      const InputView views[2] = {s.q_view(), s.k_view()};
-      DeviceBuffer* outs[2] = {&s.q_work, &s.k_work};
-      DeviceBuffer* scales[2] = {&s.q_scale, &s.k_scale};
-      for (int i = 0; i < 2; ++i) {
-        const int block = i == 0 ? kBlockQ : kBlockK;
-        const std::int64_t rows = i == 0 ? a.q_rows : a.k_rows;
-        TensorWork& t = add(i, views[i], StepKind::fp8_rows_block, rows / block);
-        gather_max(t, views[i].seq, false, per_tensor, 448.0f);
-        PreparedInput& prepared = args.inputs[i];
-        prepared.out = outs[i]->as(), prepared.rows = rows, prepared.block_rows = block;
-        prepared.scales = scales[i]->as<float>();
-      }
-      TensorWork& v = add(2, s.v_view(), StepKind::fp8_values_block, a.v_length / kBlockK);
-      gather_max(v, p.seq_kv, false, per_tensor, 448.0f);
-      args.inputs[2].out = s.v_work.as(), args.inputs[2].rows = a.v_length, args.inputs[2].scales = s.v_scale.as<float>();
-      break;
-    }
-  }
-
-  const int ctas_per_sm = static_cast<int>(environment_number("ATTNREPLAY_PREPARATION_CTAS_PER_SM", 3));
-  s.preparation_grid_size = preparation_grid(p.element, static_cast<int>(d), ctas_per_sm);
-  // The bytes the steps in flight read, times a margin: a head's gathers are done by the time
-  // its main steps are taken, and its rows are still in L2.
-  const double in_flight = static_cast<double>(s.preparation_grid_size) * 128.0 * static_cast<double>(d) * 2.0;
-  const double reuse = environment_number("ATTNREPLAY_PREPARATION_REUSE", 1.5) * in_flight;
-  const PreparationPlan plan = plan_preparation(work, static_cast<std::int64_t>(reuse));
-
-  s.steps.allocate(plan.steps.size() * sizeof(Step), "preparation steps");
-  ATTNREPLAY_CUDA_CHECK(cudaMemcpy(s.steps.as(), plan.steps.data(), s.steps.bytes(), cudaMemcpyHostToDevice));
-  s.scratch.allocate((plan.counters + static_cast<std::size_t>(amax_words)) * sizeof(unsigned), "preparation counters");
-  args.steps = s.steps.as<Step>();
-  args.step_count = static_cast<std::uint32_t>(plan.steps.size());
-  args.counters = s.scratch.as<unsigned>();
-  for (std::size_t i = 0; i < work.size(); ++i) {
-    if (amax_offsets[i] >= 0) args.inputs[work[i].tensor].amax = args.counters + plan.counters + amax_offsets[i];
-  }
 }
 
 Attention::~Attention() = default;
@@ -379,16 +243,6 @@ std::size_t Attention::preparation_bytes() const {
 
 void Attention::prepare_inputs(cudaStream_t stream) {
   State& s = *state_;
-  if (!has_preparation()) return;
-  static const bool separate = [] {
-    const char* value = std::getenv("ATTNREPLAY_PREPARATION");
-    return value != nullptr && std::string(value) == "separate";
-  }();
-  if (!separate) {
-    ATTNREPLAY_CUDA_CHECK(cudaMemsetAsync(s.scratch.as(), 0, s.scratch.bytes(), stream));
-    run_preparation(s.preparation, s.p.element, static_cast<int>(s.p.head_dim), s.preparation_grid_size, stream);
-    return;
-  }
   const AttentionArgs& a = s.args;
   switch (s.kind) {
     case Kind::flash:

@@ -73,9 +73,6 @@ class Attention {
   const void* device_output() const;
 
  private:
-  // Lists the preparation's steps for the kernel (kernels/cuda/preparation.h).
-  void plan_preparation_steps();
-
   struct State;
   std::unique_ptr<State> state_;
 };

@@ -341,6 +341,11 @@ dim3 head_grid(std::int64_t blocks, const InputView& in) {
 
 }  // namespace
 
+int int8_groups_per_block(bool is_key, Granularity granularity) {
+  if (granularity == Granularity::per_thread) return is_key ? 8 : 32;
+  if (granularity == Granularity::per_warp && !is_key) return kBlockQ / kWarpQ;
+  return 1;
+}
 
 void copy_to_bhsd(const InputView& in, void* out, cudaStream_t stream) {
   const std::int64_t vectors = static_cast<std::int64_t>(in.batch) * in.heads * in.seq * (in.head_dim * 2 / 16);

@@ -7,10 +7,21 @@
 #include <cstdint>
 
 #include "kernels/cuda/cuda_attention.h"
-#include "kernels/cuda/preparation.h"
 
 namespace attnreplay::cuda_attention {
 
+// One of Q, K, V as uploaded: 16-bit elements, channels contiguous, the rest by strides.
+struct InputView {
+  const void* data = nullptr;
+  std::int64_t stride_b = 0;  // in elements
+  std::int64_t stride_h = 0;
+  std::int64_t stride_s = 0;
+  int batch = 0;
+  int heads = 0;
+  std::int64_t seq = 0;
+  int head_dim = 0;
+  Element element = Element::bf16;
+};
 
 // A contiguous (batch, heads, seq, head_dim) copy.
 void copy_to_bhsd(const InputView& in, void* out, cudaStream_t stream);
@@ -27,6 +38,8 @@ struct Int8Output {
 // Q: x = Q * pre_scale; K: x = K - mean (mean null: not smoothed). Codes and per-group scales.
 void quantize_int8(const InputView& in, bool is_key, Granularity granularity, float pre_scale, const float* mean,
                    const Int8Output& out, cudaStream_t stream);
+// Scale groups in one 64-row (Q) or 128-key (K) block.
+int int8_groups_per_block(bool is_key, Granularity granularity);
 
 // max |x| as float bits (non-negative floats order as unsigned ints), per (b, h, channel) or per
 // (b, h); `amax` is zeroed first.
