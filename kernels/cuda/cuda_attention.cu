@@ -105,7 +105,7 @@ struct Attention::State {
   DeviceBuffer q_in, k_in, v_in;        // as uploaded, in the call's layout
   DeviceBuffer q_work, k_work, v_work;  // what the attention reads, when not the uploads
   DeviceBuffer q_scale, k_scale, v_scale, k_mean;
-  DeviceBuffer q_amax, k_amax, v_amax;
+  DeviceBuffer amax;  // the FP8 maxima of every input, zeroed at once
   DeviceBuffer out;
   AttentionArgs args;
 
@@ -197,7 +197,7 @@ Attention::Attention(Kind kind, const Problem& p, const Options& options, const 
       } else {
         a.v_length = k_rows;
         s.v_work.allocate(bkv * d * static_cast<std::size_t>(k_rows), "V (e4m3)");
-        s.v_amax.allocate(bkv * d * sizeof(unsigned), "V amax");
+        s.amax.allocate(bkv * d * sizeof(unsigned), "V amax");
         s.v_scale.allocate(bkv * d * sizeof(float), "V scales");
         a.v = s.v_work.as();
         a.v_scale = s.v_scale.as<float>();
@@ -209,9 +209,7 @@ Attention::Attention(Kind kind, const Problem& p, const Options& options, const 
       s.q_work.allocate(bq * static_cast<std::size_t>(q_rows) * d, "Q (e4m3)");
       s.k_work.allocate(bkv * static_cast<std::size_t>(k_rows) * d, "K (e4m3)");
       s.v_work.allocate(bkv * d * static_cast<std::size_t>(k_rows), "V (e4m3)");
-      s.q_amax.allocate(bq * sizeof(unsigned), "Q amax");
-      s.k_amax.allocate(bkv * sizeof(unsigned), "K amax");
-      s.v_amax.allocate(bkv * sizeof(unsigned), "V amax");
+      s.amax.allocate((bq + 2 * bkv) * sizeof(unsigned), "Q, K and V amax");
       s.q_scale.allocate(bq * sizeof(float), "Q scales");
       s.k_scale.allocate(bkv * sizeof(float), "K scales");
       s.v_scale.allocate(bkv * sizeof(float), "V scales");
@@ -266,30 +264,31 @@ void Attention::prepare_inputs(cudaStream_t stream) {
       if (s.kind == Kind::sage1_int8) {
         if (s.p.bshd) copy_to_bhsd(s.v_view(), s.v_work.as(), stream);
       } else {
-        const int channels = static_cast<int>(s.p.batch * s.p.heads_kv * s.p.head_dim);
-        abs_max(s.v_view(), true, s.v_amax.as<unsigned>(), stream);
+        ATTNREPLAY_CUDA_CHECK(cudaMemsetAsync(s.amax.as(), 0, s.amax.bytes(), stream));
+        abs_max(s.v_view(), true, false, s.amax.as<unsigned>(), stream);
         // Under fp32+fp16, V's amax maps to 2.25 rather than 448: a 32-key chunk of P·V then stays
         // inside fp16's range (docs/quantized.md).
         const float target = s.options.pv_accumulation == PvAccumulation::fp32_fp16 ? 2.25f : 448.0f;
-        fp8_scales(s.v_amax.as<unsigned>(), channels, target, s.v_scale.as<float>(), stream);
-        quantize_fp8_values(s.v_view(), s.v_scale.as<float>(), true, s.v_work.as<std::uint8_t>(), a.v_length, stream);
+        quantize_fp8_values(s.v_view(), {s.amax.as<unsigned>(), true, false, target, s.v_scale.as<float>()},
+                            s.v_work.as<std::uint8_t>(), a.v_length, stream);
       }
       break;
     }
     case Kind::fa3_fp8: {
       const bool per_tensor = s.options.fp8_scale == Fp8ScaleGranularity::per_tensor;
-      auto scales = [&](const InputView& in, DeviceBuffer& amax, DeviceBuffer& scale) {
-        const int heads = in.batch * in.heads;
-        abs_max(in, false, amax.as<unsigned>(), stream);
-        if (per_tensor) broadcast_max(amax.as<unsigned>(), heads, stream);
-        fp8_scales(amax.as<unsigned>(), heads, 448.0f, scale.as<float>(), stream);
-      };
-      scales(s.q_view(), s.q_amax, s.q_scale);
-      scales(s.k_view(), s.k_amax, s.k_scale);
-      scales(s.v_view(), s.v_amax, s.v_scale);
-      quantize_fp8_rows(s.q_view(), s.q_scale.as<float>(), s.q_work.as<std::uint8_t>(), a.q_rows, stream);
-      quantize_fp8_rows(s.k_view(), s.k_scale.as<float>(), s.k_work.as<std::uint8_t>(), a.k_rows, stream);
-      quantize_fp8_values(s.v_view(), s.v_scale.as<float>(), false, s.v_work.as<std::uint8_t>(), a.v_length, stream);
+      unsigned* q_amax = s.amax.as<unsigned>();
+      unsigned* k_amax = q_amax + s.p.batch * s.p.heads_q;
+      unsigned* v_amax = k_amax + s.p.batch * s.p.heads_kv;
+      ATTNREPLAY_CUDA_CHECK(cudaMemsetAsync(s.amax.as(), 0, s.amax.bytes(), stream));
+      abs_max(s.q_view(), false, per_tensor, q_amax, stream);
+      abs_max(s.k_view(), false, per_tensor, k_amax, stream);
+      abs_max(s.v_view(), false, per_tensor, v_amax, stream);
+      quantize_fp8_rows(s.q_view(), {q_amax, false, per_tensor, 448.0f, s.q_scale.as<float>()},
+                        s.q_work.as<std::uint8_t>(), a.q_rows, stream);
+      quantize_fp8_rows(s.k_view(), {k_amax, false, per_tensor, 448.0f, s.k_scale.as<float>()},
+                        s.k_work.as<std::uint8_t>(), a.k_rows, stream);
+      quantize_fp8_values(s.v_view(), {v_amax, false, per_tensor, 448.0f, s.v_scale.as<float>()},
+                          s.v_work.as<std::uint8_t>(), a.v_length, stream);
       break;
     }
   }

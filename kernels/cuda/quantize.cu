@@ -85,7 +85,17 @@ __global__ void __launch_bounds__(128) channel_mean_kernel(const InputView in, f
     __syncthreads();
     if (threadIdx.x < kMeanChannels) {
       const int keys = static_cast<int>(min(static_cast<std::int64_t>(kMeanKeys), in.seq - st * kMeanKeys));
-      for (int j = 0; j < keys; ++j) sum = __fadd_rn(sum, to_float(stage[st % 2][j][threadIdx.x]));
+      // Eight loads ahead of the adds: the adds' order stays the definition's, and a shared-memory
+      // load's latency is paid once for eight of them rather than for each (ncu: 27 cycles a key).
+      int j = 0;
+      for (; j + 8 <= keys; j += 8) {
+        float value[8];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) value[u] = to_float(stage[st % 2][j + u][threadIdx.x]);
+#pragma unroll
+        for (int u = 0; u < 8; ++u) sum = __fadd_rn(sum, value[u]);
+      }
+      for (; j < keys; ++j) sum = __fadd_rn(sum, to_float(stage[st % 2][j][threadIdx.x]));
     }
     __syncthreads();
   }
@@ -107,42 +117,63 @@ struct Int8Job {
 };
 
 // A CTA quantizes one block of rows (64 of Q, 128 of K) of one (b, h): every group lies inside it.
+// The rows are staged in shared memory as loaded (16-bit) and x is computed twice from them, once
+// for the maxima and once for the codes, by the same operations: held in registers, K's 64 floats
+// a thread kept a quarter of the warps resident (ncu).
 template <typename Elem, int kDim, int kRows>
 __global__ void __launch_bounds__(kQuantThreads) quantize_int8_kernel(const InputView in, const Int8Job job) {
   constexpr int kThreadsPerRow = kQuantThreads / kRows;
   constexpr int kPerThread = kDim / kThreadsPerRow;
+  constexpr int kVectorsPerRow = kDim / 8, kVectorsPerThread = kPerThread / 8;
   static_assert(kPerThread % 16 == 0, "whole 16-byte vectors of codes");
+  __shared__ uint4 tile[kRows * kVectorsPerRow];
   __shared__ float row_amax[kRows];
-  const int r = static_cast<int>(threadIdx.x) / kThreadsPerRow;
-  const int part = static_cast<int>(threadIdx.x) % kThreadsPerRow;
+  __shared__ float mean[kDim];
+  // A row's vectors are permuted by (row, thread), so that the 8 threads of a quarter warp, which
+  // read 8 rows' or parts' vectors at once, hit 8 different bank groups.
+  auto slot = [](int row, int vector) {
+    return row * kVectorsPerRow + (vector ^ ((row * kThreadsPerRow + vector / kVectorsPerThread) & 7));
+  };
   const std::int64_t block = blockIdx.x;
   const int h = static_cast<int>(blockIdx.y), b = static_cast<int>(blockIdx.z);
   const std::int64_t head = static_cast<std::int64_t>(b) * in.heads + h;
+  for (int v = static_cast<int>(threadIdx.x); v < kRows * kVectorsPerRow; v += kQuantThreads) {
+    const int row = v / kVectorsPerRow, vector = v % kVectorsPerRow;
+    const std::int64_t s = block * kRows + row;
+    const bool valid = s < in.seq;
+    cp_async_16(&tile[slot(row, vector)], row_pointer<Elem>(in, b, h, valid ? s : 0) + vector * 8, valid);
+  }
+  cp_async_commit();
+  if (job.mean) {
+    for (int c = static_cast<int>(threadIdx.x); c < kDim; c += kQuantThreads) mean[c] = job.mean[head * kDim + c];
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+
+  const int r = static_cast<int>(threadIdx.x) / kThreadsPerRow;
+  const int part = static_cast<int>(threadIdx.x) % kThreadsPerRow;
   const std::int64_t i = block * kRows + r;
   const int c0 = part * kPerThread;
-
-  float x[kPerThread];
-  float amax = 0.0f;
-  if (i < in.seq) {
-    const Elem* src = row_pointer<Elem>(in, b, h, i) + c0;
+  const bool inside = i < in.seq;
+  // Rows past the end belong to no group: zero, they leave every amax as it is.
+  auto vector_values = [&](int v, float (&x)[8]) {
+    const uint4 raw = tile[slot(r, part * kVectorsPerThread + v)];
+    const Elem* e = reinterpret_cast<const Elem*>(&raw);
 #pragma unroll
-    for (int v = 0; v < kPerThread / 8; ++v) {
-      float e[8];
-      load8(src + v * 8, e);
-#pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        float value = __fmul_rn(e[k], job.pre_scale);  // pre_scale is 1 for K: exact
-        if (job.mean) value = __fsub_rn(value, job.mean[head * kDim + c0 + v * 8 + k]);
-        x[v * 8 + k] = value;
-      }
+    for (int k = 0; k < 8; ++k) {
+      float value = __fmul_rn(to_float(e[k]), job.pre_scale);  // pre_scale is 1 for K: exact
+      if (job.mean) value = __fsub_rn(value, mean[c0 + v * 8 + k]);
+      x[k] = inside ? value : 0.0f;
     }
-  } else {
-    // Rows past the end belong to no group: zero, they leave every amax as it is.
+  };
+  float amax = 0.0f;
 #pragma unroll
-    for (int k = 0; k < kPerThread; ++k) x[k] = 0.0f;
+  for (int v = 0; v < kVectorsPerThread; ++v) {
+    float x[8];
+    vector_values(v, x);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) amax = fmaxf(amax, fabsf(x[k]));
   }
-#pragma unroll
-  for (int k = 0; k < kPerThread; ++k) amax = fmaxf(amax, fabsf(x[k]));
 #pragma unroll
   for (int offset = 1; offset < kThreadsPerRow; offset *= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
   if (part == 0) row_amax[r] = amax;
@@ -170,9 +201,14 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_int8_kernel(const Inpu
   for (int v = 0; v < kPerThread / 16; ++v) {
     alignas(16) std::int8_t codes[16];
 #pragma unroll
-    for (int k = 0; k < 16; ++k) {
-      const int code = scale == 0.0f ? 0 : __float2int_rn(__fdiv_rn(x[v * 16 + k], scale));
-      codes[k] = static_cast<std::int8_t>(max(-127, min(127, code)));
+    for (int half = 0; half < 2; ++half) {
+      float x[8];
+      vector_values(v * 2 + half, x);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const int code = scale == 0.0f ? 0 : __float2int_rn(__fdiv_rn(x[k], scale));
+        codes[half * 8 + k] = static_cast<std::int8_t>(max(-127, min(127, code)));
+      }
     }
     reinterpret_cast<uint4*>(dst)[v] = *reinterpret_cast<const uint4*>(codes);
   }
@@ -185,7 +221,7 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_int8_kernel(const Inpu
 
 template <typename Elem, int kDim>
 __global__ void __launch_bounds__(kQuantThreads) abs_max_kernel(const InputView in, bool per_channel,
-                                                                unsigned* amax) {
+                                                                bool per_tensor, unsigned* amax) {
   constexpr int kVectors = kDim / 8;
   constexpr int kRowsAPass = kQuantThreads / kVectors;
   constexpr int kKeys = 256;  // keys a CTA
@@ -217,25 +253,8 @@ __global__ void __launch_bounds__(kQuantThreads) abs_max_kernel(const InputView 
     for (int k = static_cast<int>(threadIdx.x); k < kRowsAPass * kDim; k += 32) all = fmaxf(all, (&partial[0][0])[k]);
 #pragma unroll
     for (int offset = 16; offset > 0; offset /= 2) all = fmaxf(all, __shfl_xor_sync(0xffffffffu, all, offset));
-    if (threadIdx.x == 0) atomicMax(amax + head, __float_as_uint(all));
+    if (threadIdx.x == 0) atomicMax(amax + (per_tensor ? 0 : head), __float_as_uint(all));
   }
-}
-
-__global__ void broadcast_max_kernel(unsigned* amax, int count) {
-  __shared__ unsigned block_max;
-  if (threadIdx.x == 0) block_max = 0;
-  __syncthreads();
-  unsigned m = 0;
-  for (int i = static_cast<int>(threadIdx.x); i < count; i += blockDim.x) m = max(m, amax[i]);
-  atomicMax(&block_max, m);
-  __syncthreads();
-  for (int i = static_cast<int>(threadIdx.x); i < count; i += blockDim.x) amax[i] = block_max;
-}
-
-__global__ void fp8_scales_kernel(const unsigned* amax, int count, float target, float* scales) {
-  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
-  if (i >= count) return;
-  scales[i] = __fdiv_rn(__uint_as_float(amax[i]), target);
 }
 
 // ---- FP8 ----
@@ -244,8 +263,13 @@ __device__ __forceinline__ std::uint8_t fp8_code(float x, float scale) {
   return scale == 0.0f ? std::uint8_t{0} : to_e4m3(__fdiv_rn(x, scale));
 }
 
+// Maximum `index` as a scale, divided as the emulation divides it.
+__device__ __forceinline__ float fp8_scale(const Fp8Scales& s, std::int64_t index) {
+  return __fdiv_rn(__uint_as_float(s.amax[index]), s.target);
+}
+
 template <typename Elem>
-__global__ void quantize_fp8_rows_kernel(const InputView in, const float* head_scales, std::uint8_t* out,
+__global__ void quantize_fp8_rows_kernel(const InputView in, const Fp8Scales scales, std::uint8_t* out,
                                          std::int64_t rows) {
   const int vectors_per_row = in.head_dim / 16;  // 16 codes a vector
   const std::int64_t total = static_cast<std::int64_t>(in.batch) * in.heads * rows * vectors_per_row;
@@ -255,8 +279,9 @@ __global__ void quantize_fp8_rows_kernel(const InputView in, const float* head_s
     const std::int64_t row = i / vectors_per_row;
     const std::int64_t s = row % rows, head = row / rows;
     alignas(16) std::uint8_t codes[16] = {};
+    const float scale = fp8_scale(scales, scales.per_tensor ? 0 : head);
+    if (s == 0 && vector == 0) scales.scales[head] = scale;
     if (s < in.seq) {
-      const float scale = head_scales[head];
       const Elem* src = row_pointer<Elem>(in, head / in.heads, head % in.heads, s) + vector * 16;
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
@@ -277,11 +302,12 @@ __device__ __forceinline__ int permuted_key(int p) {
 }
 
 template <typename Elem, int kDim>
-__global__ void __launch_bounds__(kQuantThreads) quantize_fp8_values_kernel(const InputView in, const float* scales,
-                                                                            bool per_channel, std::uint8_t* out,
-                                                                            std::int64_t keys) {
-  constexpr int kPitch = kDim + 8;  // elements; spreads a column's reads over banks
-  __shared__ __align__(16) Elem tile[kBlockK][kPitch];
+__global__ void __launch_bounds__(kQuantThreads) quantize_fp8_values_kernel(const InputView in, const Fp8Scales scales,
+                                                                            std::uint8_t* out, std::int64_t keys) {
+  // The tile's columns are swizzled by the key's 16-key group: the write loop's warp reads 8
+  // groups' keys at once, which a padded pitch still put in one bank (8-way conflicts, ncu).
+  __shared__ __align__(16) Elem tile[kBlockK][kDim];
+  auto swizzled = [](int key, int c) { return c ^ (((key >> 4) & 7) << 3); };
   const std::int64_t key0 = static_cast<std::int64_t>(blockIdx.x) * kBlockK;
   const int h = static_cast<int>(blockIdx.y), b = static_cast<int>(blockIdx.z);
   const std::int64_t head = static_cast<std::int64_t>(b) * in.heads + h;
@@ -290,19 +316,23 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_fp8_values_kernel(cons
     const int row = v / kVectors, column = (v % kVectors) * 8;
     uint4 value = make_uint4(0, 0, 0, 0);
     if (key0 + row < in.seq) value = *reinterpret_cast<const uint4*>(row_pointer<Elem>(in, b, h, key0 + row) + column);
-    *reinterpret_cast<uint4*>(&tile[row][column]) = value;
+    *reinterpret_cast<uint4*>(&tile[row][swizzled(row, column)]) = value;
   }
   __syncthreads();
   // Out: a channel's 128 keys are 8 vectors of 16 codes.
   for (int item = static_cast<int>(threadIdx.x); item < kDim * 8; item += kQuantThreads) {
     const int c = item / 8, group = item % 8;
-    const float scale = per_channel ? scales[head * kDim + c] : scales[head];
+    const std::int64_t index = scales.per_channel ? head * kDim + c : scales.per_tensor ? 0 : head;
+    const float scale = fp8_scale(scales, index);
+    if (blockIdx.x == 0 && group == 0 && (scales.per_channel || c == 0)) {
+      scales.scales[scales.per_channel ? head * kDim + c : head] = scale;
+    }
     alignas(16) std::uint8_t codes[16];
 #pragma unroll
     for (int k = 0; k < 16; ++k) {
       const int p = group * 16 + k;
       const int key = (p & ~31) + permuted_key(p & 31);
-      codes[k] = key0 + key < in.seq ? fp8_code(to_float(tile[key][c]), scale) : std::uint8_t{0};
+      codes[k] = key0 + key < in.seq ? fp8_code(to_float(tile[key][swizzled(key, c)]), scale) : std::uint8_t{0};
     }
     *reinterpret_cast<uint4*>(out + (head * kDim + c) * keys + key0 + group * 16) = *reinterpret_cast<const uint4*>(codes);
   }
@@ -373,42 +403,30 @@ void quantize_int8(const InputView& in, bool is_key, Granularity granularity, fl
   ATTNREPLAY_CUDA_CHECK_LAUNCH("quantize_int8_kernel");
 }
 
-void abs_max(const InputView& in, bool per_channel, unsigned* amax, cudaStream_t stream) {
-  const std::int64_t count = static_cast<std::int64_t>(in.batch) * in.heads * (per_channel ? in.head_dim : 1);
-  ATTNREPLAY_CUDA_CHECK(cudaMemsetAsync(amax, 0, static_cast<std::size_t>(count) * sizeof(unsigned), stream));
-  ATTNREPLAY_FOR_ELEMENT_AND_DIM(in, (abs_max_kernel<Elem, kDim><<<head_grid(ceil_div(in.seq, 256), in),
-                                                                    kQuantThreads, 0, stream>>>(in, per_channel, amax)));
+void abs_max(const InputView& in, bool per_channel, bool per_tensor, unsigned* amax, cudaStream_t stream) {
+  ATTNREPLAY_FOR_ELEMENT_AND_DIM(in, (abs_max_kernel<Elem, kDim><<<head_grid(ceil_div(in.seq, 256), in), kQuantThreads,
+                                                                    0, stream>>>(in, per_channel, per_tensor, amax)));
   ATTNREPLAY_CUDA_CHECK_LAUNCH("abs_max_kernel");
 }
 
-void broadcast_max(unsigned* amax, int count, cudaStream_t stream) {
-  broadcast_max_kernel<<<1, 1024, 0, stream>>>(amax, count);
-  ATTNREPLAY_CUDA_CHECK_LAUNCH("broadcast_max_kernel");
-}
-
-void fp8_scales(const unsigned* amax, int count, float target, float* scales, cudaStream_t stream) {
-  fp8_scales_kernel<<<static_cast<unsigned>(ceil_div(count, 256)), 256, 0, stream>>>(amax, count, target, scales);
-  ATTNREPLAY_CUDA_CHECK_LAUNCH("fp8_scales_kernel");
-}
-
-void quantize_fp8_rows(const InputView& in, const float* head_scales, std::uint8_t* out, std::int64_t rows,
+void quantize_fp8_rows(const InputView& in, const Fp8Scales& scales, std::uint8_t* out, std::int64_t rows,
                        cudaStream_t stream) {
   const std::int64_t vectors = static_cast<std::int64_t>(in.batch) * in.heads * rows * (in.head_dim / 16);
   if (in.element == Element::bf16) {
     quantize_fp8_rows_kernel<__nv_bfloat16><<<grid_for(vectors, kQuantThreads), kQuantThreads, 0, stream>>>(
-        in, head_scales, out, rows);
+        in, scales, out, rows);
   } else {
     quantize_fp8_rows_kernel<__half><<<grid_for(vectors, kQuantThreads), kQuantThreads, 0, stream>>>(
-        in, head_scales, out, rows);
+        in, scales, out, rows);
   }
   ATTNREPLAY_CUDA_CHECK_LAUNCH("quantize_fp8_rows_kernel");
 }
 
-void quantize_fp8_values(const InputView& in, const float* scales, bool per_channel, std::uint8_t* out,
-                         std::int64_t keys, cudaStream_t stream) {
+void quantize_fp8_values(const InputView& in, const Fp8Scales& scales, std::uint8_t* out, std::int64_t keys,
+                         cudaStream_t stream) {
   ATTNREPLAY_FOR_ELEMENT_AND_DIM(in, (quantize_fp8_values_kernel<Elem, kDim><<<head_grid(keys / kBlockK, in),
                                                                                 kQuantThreads, 0, stream>>>(
-                                          in, scales, per_channel, out, keys)));
+                                          in, scales, out, keys)));
   ATTNREPLAY_CUDA_CHECK_LAUNCH("quantize_fp8_values_kernel");
 }
 

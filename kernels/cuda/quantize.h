@@ -41,21 +41,28 @@ void quantize_int8(const InputView& in, bool is_key, Granularity granularity, fl
 // Scale groups in one 64-row (Q) or 128-key (K) block.
 int int8_groups_per_block(bool is_key, Granularity granularity);
 
-// max |x| as float bits (non-negative floats order as unsigned ints), per (b, h, channel) or per
-// (b, h); `amax` is zeroed first.
-void abs_max(const InputView& in, bool per_channel, unsigned* amax, cudaStream_t stream);
-// Replaces each of `count` amax values by their maximum (a per-tensor scale).
-void broadcast_max(unsigned* amax, int count, cudaStream_t stream);
-// scale = amax / target (448, or 2.25 for sage2's V under fp32+fp16).
-void fp8_scales(const unsigned* amax, int count, float target, float* scales, cudaStream_t stream);
+// max |x| as float bits (non-negative floats order as unsigned ints) into `amax`, which the caller
+// zeroes: one per (b, h, channel) when per_channel, one per (b, h), or one for all when per_tensor.
+void abs_max(const InputView& in, bool per_channel, bool per_tensor, unsigned* amax, cudaStream_t stream);
+
+// FP8 scales from those maxima: scale = amax / target (448, or 2.25 for sage2's V under
+// fp32+fp16). The quantization kernels compute them where they use them and write them to
+// `scales` for the attention kernel: no kernel of their own.
+struct Fp8Scales {
+  const unsigned* amax = nullptr;
+  bool per_channel = false;
+  bool per_tensor = false;
+  float target = 448.0f;
+  float* scales = nullptr;  // one per (b, h), or per (b, h, channel) when per_channel
+};
 
 // e4m3(x / s), s one per (b, h); (batch, heads, rows, head_dim) with rows >= seq zero.
-void quantize_fp8_rows(const InputView& in, const float* head_scales, std::uint8_t* out, std::int64_t rows,
+void quantize_fp8_rows(const InputView& in, const Fp8Scales& scales, std::uint8_t* out, std::int64_t rows,
                        cudaStream_t stream);
 // V for the e4m3 P·V: e4m3(V / s), s per (b, h, channel) or per (b, h), transposed to
 // (batch, heads, head_dim, keys) with keys >= seq zero and each 32 keys permuted to the order
 // in which the attention kernel's P fragment holds them.
-void quantize_fp8_values(const InputView& in, const float* scales, bool per_channel, std::uint8_t* out,
-                         std::int64_t keys, cudaStream_t stream);
+void quantize_fp8_values(const InputView& in, const Fp8Scales& scales, std::uint8_t* out, std::int64_t keys,
+                         cudaStream_t stream);
 
 }  // namespace attnreplay::cuda_attention
