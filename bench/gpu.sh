@@ -13,7 +13,7 @@ exec > >(tee -a "$LOG") 2>&1
 status=0
 step() { echo; echo "== $* ($(date -u +%H:%M:%S))"; }
 # GPU_STEPS picks a subset, e.g. GPU_STEPS="tests dobench" (the build always runs); "peer",
-# "plugins", "groups", "pipeline", "shard", "reference", "batches", "short" and "prep" run only when
+# "plugins", "groups", "pipeline", "shard", "reference", "batches", "short", "prep" and "prepkernels" run only when
 # asked for (PREP_TESTS=0 leaves out prep's GPU tests, PREP_VARIANTS and PREP_CASES pick its runs).
 STEPS="${GPU_STEPS:-tests dobench suite quant capture}"
 wants() { [[ " $STEPS " == *" $1 "* ]]; }
@@ -67,6 +67,11 @@ if [ "${PREP_TESTS:-1}" = 1 ]; then
 fi
 python3 "$ROOT/bench/preparation_check.py" --attnreplay "$BIN" --out "$OUT/preparation.json" \
   --variants "${PREP_VARIANTS:-default}" --cases "${PREP_CASES:-}" | tee "$OUT/preparation.txt" || status=1
+fi
+
+if wants prepkernels; then
+step "the preparation kernels one by one (ncu)"
+bash "$ROOT/bench/preparation_kernels.sh" "$BIN" | tee "$OUT/preparation_kernels.txt" || status=1
 fi
 
 if wants batches; then
