@@ -162,11 +162,13 @@ float round_to_e4m3(float value) {
   return std::copysign(rounded, value);
 }
 
-std::int8_t int8_code(float value, float scale) {
-  if (scale == 0.0f) return 0;
-  const float code = std::nearbyint(value / scale);
+std::int8_t int8_code(float value, float inverse) {
+  if (inverse == 0.0f) return 0;
+  const float code = std::nearbyint(value * inverse);
   return static_cast<std::int8_t>(std::clamp(code, -kInt8Max, kInt8Max));
 }
+
+float int8_inverse_for(float amax) { return amax > 0.0f ? kInt8Max / amax : 0.0f; }
 
 // ---- Quantization steps ----
 
@@ -248,11 +250,12 @@ Int8Matrix quantize_int8(const HeadMatrix& x, QuantGranularity granularity, Int8
   out.codes.resize(x.values.size());
   out.row_scale.resize(static_cast<std::size_t>(x.rows));
   for (std::int64_t i = 0; i < x.rows; ++i) {
-    const float scale = out.group_scale[static_cast<std::size_t>(int8_group_of_row(granularity, operand, i))];
-    out.row_scale[static_cast<std::size_t>(i)] = scale;
+    const auto group = static_cast<std::size_t>(int8_group_of_row(granularity, operand, i));
+    out.row_scale[static_cast<std::size_t>(i)] = out.group_scale[group];
+    const float inverse = int8_inverse_for(out.group_amax[group]);
     const float* row = x.row(i);
     std::int8_t* codes = out.codes.data() + i * x.cols;
-    for (std::int64_t c = 0; c < x.cols; ++c) codes[c] = int8_code(row[c], scale);
+    for (std::int64_t c = 0; c < x.cols; ++c) codes[c] = int8_code(row[c], inverse);
   }
   return out;
 }
@@ -265,10 +268,12 @@ float abs_max(std::span<const float> values) {
 
 float fp8_scale_for(float amax) { return amax / kFp8Max; }
 
-HeadMatrix quantize_fp8(const HeadMatrix& x, float scale) {
+float fp8_inverse_for(float amax, float target) { return amax > 0.0f ? target / amax : 0.0f; }
+
+HeadMatrix quantize_fp8(const HeadMatrix& x, float inverse) {
   HeadMatrix out(x.rows, x.cols);
-  if (scale == 0.0f) return out;
-  for (std::size_t i = 0; i < x.values.size(); ++i) out.values[i] = round_to_e4m3(x.values[i] / scale);
+  if (inverse == 0.0f) return out;
+  for (std::size_t i = 0; i < x.values.size(); ++i) out.values[i] = round_to_e4m3(x.values[i] * inverse);
   return out;
 }
 
@@ -279,11 +284,14 @@ Fp8PerChannel quantize_fp8_per_channel(const HeadMatrix& v, float target) {
   for (std::int64_t j = 0; j < v.rows; ++j)
     for (std::int64_t c = 0; c < v.cols; ++c) amax[c] = std::max(amax[c], std::fabs(v.row(j)[c]));
   out.channel_scale.resize(amax.size());
-  for (std::size_t c = 0; c < amax.size(); ++c) out.channel_scale[c] = amax[c] / target;
+  std::vector<float> inverse(amax.size());
+  for (std::size_t c = 0; c < amax.size(); ++c) {
+    out.channel_scale[c] = amax[c] / target;
+    inverse[c] = fp8_inverse_for(amax[c], target);
+  }
   for (std::int64_t j = 0; j < v.rows; ++j)
     for (std::int64_t c = 0; c < v.cols; ++c) {
-      const float scale = out.channel_scale[c];
-      out.values.row(j)[c] = scale == 0.0f ? 0.0f : round_to_e4m3(v.row(j)[c] / scale);
+      out.values.row(j)[c] = inverse[c] == 0.0f ? 0.0f : round_to_e4m3(v.row(j)[c] * inverse[c]);
     }
   return out;
 }
@@ -405,17 +413,17 @@ PreparedAttentionInputs prepare_attention_inputs(const AttentionCall& call, Quan
 
   const bool sage = is_sage(kind);
   const bool fa3 = kind == QuantizedKind::fa3_fp8;
-  // FA3's scales: one per (batch, head), or the largest over the tensor for all of them.
-  auto fa3_scales = [&](const std::vector<HeadMatrix>& heads) {
-    std::vector<float> scales(heads.size());
-    const float tensor_scale = fp8_scale_for(largest_head_amax(heads));
+  // FA3's maxima: one per (batch, head), or the largest over the tensor for all of them.
+  auto fa3_amax = [&](const std::vector<HeadMatrix>& heads) {
+    std::vector<float> amax(heads.size());
+    const float tensor_amax = largest_head_amax(heads);
     for (std::size_t i = 0; i < heads.size(); ++i)
-      scales[i] = options.fp8_scale == Fp8Scale::per_tensor ? tensor_scale : fp8_scale_for(abs_max(heads[i].values));
-    return scales;
+      amax[i] = options.fp8_scale == Fp8Scale::per_tensor ? tensor_amax : abs_max(heads[i].values);
+    return amax;
   };
-  std::vector<float> q_scales, k_scales, v_scales;
-  if (fa3 && stages.quantize_qk) q_scales = fa3_scales(q_raw), k_scales = fa3_scales(k_raw);
-  if (fa3 && stages.quantize_pv) v_scales = fa3_scales(v_raw);
+  std::vector<float> q_amax, k_amax, v_amax;
+  if (fa3 && stages.quantize_qk) q_amax = fa3_amax(q_raw), k_amax = fa3_amax(k_raw);
+  if (fa3 && stages.quantize_pv) v_amax = fa3_amax(v_raw);
 
   in.queries.resize(q_raw.size());
   in.key_values.resize(k_raw.size());
@@ -431,8 +439,8 @@ PreparedAttentionInputs prepare_attention_inputs(const AttentionCall& call, Quan
         out.values = int8_codes_as_floats(codes);
         out.row_scale = std::move(codes.row_scale);
       } else if (fa3 && stages.quantize_qk) {
-        out.scale = q_scales[item];
-        out.values = quantize_fp8(raw, out.scale);
+        out.scale = fp8_scale_for(q_amax[item]);
+        out.values = quantize_fp8(raw, fp8_inverse_for(q_amax[item]));
       } else {
         out.values = std::move(raw);
       }
@@ -452,8 +460,8 @@ PreparedAttentionInputs prepare_attention_inputs(const AttentionCall& call, Quan
       out.keys_by_block = keys_by_block(int8_codes_as_floats(codes));
       out.key_scale = std::move(codes.row_scale);
     } else if (fa3 && stages.quantize_qk) {
-      out.k_scale = k_scales[head];
-      out.keys_by_block = keys_by_block(quantize_fp8(keys, out.k_scale));
+      out.k_scale = fp8_scale_for(k_amax[head]);
+      out.keys_by_block = keys_by_block(quantize_fp8(keys, fp8_inverse_for(k_amax[head])));
     } else {
       out.keys_by_block = keys_by_block(keys);
     }
@@ -464,8 +472,8 @@ PreparedAttentionInputs prepare_attention_inputs(const AttentionCall& call, Quan
       out.values = std::move(v8.values);
       out.output_factor = std::move(v8.channel_scale);
     } else if (fa3 && stages.quantize_pv) {
-      out.values = quantize_fp8(values, v_scales[head]);
-      out.output_factor.assign(static_cast<std::size_t>(values.cols), v_scales[head]);
+      out.values = quantize_fp8(values, fp8_inverse_for(v_amax[head]));
+      out.output_factor.assign(static_cast<std::size_t>(values.cols), fp8_scale_for(v_amax[head]));
     } else {
       out.values = std::move(values);
     }

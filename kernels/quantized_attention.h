@@ -75,8 +75,11 @@ float round_to_float16(float value);  // beyond fp16's range: infinity
 float round_to_dtype(float value, DType dtype);
 // e4m3fn with saturation to +-448 (satfinite); NaN stays NaN.
 float round_to_e4m3(float value);
-// clamp(rint(value / scale), -127, 127), rint ties to even; 0 when scale is 0.
-std::int8_t int8_code(float value, float scale);
+// clamp(rint(value * inverse), -127, 127), rint ties to even; 0 when inverse is 0. The inverse is
+// int8_inverse_for(amax): the codes multiply by 127 / amax, as SageAttention's kernels do.
+std::int8_t int8_code(float value, float inverse);
+// 127 / amax, rounded once; 0 when amax is 0.
+float int8_inverse_for(float amax);
 
 // ---- Quantization steps, on one head at a time ----
 
@@ -118,12 +121,14 @@ struct Int8Matrix {
 Int8Matrix quantize_int8(const HeadMatrix& x, QuantGranularity granularity, Int8Operand operand);
 
 float abs_max(std::span<const float> values);
-// The FP8 scale for a given amax: amax / 448 (0 for 0).
+// The FP8 scale for a given amax: amax / 448 (0 for 0), and what the values are multiplied by:
+// target / amax, rounded once (0 for 0).
 float fp8_scale_for(float amax);
-// e4m3(x / scale) for every element; all 0 when scale is 0.
-HeadMatrix quantize_fp8(const HeadMatrix& x, float scale);
+float fp8_inverse_for(float amax, float target = kFp8Max);
+// e4m3(x * inverse) for every element; all 0 when inverse is 0.
+HeadMatrix quantize_fp8(const HeadMatrix& x, float inverse);
 
-// Sage2's V: a scale per channel, s_v[c] = max_j |V[j, c]| / 448, and v8 = e4m3(V / s_v).
+// Sage2's V: a scale per channel, s_v[c] = max_j |V[j, c]| / 448, and v8 = e4m3(V * (448 / max_j |V[j, c]|)).
 struct Fp8PerChannel {
   HeadMatrix values;                // e4m3 values, as fp32
   std::vector<float> channel_scale;  // s_v[c]

@@ -195,6 +195,7 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_int8_kernel(const Inpu
   float group_amax = 0.0f;
   for (int k = 0; k < count; ++k) group_amax = fmaxf(group_amax, row_amax[first + k * stride]);
   const float scale = __fdiv_rn(group_amax, 127.0f);
+  const float inverse = group_amax == 0.0f ? 0.0f : __fdiv_rn(127.0f, group_amax);
 
   std::int8_t* dst = job.out.codes + (head * job.out.rows + i) * kDim + c0;
 #pragma unroll
@@ -206,7 +207,7 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_int8_kernel(const Inpu
       vector_values(v * 2 + half, x);
 #pragma unroll
       for (int k = 0; k < 8; ++k) {
-        const int code = scale == 0.0f ? 0 : __float2int_rn(__fdiv_rn(x[k], scale));
+        const int code = inverse == 0.0f ? 0 : __float2int_rn(__fmul_rn(x[k], inverse));
         codes[half * 8 + k] = static_cast<std::int8_t>(max(-127, min(127, code)));
       }
     }
@@ -259,13 +260,18 @@ __global__ void __launch_bounds__(kQuantThreads) abs_max_kernel(const InputView 
 
 // ---- FP8 ----
 
-__device__ __forceinline__ std::uint8_t fp8_code(float x, float scale) {
-  return scale == 0.0f ? std::uint8_t{0} : to_e4m3(__fdiv_rn(x, scale));
+__device__ __forceinline__ std::uint8_t fp8_code(float x, float inverse) {
+  return inverse == 0.0f ? std::uint8_t{0} : to_e4m3(__fmul_rn(x, inverse));
 }
 
-// Maximum `index` as a scale, divided as the emulation divides it.
-__device__ __forceinline__ float fp8_scale(const Fp8Scales& s, std::int64_t index) {
-  return __fdiv_rn(__uint_as_float(s.amax[index]), s.target);
+// Maximum `index` as the scale that multiplies back (amax / target) and the inverse that the codes
+// multiply by (target / amax, 0 for 0), each divided once, as the emulation divides them.
+struct Fp8Factors {
+  float scale, inverse;
+};
+__device__ __forceinline__ Fp8Factors fp8_factors(const Fp8Scales& s, std::int64_t index) {
+  const float amax = __uint_as_float(s.amax[index]);
+  return {__fdiv_rn(amax, s.target), amax == 0.0f ? 0.0f : __fdiv_rn(s.target, amax)};
 }
 
 template <typename Elem>
@@ -279,8 +285,8 @@ __global__ void quantize_fp8_rows_kernel(const InputView in, const Fp8Scales sca
     const std::int64_t row = i / vectors_per_row;
     const std::int64_t s = row % rows, head = row / rows;
     alignas(16) std::uint8_t codes[16] = {};
-    const float scale = fp8_scale(scales, scales.per_tensor ? 0 : head);
-    if (s == 0 && vector == 0) scales.scales[head] = scale;
+    const Fp8Factors factors = fp8_factors(scales, scales.per_tensor ? 0 : head);
+    if (s == 0 && vector == 0) scales.scales[head] = factors.scale;
     if (s < in.seq) {
       const Elem* src = row_pointer<Elem>(in, head / in.heads, head % in.heads, s) + vector * 16;
 #pragma unroll
@@ -288,7 +294,7 @@ __global__ void quantize_fp8_rows_kernel(const InputView in, const Fp8Scales sca
         float x[8];
         load8(src + half * 8, x);
 #pragma unroll
-        for (int k = 0; k < 8; ++k) codes[half * 8 + k] = fp8_code(x[k], scale);
+        for (int k = 0; k < 8; ++k) codes[half * 8 + k] = fp8_code(x[k], factors.inverse);
       }
     }
     reinterpret_cast<uint4*>(out)[i] = *reinterpret_cast<const uint4*>(codes);
@@ -323,16 +329,16 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_fp8_values_kernel(cons
   for (int item = static_cast<int>(threadIdx.x); item < kDim * 8; item += kQuantThreads) {
     const int c = item / 8, group = item % 8;
     const std::int64_t index = scales.per_channel ? head * kDim + c : scales.per_tensor ? 0 : head;
-    const float scale = fp8_scale(scales, index);
+    const Fp8Factors factors = fp8_factors(scales, index);
     if (blockIdx.x == 0 && group == 0 && (scales.per_channel || c == 0)) {
-      scales.scales[scales.per_channel ? head * kDim + c : head] = scale;
+      scales.scales[scales.per_channel ? head * kDim + c : head] = factors.scale;
     }
     alignas(16) std::uint8_t codes[16];
 #pragma unroll
     for (int k = 0; k < 16; ++k) {
       const int p = group * 16 + k;
       const int key = (p & ~31) + permuted_key(p & 31);
-      codes[k] = key0 + key < in.seq ? fp8_code(to_float(tile[key][swizzled(key, c)]), scale) : std::uint8_t{0};
+      codes[k] = key0 + key < in.seq ? fp8_code(to_float(tile[key][swizzled(key, c)]), factors.inverse) : std::uint8_t{0};
     }
     *reinterpret_cast<uint4*>(out + (head * kDim + c) * keys + key0 + group * 16) = *reinterpret_cast<const uint4*>(codes);
   }

@@ -46,8 +46,8 @@ int int8_groups_per_block(bool is_key, Granularity granularity);
 void abs_max(const InputView& in, bool per_channel, bool per_tensor, unsigned* amax, cudaStream_t stream);
 
 // FP8 scales from those maxima: scale = amax / target (448, or 2.25 for sage2's V under
-// fp32+fp16). The quantization kernels compute them where they use them and write them to
-// `scales` for the attention kernel: no kernel of their own.
+// fp32+fp16), and the codes are e4m3(x * (target / amax)). The quantization kernels compute both
+// where they use them and write the scales to `scales` for the attention kernel.
 struct Fp8Scales {
   const unsigned* amax = nullptr;
   bool per_channel = false;
@@ -56,10 +56,10 @@ struct Fp8Scales {
   float* scales = nullptr;  // one per (b, h), or per (b, h, channel) when per_channel
 };
 
-// e4m3(x / s), s one per (b, h); (batch, heads, rows, head_dim) with rows >= seq zero.
+// e4m3 codes, one scale per (b, h); (batch, heads, rows, head_dim) with rows >= seq zero.
 void quantize_fp8_rows(const InputView& in, const Fp8Scales& scales, std::uint8_t* out, std::int64_t rows,
                        cudaStream_t stream);
-// V for the e4m3 P·V: e4m3(V / s), s per (b, h, channel) or per (b, h), transposed to
+// V for the e4m3 P·V: codes with a scale per (b, h, channel) or per (b, h), transposed to
 // (batch, heads, head_dim, keys) with keys >= seq zero and each 32 keys permuted to the order
 // in which the attention kernel's P fragment holds them.
 void quantize_fp8_values(const InputView& in, const Fp8Scales& scales, std::uint8_t* out, std::int64_t keys,

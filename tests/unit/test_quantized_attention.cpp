@@ -167,11 +167,18 @@ TEST_CASE("quantized elements: INT8 codes round half to even and clamp to +-127"
   CHECK(int8_code(3.5f, 1.0f) == 4);
   CHECK(int8_code(-2.5f, 1.0f) == -2);
   CHECK(int8_code(-0.5f, 1.0f) == 0);
-  CHECK(int8_code(0.5f, 0.5f) == 1);
-  CHECK(int8_code(63.5f, 0.5f) == 127);
+  CHECK(int8_code(0.5f, 2.0f) == 1);  // the second argument multiplies
+  CHECK(int8_code(63.5f, 2.0f) == 127);
   CHECK(int8_code(127.6f, 1.0f) == 127);
   CHECK(int8_code(-200.0f, 1.0f) == -127);
-  CHECK(int8_code(5.0f, 0.0f) == 0);  // an all-zero group has scale 0
+  CHECK(int8_code(5.0f, 0.0f) == 0);  // an all-zero group has inverse 0
+  CHECK(int8_inverse_for(254.0f) == 0.5f);
+  CHECK(int8_inverse_for(0.0f) == 0.0f);
+  // The definition multiplies by 127 / amax: here x / (amax / 127) would round to 35, not 34.
+  const float amax = 0x1.0df358p-2f, x = 0x1.255506p-4f;
+  CHECK(int8_code(x, int8_inverse_for(amax)) == 34);
+  const Int8Matrix m = quantize_int8(matrix(1, 2, {amax, x}), QuantGranularity::per_block, Int8Operand::query);
+  CHECK(std::vector<int>{m.codes[0], m.codes[1]} == std::vector<int>{127, 34});
 }
 
 // ---- Quantization steps ----
@@ -263,7 +270,9 @@ TEST_CASE("quantized steps: FP8 scales by amax / 448, per tensor or head and per
   CHECK(fp8_scale_for(448.0f) == 1.0f);
   CHECK(fp8_scale_for(0.0f) == 0.0f);
   const HeadMatrix x = matrix(2, 2, {224.0f, -448.0f, 1.0f, 100.0f});
-  CHECK(quantize_fp8(x, 0.5f).values == std::vector<float>{448.0f, -448.0f, 2.0f, 192.0f});  // 200 -> 192
+  CHECK(fp8_inverse_for(224.0f) == 2.0f);
+  CHECK(fp8_inverse_for(0.0f) == 0.0f);
+  CHECK(quantize_fp8(x, 2.0f).values == std::vector<float>{448.0f, -448.0f, 2.0f, 192.0f});  // 200 -> 192
   CHECK(quantize_fp8(x, 0.0f).values == std::vector<float>{0.0f, 0.0f, 0.0f, 0.0f});
 
   const Fp8PerChannel v8 = quantize_fp8_per_channel(matrix(2, 3, {1.0f, -2.0f, 0.0f, 0.5f, 4.0f, 0.0f}));
