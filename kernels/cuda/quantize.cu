@@ -260,8 +260,15 @@ __global__ void __launch_bounds__(kQuantThreads) abs_max_kernel(const InputView 
 
 // ---- FP8 ----
 
-__device__ __forceinline__ std::uint8_t fp8_code(float x, float inverse) {
-  return inverse == 0.0f ? std::uint8_t{0} : to_e4m3(__fmul_rn(x, inverse));
+// Sixteen values times `inverse` as e4m3 codes, value 0 in the lowest byte; all 0 when inverse is 0
+// (an all-zero head or channel, or one whose maximum a NaN hid). Pairs go through one cvt each.
+__device__ __forceinline__ uint4 fp8_codes(const float (&x)[16], float inverse) {
+  if (inverse == 0.0f) return make_uint4(0, 0, 0, 0);
+  float y[16];
+#pragma unroll
+  for (int k = 0; k < 16; ++k) y[k] = __fmul_rn(x[k], inverse);
+  return make_uint4(pack_e4m3x4(y[0], y[1], y[2], y[3]), pack_e4m3x4(y[4], y[5], y[6], y[7]),
+                    pack_e4m3x4(y[8], y[9], y[10], y[11]), pack_e4m3x4(y[12], y[13], y[14], y[15]));
 }
 
 // Maximum `index` as the scale that multiplies back (amax / target) and the inverse that the codes
@@ -284,20 +291,19 @@ __global__ void quantize_fp8_rows_kernel(const InputView in, const Fp8Scales sca
     const int vector = static_cast<int>(i % vectors_per_row);
     const std::int64_t row = i / vectors_per_row;
     const std::int64_t s = row % rows, head = row / rows;
-    alignas(16) std::uint8_t codes[16] = {};
     const Fp8Factors factors = fp8_factors(scales, scales.per_tensor ? 0 : head);
     if (s == 0 && vector == 0) scales.scales[head] = factors.scale;
+    uint4 codes = make_uint4(0, 0, 0, 0);
     if (s < in.seq) {
       const Elem* src = row_pointer<Elem>(in, head / in.heads, head % in.heads, s) + vector * 16;
+      float lo[8], hi[8], x[16];
+      load8(src, lo);
+      load8(src + 8, hi);
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        float x[8];
-        load8(src + half * 8, x);
-#pragma unroll
-        for (int k = 0; k < 8; ++k) codes[half * 8 + k] = fp8_code(x[k], factors.inverse);
-      }
+      for (int k = 0; k < 8; ++k) x[k] = lo[k], x[k + 8] = hi[k];
+      codes = fp8_codes(x, factors.inverse);
     }
-    reinterpret_cast<uint4*>(out)[i] = *reinterpret_cast<const uint4*>(codes);
+    reinterpret_cast<uint4*>(out)[i] = codes;
   }
 }
 
@@ -333,14 +339,18 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_fp8_values_kernel(cons
     if (blockIdx.x == 0 && group == 0 && (scales.per_channel || c == 0)) {
       scales.scales[scales.per_channel ? head * kDim + c : head] = factors.scale;
     }
-    alignas(16) std::uint8_t codes[16];
+    // Position k of this group holds key group * 16 + permuted_key(k) (the group's parity is the
+    // chunk's upper or lower 16), so the column's swizzle is the group's and each read's offset
+    // a constant.
+    const Elem* column = &tile[group * 16][swizzled(group * 16, c)];
+    const std::int64_t inside = in.seq - (key0 + group * 16);  // keys of the group in the sequence
+    float x[16];
 #pragma unroll
     for (int k = 0; k < 16; ++k) {
-      const int p = group * 16 + k;
-      const int key = (p & ~31) + permuted_key(p & 31);
-      codes[k] = key0 + key < in.seq ? fp8_code(to_float(tile[key][swizzled(key, c)]), factors.inverse) : std::uint8_t{0};
+      const int key = permuted_key(k);
+      x[k] = key < inside ? to_float(column[key * kDim]) : 0.0f;
     }
-    *reinterpret_cast<uint4*>(out + (head * kDim + c) * keys + key0 + group * 16) = *reinterpret_cast<const uint4*>(codes);
+    *reinterpret_cast<uint4*>(out + (head * kDim + c) * keys + key0 + group * 16) = fp8_codes(x, factors.inverse);
   }
 }
 
