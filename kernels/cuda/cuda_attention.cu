@@ -265,7 +265,7 @@ void Attention::prepare_inputs(cudaStream_t stream) {
         if (s.p.bshd) copy_to_bhsd(s.v_view(), s.v_work.as(), stream);
       } else {
         ATTNREPLAY_CUDA_CHECK(cudaMemsetAsync(s.amax.as(), 0, s.amax.bytes(), stream));
-        abs_max(s.v_view(), true, false, s.amax.as<unsigned>(), stream);
+        abs_max({{s.v_view(), s.amax.as<unsigned>()}}, true, false, stream);
         // Under fp32+fp16, V's amax maps to 2.25 rather than 448: a 32-key chunk of P·V then stays
         // inside fp16's range (docs/quantized.md).
         const float target = s.options.pv_accumulation == PvAccumulation::fp32_fp16 ? 2.25f : 448.0f;
@@ -280,13 +280,14 @@ void Attention::prepare_inputs(cudaStream_t stream) {
       unsigned* k_amax = q_amax + s.p.batch * s.p.heads_q;
       unsigned* v_amax = k_amax + s.p.batch * s.p.heads_kv;
       ATTNREPLAY_CUDA_CHECK(cudaMemsetAsync(s.amax.as(), 0, s.amax.bytes(), stream));
-      abs_max(s.q_view(), false, per_tensor, q_amax, stream);
-      abs_max(s.k_view(), false, per_tensor, k_amax, stream);
-      abs_max(s.v_view(), false, per_tensor, v_amax, stream);
-      quantize_fp8_rows(s.q_view(), {q_amax, false, per_tensor, 448.0f, s.q_scale.as<float>()},
-                        s.q_work.as<std::uint8_t>(), a.q_rows, stream);
-      quantize_fp8_rows(s.k_view(), {k_amax, false, per_tensor, 448.0f, s.k_scale.as<float>()},
-                        s.k_work.as<std::uint8_t>(), a.k_rows, stream);
+      // One launch for the three maxima and one for Q's and K's codes: fewer launches is what the
+      // short calls' preparation is made of.
+      abs_max({{s.q_view(), q_amax}, {s.k_view(), k_amax}, {s.v_view(), v_amax}}, false, per_tensor, stream);
+      quantize_fp8_rows({{s.q_view(), {q_amax, false, per_tensor, 448.0f, s.q_scale.as<float>()},
+                          s.q_work.as<std::uint8_t>(), a.q_rows},
+                         {s.k_view(), {k_amax, false, per_tensor, 448.0f, s.k_scale.as<float>()},
+                          s.k_work.as<std::uint8_t>(), a.k_rows}},
+                        stream);
       quantize_fp8_values(s.v_view(), {v_amax, false, per_tensor, 448.0f, s.v_scale.as<float>()},
                           s.v_work.as<std::uint8_t>(), a.v_length, stream);
       break;

@@ -3,6 +3,7 @@
 // intrinsics keep nvcc from fusing a multiply and an add into one rounding.
 #include <algorithm>
 #include <climits>
+#include <initializer_list>
 
 #include "kernels/cuda/attention_launch.h"
 #include "kernels/cuda/device_utils.cuh"
@@ -12,6 +13,7 @@ namespace attnreplay::cuda_attention {
 namespace {
 
 constexpr int kQuantThreads = 256;
+constexpr int kMaxKeys = 256;  // keys an abs_max CTA
 
 template <typename Elem>
 __device__ __forceinline__ const Elem* row_pointer(const InputView& in, std::int64_t b, std::int64_t h,
@@ -221,17 +223,24 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_int8_kernel(const Inpu
 // ---- max |x| ----
 
 template <typename Elem, int kDim>
-__global__ void __launch_bounds__(kQuantThreads) abs_max_kernel(const InputView in, bool per_channel,
-                                                                bool per_tensor, unsigned* amax) {
+__global__ void __launch_bounds__(kQuantThreads) abs_max_kernel(const MaxTargets targets, bool per_channel,
+                                                                bool per_tensor) {
   constexpr int kVectors = kDim / 8;
   constexpr int kRowsAPass = kQuantThreads / kVectors;
-  constexpr int kKeys = 256;  // keys a CTA
   __shared__ float partial[kRowsAPass][kDim];
+  // This CTA's input, and its block of keys and head there.
+  const std::int64_t cta = blockIdx.x;
+  int target = 0;
+  while (target + 1 < targets.count && cta >= targets.first_cta[target + 1]) ++target;
+  const InputView& in = targets.target[target].in;
+  unsigned* amax = targets.target[target].amax;
+  const std::int64_t blocks = (in.seq + kMaxKeys - 1) / kMaxKeys;
+  const std::int64_t local = cta - targets.first_cta[target];
+  const std::int64_t head = local / blocks;
+  const int h = static_cast<int>(head % in.heads), b = static_cast<int>(head / in.heads);
   const int vector = static_cast<int>(threadIdx.x) % kVectors, row = static_cast<int>(threadIdx.x) / kVectors;
-  const int h = static_cast<int>(blockIdx.y), b = static_cast<int>(blockIdx.z);
-  const std::int64_t head = static_cast<std::int64_t>(b) * in.heads + h;
-  const std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * kKeys;
-  const std::int64_t end = min(in.seq, first + kKeys);
+  const std::int64_t first = local % blocks * kMaxKeys;
+  const std::int64_t end = min(in.seq, first + kMaxKeys);
   float m[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   for (std::int64_t s = first + row; s < end; s += kRowsAPass) {
     float x[8];
@@ -282,17 +291,20 @@ __device__ __forceinline__ Fp8Factors fp8_factors(const Fp8Scales& s, std::int64
 }
 
 template <typename Elem>
-__global__ void quantize_fp8_rows_kernel(const InputView in, const Fp8Scales scales, std::uint8_t* out,
-                                         std::int64_t rows) {
-  const int vectors_per_row = in.head_dim / 16;  // 16 codes a vector
-  const std::int64_t total = static_cast<std::int64_t>(in.batch) * in.heads * rows * vectors_per_row;
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const int vector = static_cast<int>(i % vectors_per_row);
-    const std::int64_t row = i / vectors_per_row;
-    const std::int64_t s = row % rows, head = row / rows;
-    const Fp8Factors factors = fp8_factors(scales, scales.per_tensor ? 0 : head);
-    if (s == 0 && vector == 0) scales.scales[head] = factors.scale;
+__global__ void quantize_fp8_rows_kernel(const RowsTargets targets) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+       i < targets.first_vector[targets.count]; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    int target = 0;
+    while (target + 1 < targets.count && i >= targets.first_vector[target + 1]) ++target;
+    const RowsTarget& t = targets.target[target];
+    const InputView& in = t.in;
+    const std::int64_t local = i - targets.first_vector[target];
+    const int vectors_per_row = in.head_dim / 16;  // 16 codes a vector
+    const int vector = static_cast<int>(local % vectors_per_row);
+    const std::int64_t row = local / vectors_per_row;
+    const std::int64_t s = row % t.rows, head = row / t.rows;
+    const Fp8Factors factors = fp8_factors(t.scales, t.scales.per_tensor ? 0 : head);
+    if (s == 0 && vector == 0) t.scales.scales[head] = factors.scale;
     uint4 codes = make_uint4(0, 0, 0, 0);
     if (s < in.seq) {
       const Elem* src = row_pointer<Elem>(in, head / in.heads, head % in.heads, s) + vector * 16;
@@ -303,7 +315,7 @@ __global__ void quantize_fp8_rows_kernel(const InputView in, const Fp8Scales sca
       for (int k = 0; k < 8; ++k) x[k] = lo[k], x[k + 8] = hi[k];
       codes = fp8_codes(x, factors.inverse);
     }
-    reinterpret_cast<uint4*>(out)[i] = codes;
+    reinterpret_cast<uint4*>(t.out)[local] = codes;
   }
 }
 
@@ -419,21 +431,36 @@ void quantize_int8(const InputView& in, bool is_key, Granularity granularity, fl
   ATTNREPLAY_CUDA_CHECK_LAUNCH("quantize_int8_kernel");
 }
 
-void abs_max(const InputView& in, bool per_channel, bool per_tensor, unsigned* amax, cudaStream_t stream) {
-  ATTNREPLAY_FOR_ELEMENT_AND_DIM(in, (abs_max_kernel<Elem, kDim><<<head_grid(ceil_div(in.seq, 256), in), kQuantThreads,
-                                                                    0, stream>>>(in, per_channel, per_tensor, amax)));
+void abs_max(std::initializer_list<MaxTarget> inputs, bool per_channel, bool per_tensor, cudaStream_t stream) {
+  MaxTargets targets;
+  for (const MaxTarget& input : inputs) {
+    const InputView& in = input.in;
+    targets.target[targets.count] = input;
+    targets.first_cta[targets.count + 1] = targets.first_cta[targets.count] +
+                                           ceil_div(in.seq, static_cast<std::int64_t>(kMaxKeys)) * in.batch * in.heads;
+    ++targets.count;
+  }
+  const InputView& first = targets.target[0].in;
+  const auto ctas = static_cast<unsigned>(targets.first_cta[targets.count]);
+  ATTNREPLAY_FOR_ELEMENT_AND_DIM(first, (abs_max_kernel<Elem, kDim><<<ctas, kQuantThreads, 0, stream>>>(
+                                            targets, per_channel, per_tensor)));
   ATTNREPLAY_CUDA_CHECK_LAUNCH("abs_max_kernel");
 }
 
-void quantize_fp8_rows(const InputView& in, const Fp8Scales& scales, std::uint8_t* out, std::int64_t rows,
-                       cudaStream_t stream) {
-  const std::int64_t vectors = static_cast<std::int64_t>(in.batch) * in.heads * rows * (in.head_dim / 16);
-  if (in.element == Element::bf16) {
-    quantize_fp8_rows_kernel<__nv_bfloat16><<<grid_for(vectors, kQuantThreads), kQuantThreads, 0, stream>>>(
-        in, scales, out, rows);
+void quantize_fp8_rows(std::initializer_list<RowsTarget> inputs, cudaStream_t stream) {
+  RowsTargets targets;
+  for (const RowsTarget& input : inputs) {
+    targets.target[targets.count] = input;
+    targets.first_vector[targets.count + 1] = targets.first_vector[targets.count] +
+                                              static_cast<std::int64_t>(input.in.batch) * input.in.heads *
+                                                  input.rows * (input.in.head_dim / 16);
+    ++targets.count;
+  }
+  const std::int64_t vectors = targets.first_vector[targets.count];
+  if (targets.target[0].in.element == Element::bf16) {
+    quantize_fp8_rows_kernel<__nv_bfloat16><<<grid_for(vectors, kQuantThreads), kQuantThreads, 0, stream>>>(targets);
   } else {
-    quantize_fp8_rows_kernel<__half><<<grid_for(vectors, kQuantThreads), kQuantThreads, 0, stream>>>(
-        in, scales, out, rows);
+    quantize_fp8_rows_kernel<__half><<<grid_for(vectors, kQuantThreads), kQuantThreads, 0, stream>>>(targets);
   }
   ATTNREPLAY_CUDA_CHECK_LAUNCH("quantize_fp8_rows_kernel");
 }

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <initializer_list>
 
 #include "kernels/cuda/cuda_attention.h"
 
@@ -43,7 +44,17 @@ int int8_groups_per_block(bool is_key, Granularity granularity);
 
 // max |x| as float bits (non-negative floats order as unsigned ints) into `amax`, which the caller
 // zeroes: one per (b, h, channel) when per_channel, one per (b, h), or one for all when per_tensor.
-void abs_max(const InputView& in, bool per_channel, bool per_tensor, unsigned* amax, cudaStream_t stream);
+struct MaxTarget {
+  InputView in;
+  unsigned* amax = nullptr;
+};
+// Up to three inputs of one element type and head dim in one launch.
+struct MaxTargets {
+  MaxTarget target[3];
+  int count = 0;
+  std::int64_t first_cta[4] = {0, 0, 0, 0};
+};
+void abs_max(std::initializer_list<MaxTarget> inputs, bool per_channel, bool per_tensor, cudaStream_t stream);
 
 // FP8 scales from those maxima: scale = amax / target (448, or 2.25 for sage2's V under
 // fp32+fp16), and the codes are e4m3(x * (target / amax)). The quantization kernels compute both
@@ -56,9 +67,20 @@ struct Fp8Scales {
   float* scales = nullptr;  // one per (b, h), or per (b, h, channel) when per_channel
 };
 
-// e4m3 codes, one scale per (b, h); (batch, heads, rows, head_dim) with rows >= seq zero.
-void quantize_fp8_rows(const InputView& in, const Fp8Scales& scales, std::uint8_t* out, std::int64_t rows,
-                       cudaStream_t stream);
+// e4m3 codes, one scale per (b, h); (batch, heads, rows, head_dim) with rows >= seq zero. Up to two
+// inputs (Q and K) in one launch.
+struct RowsTarget {
+  InputView in;
+  Fp8Scales scales;
+  std::uint8_t* out = nullptr;
+  std::int64_t rows = 0;
+};
+struct RowsTargets {
+  RowsTarget target[2];
+  int count = 0;
+  std::int64_t first_vector[3] = {0, 0, 0};
+};
+void quantize_fp8_rows(std::initializer_list<RowsTarget> inputs, cudaStream_t stream);
 // V for the e4m3 P·V: codes with a scale per (b, h, channel) or per (b, h), transposed to
 // (batch, heads, head_dim, keys) with keys >= seq zero and each 32 keys permuted to the order
 // in which the attention kernel's P fragment holds them.
