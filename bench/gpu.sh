@@ -13,8 +13,9 @@ exec > >(tee -a "$LOG") 2>&1
 status=0
 step() { echo; echo "== $* ($(date -u +%H:%M:%S))"; }
 # GPU_STEPS picks a subset, e.g. GPU_STEPS="tests dobench" (the build always runs); "peer",
-# "plugins", "groups", "pipeline", "shard", "reference", "batches", "short", "prep" and "prepkernels" run only when
-# asked for (PREP_TESTS=0 leaves out prep's GPU tests, PREP_VARIANTS and PREP_CASES pick its runs).
+# "plugins", "groups", "pipeline", "shard", "reference", "batches", "short", "prep" and
+# "prepkernels" run only when asked for (PREP_TESTS=0 leaves out prep's GPU tests, PREP_VARIANTS
+# and PREP_CASES pick its runs).
 STEPS="${GPU_STEPS:-tests dobench suite quant capture}"
 wants() { [[ " $STEPS " == *" $1 "* ]]; }
 
