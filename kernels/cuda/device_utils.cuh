@@ -6,7 +6,6 @@
 // C++17: nvcc compiles it.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -190,10 +189,6 @@ __device__ __forceinline__ std::uint32_t pack_e4m3x4(float x0, float x1, float x
   asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(lo) : "f"(x1), "f"(x0));
   asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(hi) : "f"(x3), "f"(x2));
   return static_cast<std::uint32_t>(lo) | (static_cast<std::uint32_t>(hi) << 16);
-}
-
-__device__ __forceinline__ std::uint8_t to_e4m3(float x) {
-  return static_cast<std::uint8_t>(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3));
 }
 
 }  // namespace attnreplay::cuda_attention
