@@ -12,6 +12,8 @@ from typing import Optional
 import numpy as np
 import torch
 
+from flash_attn_math import scores_and_visibility
+
 
 @torch.library.custom_op("flash_attn::_flash_attn_forward", mutates_args=(), device_types="cpu")
 def _flash_attn_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float, softmax_scale: float,
@@ -19,21 +21,8 @@ def _flash_attn_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropo
                         alibi_slopes: Optional[torch.Tensor], return_softmax: bool
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     qh, kh, vh = (t.transpose(1, 2).float() for t in (q, k, v))  # (b, h, s, d)
-    scores = qh @ kh.transpose(-1, -2) * softmax_scale
-    if softcap > 0:
-        scores = softcap * torch.tanh(scores / softcap)
-    sq, skv = scores.shape[-2:]
-    rows = torch.arange(sq).unsqueeze(1) + (skv - sq)  # flash-attn aligns bottom-right
-    cols = torch.arange(skv).unsqueeze(0)
-    if alibi_slopes is not None:
-        scores = scores - alibi_slopes.view(1, -1, 1, 1) * (rows - cols).abs()
-    allowed = torch.ones(sq, skv, dtype=torch.bool)
-    if causal:
-        allowed &= cols <= rows
-    if window_size_left >= 0:
-        allowed &= cols >= rows - window_size_left
-    if window_size_right >= 0:
-        allowed &= cols <= rows + window_size_right
+    scores, allowed = scores_and_visibility(qh, kh, softmax_scale, causal, window_size_left, window_size_right,
+                                            softcap, alibi_slopes)
     probabilities = torch.softmax(scores.masked_fill(~allowed, -math.inf), dim=-1)
     out = (probabilities @ vh).transpose(1, 2).to(q.dtype).contiguous()
     lse = torch.logsumexp(scores, dim=-1)

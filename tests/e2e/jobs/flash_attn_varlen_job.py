@@ -18,6 +18,8 @@ from typing import Optional
 import numpy as np
 import torch
 
+from flash_attn_math import scores_and_visibility
+
 
 def attend(q, k, v, scale, causal, window_left, window_right, softcap, alibi_slopes):
     """One sequence: q (s_q, h, d), k and v (s_k, h_kv, d), in float32."""
@@ -25,21 +27,8 @@ def attend(q, k, v, scale, causal, window_left, window_right, softcap, alibi_slo
     k = k.repeat_interleave(heads // heads_kv, dim=1)
     v = v.repeat_interleave(heads // heads_kv, dim=1)
     qh, kh, vh = (t.transpose(0, 1).float() for t in (q, k, v))  # (h, s, d)
-    scores = qh @ kh.transpose(-1, -2) * scale
-    if softcap > 0:
-        scores = softcap * torch.tanh(scores / softcap)
-    sq, sk = scores.shape[-2:]
-    rows = torch.arange(sq).unsqueeze(1) + (sk - sq)
-    cols = torch.arange(sk).unsqueeze(0)
-    if alibi_slopes is not None:
-        scores = scores - alibi_slopes.view(-1, 1, 1) * (rows - cols).abs()
-    allowed = torch.ones(sq, sk, dtype=torch.bool)
-    if causal:
-        allowed &= cols <= rows
-    if window_left >= 0:
-        allowed &= cols >= rows - window_left
-    if window_right >= 0:
-        allowed &= cols <= rows + window_right
+    scores, allowed = scores_and_visibility(qh, kh, scale, causal, window_left, window_right, softcap,
+                                            alibi_slopes)
     scores = scores.masked_fill(~allowed, -math.inf)
     seen = allowed.any(dim=-1, keepdim=True)
     probabilities = torch.softmax(torch.where(seen, scores, torch.zeros_like(scores)), dim=-1) * seen
