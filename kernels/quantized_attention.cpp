@@ -192,11 +192,17 @@ HeadMatrix head_as_floats(const HostTensor& bhsd, std::int64_t b, std::int64_t h
 }
 
 std::vector<float> channel_means(const HeadMatrix& keys) {
+  // Block by block, so that the GPU sums blocks in parallel and only the block sums in order.
   std::vector<float> sums(static_cast<std::size_t>(keys.cols), 0.0f);
   if (keys.rows == 0) return sums;
-  for (std::int64_t j = 0; j < keys.rows; ++j) {
-    const float* key = keys.row(j);
-    for (std::int64_t c = 0; c < keys.cols; ++c) sums[c] += key[c];
+  std::vector<float> block_sums(static_cast<std::size_t>(keys.cols));
+  for (std::int64_t first = 0; first < keys.rows; first += kBlockK) {
+    std::fill(block_sums.begin(), block_sums.end(), 0.0f);
+    for (std::int64_t j = first; j < std::min(keys.rows, first + kBlockK); ++j) {
+      const float* key = keys.row(j);
+      for (std::int64_t c = 0; c < keys.cols; ++c) block_sums[c] += key[c];
+    }
+    for (std::int64_t c = 0; c < keys.cols; ++c) sums[c] += block_sums[c];
   }
   const auto count = static_cast<float>(keys.rows);
   for (float& sum : sums) sum /= count;

@@ -99,8 +99,9 @@ struct HeadMatrix {
 // Head (b, h) of a (batch, heads, seq, dim) tensor of any floating dtype, exactly, in fp32.
 HeadMatrix head_as_floats(const HostTensor& bhsd, std::int64_t b, std::int64_t h);
 
-// K smoothing (step 1): each channel's mean over the keys, summed in fp32 in key order (0 when
-// there are no keys), and K minus it, kept in fp32.
+// K smoothing (step 1): each channel's mean over the keys, summed in fp32 block by block (each
+// kBlockK keys in key order, then the block sums in block order; 0 when there are no keys), and K
+// minus it, kept in fp32.
 std::vector<float> channel_means(const HeadMatrix& keys);
 void subtract_channel_means(HeadMatrix& keys, std::span<const float> means);
 

@@ -105,6 +105,7 @@ struct Attention::State {
   DeviceBuffer q_in, k_in, v_in;        // as uploaded, in the call's layout
   DeviceBuffer q_work, k_work, v_work;  // what the attention reads, when not the uploads
   DeviceBuffer q_scale, k_scale, v_scale, k_mean;
+  DeviceBuffer k_mean_work;  // block sums and counters of channel_means, zeroed once
   DeviceBuffer amax;  // the FP8 maxima of every input, zeroed at once
   DeviceBuffer out;
   AttentionArgs args;
@@ -187,7 +188,11 @@ Attention::Attention(Kind kind, const Problem& p, const Options& options, const 
       s.k_work.allocate(bkv * static_cast<std::size_t>(k_rows) * d, "K codes");
       s.q_scale.allocate(bq * static_cast<std::size_t>(a.q_groups) * sizeof(float), "Q scales");
       s.k_scale.allocate(bkv * static_cast<std::size_t>(a.k_groups) * sizeof(float), "K scales");
-      if (options.k_smooth) s.k_mean.allocate(bkv * d * sizeof(float), "K channel means");
+      if (options.k_smooth) {
+        s.k_mean.allocate(bkv * d * sizeof(float), "K channel means");
+        s.k_mean_work.allocate(channel_means_work_bytes(s.k_view()), "K block sums");
+        ATTNREPLAY_CUDA_CHECK(cudaMemset(s.k_mean_work.as(), 0, s.k_mean_work.bytes()));
+      }
       a.q = s.q_work.as(), a.k = s.k_work.as();
       a.q_scale = s.q_scale.as<float>(), a.k_scale = s.k_scale.as<float>();
       if (kind == Kind::sage1_int8) {
@@ -252,20 +257,25 @@ void Attention::prepare_inputs(cudaStream_t stream) {
       break;
     case Kind::sage1_int8:
     case Kind::sage2_int8_fp8: {
+      const bool sage2 = s.kind == Kind::sage2_int8_fp8;
+      // sage2's V maxima: beside K's means when K is smoothed (one launch fewer), else alone.
+      const MaxTarget v_maxima{s.v_view(), sage2 ? s.amax.as<unsigned>() : nullptr};
+      if (sage2) ATTNREPLAY_CUDA_CHECK(cudaMemsetAsync(s.amax.as(), 0, s.amax.bytes(), stream));
       const float* mean = nullptr;
       if (s.options.k_smooth) {
-        channel_means(s.k_view(), s.k_mean.as<float>(), stream);
+        channel_means(s.k_view(), s.k_mean.as<float>(), s.k_mean_work.as(), stream, v_maxima);
         mean = s.k_mean.as<float>();
+      } else if (sage2) {
+        abs_max({v_maxima}, true, false, stream);
       }
-      quantize_int8(s.q_view(), false, s.options.granularity, a.score_scale, nullptr,
-                    {s.q_work.as<std::int8_t>(), a.q_rows, s.q_scale.as<float>(), a.q_groups}, stream);
-      quantize_int8(s.k_view(), true, s.options.granularity, 1.0f, mean,
-                    {s.k_work.as<std::int8_t>(), a.k_rows, s.k_scale.as<float>(), a.k_groups}, stream);
-      if (s.kind == Kind::sage1_int8) {
+      const Int8Target q{s.q_view(), false, a.score_scale, nullptr,
+                         {s.q_work.as<std::int8_t>(), a.q_rows, s.q_scale.as<float>(), a.q_groups}};
+      const Int8Target k{s.k_view(), true, 1.0f, mean,
+                         {s.k_work.as<std::int8_t>(), a.k_rows, s.k_scale.as<float>(), a.k_groups}};
+      quantize_int8({q, k}, s.options.granularity, stream);
+      if (!sage2) {
         if (s.p.bshd) copy_to_bhsd(s.v_view(), s.v_work.as(), stream);
       } else {
-        ATTNREPLAY_CUDA_CHECK(cudaMemsetAsync(s.amax.as(), 0, s.amax.bytes(), stream));
-        abs_max({{s.v_view(), s.amax.as<unsigned>()}}, true, false, stream);
         // Under fp32+fp16, V's amax maps to 2.25 rather than 448: a 32-key chunk of P·V then stays
         // inside fp16's range (docs/quantized.md).
         const float target = s.options.pv_accumulation == PvAccumulation::fp32_fp16 ? 2.25f : 448.0f;

@@ -50,61 +50,87 @@ __global__ void copy_to_bhsd_kernel(const InputView in, uint4* out) {
   }
 }
 
-// ---- K smoothing: channel means, summed in key order ----
+// ---- K smoothing: channel means, block by block; V's maxima beside them ----
 
-constexpr int kMeanChannels = 32;  // one warp sums them; a CTA per (b, h, 32 channels)
-constexpr int kMeanKeys = 256;     // keys a shared-memory stage
-
-template <typename Elem>
-__global__ void __launch_bounds__(128) channel_mean_kernel(const InputView in, float* mean) {
-  // The order of the sum is the definition's, so one thread adds up one channel; the CTA streams
-  // the keys through shared memory (double-buffered) so that its adds never wait for DRAM.
-  __shared__ __align__(16) Elem stage[2][kMeanKeys][kMeanChannels];
-  const int c0 = static_cast<int>(blockIdx.x) * kMeanChannels;
+// A CTA sums one 128-key block of one (b, h), a thread a channel in key order, so that the blocks
+// run in parallel and only the block sums are added in order: by the CTA that finishes its head
+// last, which the head's counter tells (the threadfence reduction of CUDA's samples). With V's
+// maxima asked for, the CTA also reads V's block meanwhile: one launch fewer on sage2's short calls.
+template <typename Elem, int kDim>
+__global__ void __launch_bounds__(kQuantThreads) channel_mean_kernel(const InputView in, const ChannelMeans job,
+                                                                     const MaxTarget values) {
+  constexpr int kVectors = kDim / 8;
+  constexpr int kRowsAPass = kQuantThreads / kVectors;
+  __shared__ __align__(16) Elem stage[kBlockK][kDim];
+  __shared__ float v_partial[kRowsAPass][kDim];
+  __shared__ bool last;
+  const std::int64_t block = blockIdx.x, blocks = gridDim.x;
   const int h = static_cast<int>(blockIdx.y), b = static_cast<int>(blockIdx.z);
-  const Elem* base = row_pointer<Elem>(in, b, h, 0) + c0;
-  const std::int64_t stages = (in.seq + kMeanKeys - 1) / kMeanKeys;
-  auto load = [&](std::int64_t st) {
-    constexpr int kVectorsPerKey = kMeanChannels * 2 / 16;
-    for (int v = static_cast<int>(threadIdx.x); v < kMeanKeys * kVectorsPerKey; v += blockDim.x) {
-      const int row = v / kVectorsPerKey, column = (v % kVectorsPerKey) * 8;
-      const std::int64_t key = st * kMeanKeys + row;
-      const bool valid = key < in.seq;
-      cp_async_16(&stage[st % 2][row][column], valid ? base + key * in.stride_s + column : base, valid);
-    }
-  };
-  load(0);
+  const std::int64_t head = static_cast<std::int64_t>(b) * in.heads + h;
+  const std::int64_t first = block * kBlockK;
+  for (int v = static_cast<int>(threadIdx.x); v < kBlockK * kVectors; v += kQuantThreads) {
+    const int row = v / kVectors, column = (v % kVectors) * 8;
+    const bool valid = first + row < in.seq;
+    cp_async_16(&stage[row][column], row_pointer<Elem>(in, b, h, valid ? first + row : 0) + column, valid);
+  }
   cp_async_commit();
-  float sum = 0.0f;
-  for (std::int64_t st = 0; st < stages; ++st) {
-    if (st + 1 < stages) {
-      load(st + 1);  // into the buffer every thread finished reading at the end of st - 1
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
-    if (threadIdx.x < kMeanChannels) {
-      const int keys = static_cast<int>(min(static_cast<std::int64_t>(kMeanKeys), in.seq - st * kMeanKeys));
-      // Eight loads ahead of the adds: the adds' order stays the definition's, and a shared-memory
-      // load's latency is paid once for eight of them rather than for each (ncu: 27 cycles a key).
-      int j = 0;
-      for (; j + 8 <= keys; j += 8) {
-        float value[8];
+  if (values.amax) {
+    // max is exact in any order: atomics across CTAs change nothing.
+    const int vector = static_cast<int>(threadIdx.x) % kVectors, row = static_cast<int>(threadIdx.x) / kVectors;
+    float m[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (std::int64_t s = first + row; s < min(values.in.seq, first + kBlockK); s += kRowsAPass) {
+      float x[8];
+      load8(row_pointer<Elem>(values.in, b, h, s) + vector * 8, x);
 #pragma unroll
-        for (int u = 0; u < 8; ++u) value[u] = to_float(stage[st % 2][j + u][threadIdx.x]);
-#pragma unroll
-        for (int u = 0; u < 8; ++u) sum = __fadd_rn(sum, value[u]);
-      }
-      for (; j < keys; ++j) sum = __fadd_rn(sum, to_float(stage[st % 2][j][threadIdx.x]));
+      for (int k = 0; k < 8; ++k) m[k] = fmaxf(m[k], fabsf(x[k]));
     }
-    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < 8; ++k) v_partial[row][vector * 8 + k] = m[k];
   }
-  if (threadIdx.x < kMeanChannels) {
-    const std::int64_t head = static_cast<std::int64_t>(b) * in.heads + h;
-    mean[head * in.head_dim + c0 + threadIdx.x] = __fdiv_rn(sum, static_cast<float>(in.seq));
+  cp_async_wait<0>();
+  __syncthreads();
+  const int c = static_cast<int>(threadIdx.x);
+  if (c < kDim) {
+    const int keys = static_cast<int>(min(static_cast<std::int64_t>(kBlockK), in.seq - first));
+    // Eight loads ahead of the adds: the adds' order stays the definition's, and a shared-memory
+    // load's latency is paid once for eight of them rather than for each.
+    float sum = 0.0f;
+    int j = 0;
+    for (; j + 8 <= keys; j += 8) {
+      float value[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) value[u] = to_float(stage[j + u][c]);
+#pragma unroll
+      for (int u = 0; u < 8; ++u) sum = __fadd_rn(sum, value[u]);
+    }
+    for (; j < keys; ++j) sum = __fadd_rn(sum, to_float(stage[j][c]));
+    job.block_sums[(head * blocks + block) * kDim + c] = sum;
+    if (values.amax) {
+      float channel = 0.0f;
+      for (int r = 0; r < kRowsAPass; ++r) channel = fmaxf(channel, v_partial[r][c]);
+      atomicMax(values.amax + head * kDim + c, __float_as_uint(channel));
+    }
   }
+  __threadfence();  // this CTA's block sums, visible before its count is
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(job.finished + head, 1u) == blocks - 1;
+  __syncthreads();
+  if (!last) return;
+  if (c < kDim) {
+    const float* sums = job.block_sums + head * blocks * kDim + c;
+    float total = 0.0f;
+    std::int64_t j = 0;
+    for (; j + 8 <= blocks; j += 8) {
+      float value[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) value[u] = __ldcg(sums + (j + u) * kDim);  // from L2: other CTAs wrote them
+#pragma unroll
+      for (int u = 0; u < 8; ++u) total = __fadd_rn(total, value[u]);
+    }
+    for (; j < blocks; ++j) total = __fadd_rn(total, __ldcg(sums + j * kDim));
+    job.mean[head * kDim + c] = __fdiv_rn(total, static_cast<float>(in.seq));
+  }
+  if (threadIdx.x == 0) job.finished[head] = 0;  // ready for the next launch
 }
 
 // ---- INT8 codes with a scale per group ----
@@ -122,23 +148,31 @@ struct Int8Job {
 // The rows are staged in shared memory as loaded (16-bit) and x is computed twice from them, once
 // for the maxima and once for the codes, by the same operations: held in registers, K's 64 floats
 // a thread kept a quarter of the warps resident (ncu).
+// Shared memory for the larger block (K's), so that Q's and K's blocks can share a launch.
+template <int kDim>
+struct Int8Shared {
+  uint4 tile[kBlockK * kDim / 8];
+  float row_amax[kBlockK];
+  float mean[kDim];
+};
+
 template <typename Elem, int kDim, int kRows>
-__global__ void __launch_bounds__(kQuantThreads) quantize_int8_kernel(const InputView in, const Int8Job job) {
+__device__ __forceinline__ void quantize_int8_block(const InputView& in, const Int8Job& job, std::int64_t block,
+                                                    std::int64_t head, Int8Shared<kDim>& shared) {
   constexpr int kThreadsPerRow = kQuantThreads / kRows;
   constexpr int kPerThread = kDim / kThreadsPerRow;
   constexpr int kVectorsPerRow = kDim / 8, kVectorsPerThread = kPerThread / 8;
   static_assert(kPerThread % 16 == 0, "whole 16-byte vectors of codes");
-  __shared__ uint4 tile[kRows * kVectorsPerRow];
-  __shared__ float row_amax[kRows];
-  __shared__ float mean[kDim];
+  static_assert(kRows <= kBlockK, "the shared tile holds a K block");
+  uint4* tile = shared.tile;
+  float* row_amax = shared.row_amax;
+  float* mean = shared.mean;
   // A row's vectors are permuted by (row, thread), so that the 8 threads of a quarter warp, which
   // read 8 rows' or parts' vectors at once, hit 8 different bank groups.
   auto slot = [](int row, int vector) {
     return row * kVectorsPerRow + (vector ^ ((row * kThreadsPerRow + vector / kVectorsPerThread) & 7));
   };
-  const std::int64_t block = blockIdx.x;
-  const int h = static_cast<int>(blockIdx.y), b = static_cast<int>(blockIdx.z);
-  const std::int64_t head = static_cast<std::int64_t>(b) * in.heads + h;
+  const int h = static_cast<int>(head % in.heads), b = static_cast<int>(head / in.heads);
   for (int v = static_cast<int>(threadIdx.x); v < kRows * kVectorsPerRow; v += kQuantThreads) {
     const int row = v / kVectorsPerRow, vector = v % kVectorsPerRow;
     const std::int64_t s = block * kRows + row;
@@ -218,6 +252,21 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_int8_kernel(const Inpu
   if (part == 0 && leader) {
     job.out.scales[head * job.out.groups + block * job.groups_per_block + index] = scale;
   }
+}
+
+// One CTA a block of one target's (b, h): Q's CTAs, then K's.
+template <typename Elem, int kDim>
+__global__ void __launch_bounds__(kQuantThreads) quantize_int8_kernel(const Int8Targets targets) {
+  __shared__ Int8Shared<kDim> shared;
+  const std::int64_t cta = blockIdx.x;
+  const int target = targets.count > 1 && cta >= targets.first_cta[1] ? 1 : 0;
+  const Int8Target& t = targets.target[target];
+  const Int8Job job{t.is_key, targets.granularity, t.pre_scale, t.mean, t.out,
+                    int8_groups_per_block(t.is_key, targets.granularity)};
+  const std::int64_t local = cta - targets.first_cta[target];
+  const std::int64_t blocks = t.out.rows / (t.is_key ? kBlockK : kBlockQ);
+  if (t.is_key) quantize_int8_block<Elem, kDim, kBlockK>(t.in, job, local % blocks, local / blocks, shared);
+  else quantize_int8_block<Elem, kDim, kBlockQ>(t.in, job, local % blocks, local / blocks, shared);
 }
 
 // ---- max |x| ----
@@ -399,35 +448,48 @@ dim3 head_grid(std::int64_t blocks, const InputView& in) {
 
 }  // namespace
 
-int int8_groups_per_block(bool is_key, Granularity granularity) {
-  if (granularity == Granularity::per_thread) return is_key ? 8 : 32;
-  if (granularity == Granularity::per_warp && !is_key) return kBlockQ / kWarpQ;
-  return 1;
-}
-
 void copy_to_bhsd(const InputView& in, void* out, cudaStream_t stream) {
   const std::int64_t vectors = static_cast<std::int64_t>(in.batch) * in.heads * in.seq * (in.head_dim * 2 / 16);
   copy_to_bhsd_kernel<<<grid_for(vectors, kQuantThreads), kQuantThreads, 0, stream>>>(in, static_cast<uint4*>(out));
   ATTNREPLAY_CUDA_CHECK_LAUNCH("copy_to_bhsd_kernel");
 }
 
-void channel_means(const InputView& keys, float* mean, cudaStream_t stream) {
-  const dim3 grid = head_grid(keys.head_dim / kMeanChannels, keys);
-  if (keys.element == Element::bf16) channel_mean_kernel<__nv_bfloat16><<<grid, 128, 0, stream>>>(keys, mean);
-  else channel_mean_kernel<__half><<<grid, 128, 0, stream>>>(keys, mean);
+std::size_t channel_means_work_bytes(const InputView& keys) {
+  const auto heads = static_cast<std::size_t>(keys.batch) * static_cast<std::size_t>(keys.heads);
+  const auto blocks = static_cast<std::size_t>(ceil_div(keys.seq, kBlockK));
+  return heads * blocks * static_cast<std::size_t>(keys.head_dim) * sizeof(float) + heads * sizeof(unsigned);
+}
+
+void channel_means(const InputView& keys, float* mean, void* work, cudaStream_t stream, const MaxTarget& values) {
+  if (keys.seq == 0) {  // no keys: nothing to subtract, as the emulation has it
+    ATTNREPLAY_CUDA_CHECK(cudaMemsetAsync(mean, 0, sizeof(float) * keys.batch * keys.heads * keys.head_dim, stream));
+    return;
+  }
+  const std::int64_t blocks = ceil_div(keys.seq, kBlockK);
+  ChannelMeans job{static_cast<float*>(work), nullptr, mean};
+  job.finished = reinterpret_cast<unsigned*>(job.block_sums + static_cast<std::int64_t>(keys.batch) * keys.heads *
+                                                                  blocks * keys.head_dim);
+  if (values.amax && (values.in.batch != keys.batch || values.in.heads != keys.heads || values.in.seq != keys.seq ||
+                      values.in.head_dim != keys.head_dim || values.in.element != keys.element)) {
+    throw std::invalid_argument("channel_means: V's maxima need V shaped as K");
+  }
+  ATTNREPLAY_FOR_ELEMENT_AND_DIM(keys, (channel_mean_kernel<Elem, kDim><<<head_grid(blocks, keys), kQuantThreads, 0,
+                                                                           stream>>>(keys, job, values)));
   ATTNREPLAY_CUDA_CHECK_LAUNCH("channel_mean_kernel");
 }
 
-void quantize_int8(const InputView& in, bool is_key, Granularity granularity, float pre_scale, const float* mean,
-                   const Int8Output& out, cudaStream_t stream) {
-  const Int8Job job{is_key, granularity, pre_scale, mean, out, int8_groups_per_block(is_key, granularity)};
-  if (is_key) {
-    ATTNREPLAY_FOR_ELEMENT_AND_DIM(in, (quantize_int8_kernel<Elem, kDim, kBlockK>
-                                        <<<head_grid(out.rows / kBlockK, in), kQuantThreads, 0, stream>>>(in, job)));
-  } else {
-    ATTNREPLAY_FOR_ELEMENT_AND_DIM(in, (quantize_int8_kernel<Elem, kDim, kBlockQ>
-                                        <<<head_grid(out.rows / kBlockQ, in), kQuantThreads, 0, stream>>>(in, job)));
+void quantize_int8(std::initializer_list<Int8Target> inputs, Granularity granularity, cudaStream_t stream) {
+  Int8Targets targets;
+  targets.granularity = granularity;
+  for (const Int8Target& input : inputs) {
+    targets.target[targets.count] = input;
+    const std::int64_t blocks = input.out.rows / (input.is_key ? kBlockK : kBlockQ);
+    targets.first_cta[targets.count + 1] = targets.first_cta[targets.count] + blocks * input.in.batch * input.in.heads;
+    ++targets.count;
   }
+  const InputView& first = targets.target[0].in;
+  const auto ctas = static_cast<unsigned>(targets.first_cta[targets.count]);
+  ATTNREPLAY_FOR_ELEMENT_AND_DIM(first, (quantize_int8_kernel<Elem, kDim><<<ctas, kQuantThreads, 0, stream>>>(targets)));
   ATTNREPLAY_CUDA_CHECK_LAUNCH("quantize_int8_kernel");
 }
 

@@ -4,9 +4,11 @@
 // queues its kernels on `stream`. Internal to kernels/cuda.
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <initializer_list>
 
+#include "kernels/cuda/attention_launch.h"
 #include "kernels/cuda/cuda_attention.h"
 
 namespace attnreplay::cuda_attention {
@@ -27,20 +29,35 @@ struct InputView {
 // A contiguous (batch, heads, seq, head_dim) copy.
 void copy_to_bhsd(const InputView& in, void* out, cudaStream_t stream);
 
-// mean[(b, h), c] = (sum over keys in key order, fp32) / seq: (batch * heads, head_dim) floats.
-void channel_means(const InputView& keys, float* mean, cudaStream_t stream);
-
 struct Int8Output {
   std::int8_t* codes = nullptr;  // (batch, heads, rows, head_dim), rows >= seq padded with 0
   std::int64_t rows = 0;         // a multiple of the block (64 for Q, 128 for K)
   float* scales = nullptr;       // (batch, heads, groups)
   std::int64_t groups = 0;       // per head: blocks * groups a block (see int8_groups_per_block)
 };
-// Q: x = Q * pre_scale; K: x = K - mean (mean null: not smoothed). Codes and per-group scales.
-void quantize_int8(const InputView& in, bool is_key, Granularity granularity, float pre_scale, const float* mean,
-                   const Int8Output& out, cudaStream_t stream);
 // Scale groups in one 64-row (Q) or 128-key (K) block.
-int int8_groups_per_block(bool is_key, Granularity granularity);
+__host__ __device__ inline int int8_groups_per_block(bool is_key, Granularity granularity) {
+  if (granularity == Granularity::per_thread) return is_key ? 8 : 32;
+  if (granularity == Granularity::per_warp && !is_key) return kBlockQ / kWarpQ;
+  return 1;
+}
+// Q: x = Q * pre_scale; K: x = K - mean (mean null: not smoothed). Codes and per-group scales.
+struct Int8Target {
+  InputView in;
+  bool is_key = false;
+  float pre_scale = 1.0f;
+  const float* mean = nullptr;
+  Int8Output out;
+};
+// Q's and K's codes in one launch (of one element type and head dim): one launch fewer is what
+// the short calls' preparation is made of.
+struct Int8Targets {
+  Int8Target target[2];
+  int count = 0;
+  Granularity granularity = Granularity::per_warp;
+  std::int64_t first_cta[3] = {0, 0, 0};
+};
+void quantize_int8(std::initializer_list<Int8Target> inputs, Granularity granularity, cudaStream_t stream);
 
 // max |x| as float bits (non-negative floats order as unsigned ints) into `amax`, which the caller
 // zeroes: one per (b, h, channel) when per_channel, one per (b, h), or one for all when per_tensor.
@@ -55,6 +72,19 @@ struct MaxTargets {
   std::int64_t first_cta[4] = {0, 0, 0, 0};
 };
 void abs_max(std::initializer_list<MaxTarget> inputs, bool per_channel, bool per_tensor, cudaStream_t stream);
+
+// mean[(b, h), c] = (sum over 128-key blocks, in block order, of each block's keys summed in key
+// order; fp32) / seq: (batch * heads, head_dim) floats, as the emulation defines it. `work` holds
+// the block sums and a counter per head: channel_means_work_bytes(keys) bytes, zeroed once before
+// the first call (each call leaves its counters at zero). With `values.amax`, V's per-channel
+// maxima come out of the same launch as abs_max(per_channel) puts them (into zeroed `amax`).
+struct ChannelMeans {
+  float* block_sums = nullptr;
+  unsigned* finished = nullptr;  // CTAs done per head
+  float* mean = nullptr;
+};
+std::size_t channel_means_work_bytes(const InputView& keys);
+void channel_means(const InputView& keys, float* mean, void* work, cudaStream_t stream, const MaxTarget& values = {});
 
 // FP8 scales from those maxima: scale = amax / target (448, or 2.25 for sage2's V under
 // fp32+fp16), and the codes are e4m3(x * (target / amax)). The quantization kernels compute both

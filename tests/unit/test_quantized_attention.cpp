@@ -266,6 +266,15 @@ TEST_CASE("quantized steps: K's channel means are removed in fp32", "[quant]") {
   CHECK(channel_means(HeadMatrix(0, 2)) == std::vector<float>{0.0f, 0.0f});
 }
 
+TEST_CASE("quantized steps: K's channel sums run block by block, then over the blocks", "[quant]") {
+  // 2^24 then 127 zeros, then 128 ones: key by key every 1 is lost to rounding (2^24 + 1 ties to
+  // 2^24); summed within their block first, the ones make 128, which 2^24 + 128 keeps.
+  HeadMatrix k(2 * kBlockK, 1);
+  k.values[0] = 16777216.0f;
+  for (std::int64_t j = kBlockK; j < 2 * kBlockK; ++j) k.values[static_cast<std::size_t>(j)] = 1.0f;
+  CHECK(channel_means(k) == std::vector<float>{(16777216.0f + 128.0f) / 256.0f});
+}
+
 TEST_CASE("quantized steps: FP8 scales by amax / 448, per tensor or head and per channel of V", "[quant]") {
   CHECK(fp8_scale_for(448.0f) == 1.0f);
   CHECK(fp8_scale_for(0.0f) == 0.0f);
