@@ -309,9 +309,9 @@ def main():
         print(f"{name:12} {cell('torch-flash (do_bench)', 12)} {cell('sageattention2-sm90 per_thread', 17)} "
               f"{cell('sageattention2-sm90 per_warp', 15)}   {ours}", flush=True)
         results["shapes"].append(row)
+        args.out.write_text(json.dumps(results, indent=2))  # after each shape: a timeout keeps what was measured
     clocks.stop()
     print_whole_calls(results["shapes"])
-    args.out.write_text(json.dumps(results, indent=2))
 
 
 if __name__ == "__main__":
