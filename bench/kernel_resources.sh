@@ -5,7 +5,7 @@
 # The registers are those a thread starts with (the launch bounds' share). Where a CTA has a producer
 # warpgroup, it then gives registers back and the consumers take them (setmaxnreg: 240 each with
 # two consumers, flash at head dim 128; 160 with three); sage2's solo CTAs keep theirs (168 at head
-# dim 128, 128 at 64). Spills are counted over the whole kernel.
+# dim 128, 255 under fp32+fp16 there, 128 at 64). Spills are counted over the whole kernel.
 # Needs only nvcc, so it runs on the CPU machine as well: bash bench/kernel_resources.sh
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -54,8 +54,10 @@ struct AttentionTile {
   //   need more shared memory than a CTA has for a third consumer.
   // - solo (sage2): the serial schedule in a CTA of one consumer warpgroup and no producer, three
   //   such CTAs to an SM at head dim 128 (168 registers each, as SageAttention2's Hopper kernel
-  //   runs), four at 64 (128 registers); its first thread copies K once Q·Kᵀ is done with it and
-  //   V once P·V is, one stage each. Every CTA copies its own K and V, three times the L2 reads
+  //   runs), four at 64 (128 registers); two at 128 under fp32+fp16, whose fp16 accumulator of
+  //   a 32-key chunk spilled 64-76 bytes at 168 registers (with 248 and no spills: Flux +4 %,
+  //   1k and 4k even; bench/results/2026-11-25-h100-whole-call). Its first thread copies K once
+  //   Q·Kᵀ is done with it and V once P·V is, one stage each. Every CTA copies its own K and V, three times the L2 reads
   //   of the shared-CTA serial schedule, but 64-row CTAs fill the last wave of a launch more
   //   evenly than 192-row ones. On an H100 (bench/results/2026-11-23-h100-solo), against the
   //   shared-CTA schedules: +12 % on Flux (4.4 waves of 192-row CTAs), +22 % at 1k keys, +4 % at
@@ -71,7 +73,7 @@ struct AttentionTile {
   static constexpr int kConsumers = kSolo ? 1 : kDim == 64 || kSerial ? 3 : 2;
   static constexpr int kConsumerThreads = 128 * kConsumers;
   static constexpr int kThreads = kConsumerThreads + (kSolo ? 0 : 128);
-  static constexpr int kCtasPerSm = kSolo ? (kDimT == 64 ? 4 : 3) : 1;
+  static constexpr int kCtasPerSm = kSolo ? (kDimT == 64 ? 4 : (kPvT == PvAccumulation::fp32_fp16 ? 2 : 3)) : 1;
   static constexpr int kCtaQ = kBlockQ * kConsumers;
   // Solo: whether the wait for V comes after the softmax (see parity_after), or where ptxas puts
   // it, at the softmax's start. On an H100 (bench/results/2026-11-23-h100-late-values): at head
