@@ -15,7 +15,7 @@ step() { echo; echo "== $* ($(date -u +%H:%M:%S))"; }
 # GPU_STEPS picks a subset, e.g. GPU_STEPS="tests dobench" (the build always runs); "peer",
 # "plugins", "groups", "pipeline", "shard", "reference", "batches", "short", "prep" and
 # "prepkernels" run only when asked for (PREP_TESTS=0 leaves out prep's GPU tests, PREP_VARIANTS
-# and PREP_CASES pick its runs).
+# and PREP_CASES pick its runs; PEER_SHAPES picks the peer step's shapes).
 STEPS="${GPU_STEPS:-tests dobench suite quant capture}"
 wants() { [[ " $STEPS " == *" $1 "* ]]; }
 
@@ -109,7 +109,8 @@ if [ -n "${PEER_BUILD:-}" ]; then
   # Only this pid: a bare `wait` would also wait for the tee that the log goes through.
   wait "$PEER_BUILD" || { tail -30 /tmp/peer-build.log; status=1; }
   python3 "$ROOT/bench/peer_sageattention.py" --source "$PEER_SOURCE" --build-dir "$BUILD-peer" \
-    --attnreplay "$BIN" --out "$OUT/peer.json" 2>&1 | grep -v "^W[0-9]" | tee "$OUT/peer.txt" || status=1
+    --attnreplay "$BIN" --out "$OUT/peer.json" ${PEER_SHAPES:+--shapes "$PEER_SHAPES"} 2>&1 | grep -v "^W[0-9]" \
+    | tee "$OUT/peer.txt" || status=1
 else
   echo "no SageAttention checkout in .peer/SageAttention (bench/README.md says how to get one)"
 fi
