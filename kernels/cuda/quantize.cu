@@ -144,10 +144,6 @@ struct Int8Job {
   int groups_per_block = 1;
 };
 
-// A CTA quantizes one block of rows (64 of Q, 128 of K) of one (b, h): every group lies inside it.
-// The rows are staged in shared memory as loaded (16-bit) and x is computed twice from them, once
-// for the maxima and once for the codes, by the same operations: held in registers, K's 64 floats
-// a thread kept a quarter of the warps resident (ncu).
 // Shared memory for the larger block (K's), so that Q's and K's blocks can share a launch.
 template <int kDim>
 struct Int8Shared {
@@ -156,6 +152,10 @@ struct Int8Shared {
   float mean[kDim];
 };
 
+// A CTA quantizes one block of rows (64 of Q, 128 of K) of one (b, h): every group lies inside it.
+// The rows are staged in shared memory as loaded (16-bit) and x is computed twice from them, once
+// for the maxima and once for the codes, by the same operations: held in registers, K's 64 floats
+// a thread kept a quarter of the warps resident (ncu).
 template <typename Elem, int kDim, int kRows>
 __device__ __forceinline__ void quantize_int8_block(const InputView& in, const Int8Job& job, std::int64_t block,
                                                     std::int64_t head, Int8Shared<kDim>& shared) {
@@ -488,6 +488,11 @@ void quantize_int8(std::initializer_list<Int8Target> inputs, Granularity granula
     ++targets.count;
   }
   const InputView& first = targets.target[0].in;
+  for (int t = 1; t < targets.count; ++t) {
+    if (targets.target[t].in.element != first.element || targets.target[t].in.head_dim != first.head_dim) {
+      throw std::invalid_argument("quantize_int8: one launch takes inputs of one element type and head dim");
+    }
+  }
   const auto ctas = static_cast<unsigned>(targets.first_cta[targets.count]);
   ATTNREPLAY_FOR_ELEMENT_AND_DIM(first, (quantize_int8_kernel<Elem, kDim><<<ctas, kQuantThreads, 0, stream>>>(targets)));
   ATTNREPLAY_CUDA_CHECK_LAUNCH("quantize_int8_kernel");
