@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <climits>
 #include <initializer_list>
+#include <stdexcept>
+#include <string>
 
 #include "kernels/cuda/attention_launch.h"
 #include "kernels/cuda/device_utils.cuh"
@@ -33,6 +35,65 @@ __device__ __forceinline__ void load8(const Elem* p, float (&x)[8]) {
 unsigned grid_for(std::int64_t items, int threads) {
   // Enough CTAs to fill an H100 many times over; grid-stride loops take the rest.
   return static_cast<unsigned>(std::max<std::int64_t>(1, std::min<std::int64_t>(ceil_div(items, threads), 65536)));
+}
+
+// Up to kMax inputs of one element type and head dim in one launch: CTAs (or items) [first[t],
+// first[t + 1]) are input t's.
+template <typename Target, int kMax>
+struct LaunchTargets {
+  Target target[kMax];
+  int count = 0;
+  std::int64_t first[kMax + 1] = {};
+
+  __device__ __forceinline__ int of(std::int64_t index) const {
+    int t = 0;
+    while (t + 1 < count && index >= first[t + 1]) ++t;
+    return t;
+  }
+};
+
+// `items(input)` CTAs or items for each input, in order.
+template <int kMax, typename Target, typename Items>
+LaunchTargets<Target, kMax> launch_targets(std::initializer_list<Target> inputs, Items items, const char* what) {
+  if (inputs.size() == 0 || inputs.size() > static_cast<std::size_t>(kMax)) {
+    throw std::invalid_argument(std::string(what) + ": 1 to " + std::to_string(kMax) + " inputs a launch");
+  }
+  LaunchTargets<Target, kMax> targets;
+  for (const Target& input : inputs) {
+    const InputView& in = input.in, &first = inputs.begin()->in;
+    if (in.element != first.element || in.head_dim != first.head_dim) {
+      throw std::invalid_argument(std::string(what) + ": one launch takes inputs of one element type and head dim");
+    }
+    targets.target[targets.count] = input;
+    targets.first[targets.count + 1] = targets.first[targets.count] + items(input);
+    ++targets.count;
+  }
+  return targets;
+}
+
+// Per-channel |x| maxima of keys [first, end) of (b, h): each thread keeps 8 channels of every
+// kRowsAPass-th key, into partial[its row][channel]; channel_max then takes a channel's over rows.
+template <typename Elem, int kDim>
+__device__ __forceinline__ void row_maxima(const InputView& in, int b, int h, std::int64_t first, std::int64_t end,
+                                           float (&partial)[kQuantThreads / (kDim / 8)][kDim]) {
+  constexpr int kVectors = kDim / 8;
+  constexpr int kRowsAPass = kQuantThreads / kVectors;
+  const int vector = static_cast<int>(threadIdx.x) % kVectors, row = static_cast<int>(threadIdx.x) / kVectors;
+  float m[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (std::int64_t s = first + row; s < end; s += kRowsAPass) {
+    float x[8];
+    load8(row_pointer<Elem>(in, b, h, s) + vector * 8, x);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) m[k] = fmaxf(m[k], fabsf(x[k]));
+  }
+#pragma unroll
+  for (int k = 0; k < 8; ++k) partial[row][vector * 8 + k] = m[k];
+}
+template <int kRows, int kDim>
+__device__ __forceinline__ float channel_max(const float (&partial)[kRows][kDim], int c) {
+  float channel = 0.0f;
+  for (int r = 0; r < kRows; ++r) channel = fmaxf(channel, partial[r][c]);
+  return channel;
 }
 
 // ---- Layout change ----
@@ -74,19 +135,7 @@ __global__ void __launch_bounds__(kQuantThreads) channel_mean_kernel(const Input
     cp_async_16(&stage[row][column], row_pointer<Elem>(in, b, h, valid ? first + row : 0) + column, valid);
   }
   cp_async_commit();
-  if (values.amax) {
-    // max is exact in any order: atomics across CTAs change nothing.
-    const int vector = static_cast<int>(threadIdx.x) % kVectors, row = static_cast<int>(threadIdx.x) / kVectors;
-    float m[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (std::int64_t s = first + row; s < min(values.in.seq, first + kBlockK); s += kRowsAPass) {
-      float x[8];
-      load8(row_pointer<Elem>(values.in, b, h, s) + vector * 8, x);
-#pragma unroll
-      for (int k = 0; k < 8; ++k) m[k] = fmaxf(m[k], fabsf(x[k]));
-    }
-#pragma unroll
-    for (int k = 0; k < 8; ++k) v_partial[row][vector * 8 + k] = m[k];
-  }
+  if (values.amax) row_maxima<Elem, kDim>(values.in, b, h, first, min(values.in.seq, first + kBlockK), v_partial);
   cp_async_wait<0>();
   __syncthreads();
   const int c = static_cast<int>(threadIdx.x);
@@ -105,11 +154,8 @@ __global__ void __launch_bounds__(kQuantThreads) channel_mean_kernel(const Input
     }
     for (; j < keys; ++j) sum = __fadd_rn(sum, to_float(stage[j][c]));
     job.block_sums[(head * blocks + block) * kDim + c] = sum;
-    if (values.amax) {
-      float channel = 0.0f;
-      for (int r = 0; r < kRowsAPass; ++r) channel = fmaxf(channel, v_partial[r][c]);
-      atomicMax(values.amax + head * kDim + c, __float_as_uint(channel));
-    }
+    // max is exact in any order: atomics across CTAs change nothing.
+    if (values.amax) atomicMax(values.amax + head * kDim + c, __float_as_uint(channel_max(v_partial, c)));
   }
   __threadfence();  // this CTA's block sums, visible before its count is
   __syncthreads();
@@ -256,14 +302,14 @@ __device__ __forceinline__ void quantize_int8_block(const InputView& in, const I
 
 // One CTA a block of one target's (b, h): Q's CTAs, then K's.
 template <typename Elem, int kDim>
-__global__ void __launch_bounds__(kQuantThreads) quantize_int8_kernel(const Int8Targets targets) {
+__global__ void __launch_bounds__(kQuantThreads) quantize_int8_kernel(const LaunchTargets<Int8Target, 2> targets,
+                                                                      Granularity granularity) {
   __shared__ Int8Shared<kDim> shared;
   const std::int64_t cta = blockIdx.x;
-  const int target = targets.count > 1 && cta >= targets.first_cta[1] ? 1 : 0;
+  const int target = targets.of(cta);
   const Int8Target& t = targets.target[target];
-  const Int8Job job{t.is_key, targets.granularity, t.pre_scale, t.mean, t.out,
-                    int8_groups_per_block(t.is_key, targets.granularity)};
-  const std::int64_t local = cta - targets.first_cta[target];
+  const Int8Job job{t.is_key, granularity, t.pre_scale, t.mean, t.out, int8_groups_per_block(t.is_key, granularity)};
+  const std::int64_t local = cta - targets.first[target];
   const std::int64_t blocks = t.out.rows / (t.is_key ? kBlockK : kBlockQ);
   if (t.is_key) quantize_int8_block<Elem, kDim, kBlockK>(t.in, job, local % blocks, local / blocks, shared);
   else quantize_int8_block<Elem, kDim, kBlockQ>(t.in, job, local % blocks, local / blocks, shared);
@@ -272,41 +318,26 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_int8_kernel(const Int8
 // ---- max |x| ----
 
 template <typename Elem, int kDim>
-__global__ void __launch_bounds__(kQuantThreads) abs_max_kernel(const MaxTargets targets, bool per_channel,
-                                                                bool per_tensor) {
-  constexpr int kVectors = kDim / 8;
-  constexpr int kRowsAPass = kQuantThreads / kVectors;
+__global__ void __launch_bounds__(kQuantThreads) abs_max_kernel(const LaunchTargets<MaxTarget, 3> targets,
+                                                                bool per_channel, bool per_tensor) {
+  constexpr int kRowsAPass = kQuantThreads / (kDim / 8);
   __shared__ float partial[kRowsAPass][kDim];
   // This CTA's input, and its block of keys and head there.
   const std::int64_t cta = blockIdx.x;
-  int target = 0;
-  while (target + 1 < targets.count && cta >= targets.first_cta[target + 1]) ++target;
+  const int target = targets.of(cta);
   const InputView& in = targets.target[target].in;
   unsigned* amax = targets.target[target].amax;
   const std::int64_t blocks = (in.seq + kMaxKeys - 1) / kMaxKeys;
-  const std::int64_t local = cta - targets.first_cta[target];
+  const std::int64_t local = cta - targets.first[target];
   const std::int64_t head = local / blocks;
   const int h = static_cast<int>(head % in.heads), b = static_cast<int>(head / in.heads);
-  const int vector = static_cast<int>(threadIdx.x) % kVectors, row = static_cast<int>(threadIdx.x) / kVectors;
   const std::int64_t first = local % blocks * kMaxKeys;
-  const std::int64_t end = min(in.seq, first + kMaxKeys);
-  float m[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  for (std::int64_t s = first + row; s < end; s += kRowsAPass) {
-    float x[8];
-    load8(row_pointer<Elem>(in, b, h, s) + vector * 8, x);
-#pragma unroll
-    for (int k = 0; k < 8; ++k) m[k] = fmaxf(m[k], fabsf(x[k]));
-  }
-#pragma unroll
-  for (int k = 0; k < 8; ++k) partial[row][vector * 8 + k] = m[k];
+  row_maxima<Elem, kDim>(in, b, h, first, min(in.seq, first + kMaxKeys), partial);
   __syncthreads();
   // max is exact in any order: atomics across CTAs change nothing.
   if (per_channel) {
-    if (threadIdx.x < kDim) {
-      float channel = 0.0f;
-      for (int r = 0; r < kRowsAPass; ++r) channel = fmaxf(channel, partial[r][threadIdx.x]);
-      atomicMax(amax + head * kDim + threadIdx.x, __float_as_uint(channel));
-    }
+    const int c = static_cast<int>(threadIdx.x);
+    if (c < kDim) atomicMax(amax + head * kDim + c, __float_as_uint(channel_max(partial, c)));
   } else if (threadIdx.x < 32) {
     float all = 0.0f;
     for (int k = static_cast<int>(threadIdx.x); k < kRowsAPass * kDim; k += 32) all = fmaxf(all, (&partial[0][0])[k]);
@@ -340,14 +371,13 @@ __device__ __forceinline__ Fp8Factors fp8_factors(const Fp8Scales& s, std::int64
 }
 
 template <typename Elem>
-__global__ void quantize_fp8_rows_kernel(const RowsTargets targets) {
+__global__ void quantize_fp8_rows_kernel(const LaunchTargets<RowsTarget, 2> targets) {
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
-       i < targets.first_vector[targets.count]; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    int target = 0;
-    while (target + 1 < targets.count && i >= targets.first_vector[target + 1]) ++target;
+       i < targets.first[targets.count]; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const int target = targets.of(i);
     const RowsTarget& t = targets.target[target];
     const InputView& in = t.in;
-    const std::int64_t local = i - targets.first_vector[target];
+    const std::int64_t local = i - targets.first[target];
     const int vectors_per_row = in.head_dim / 16;  // 16 codes a vector
     const int vector = static_cast<int>(local % vectors_per_row);
     const std::int64_t row = local / vectors_per_row;
@@ -479,51 +509,30 @@ void channel_means(const InputView& keys, float* mean, void* work, cudaStream_t 
 }
 
 void quantize_int8(std::initializer_list<Int8Target> inputs, Granularity granularity, cudaStream_t stream) {
-  Int8Targets targets;
-  targets.granularity = granularity;
-  for (const Int8Target& input : inputs) {
-    targets.target[targets.count] = input;
-    const std::int64_t blocks = input.out.rows / (input.is_key ? kBlockK : kBlockQ);
-    targets.first_cta[targets.count + 1] = targets.first_cta[targets.count] + blocks * input.in.batch * input.in.heads;
-    ++targets.count;
-  }
-  const InputView& first = targets.target[0].in;
-  for (int t = 1; t < targets.count; ++t) {
-    if (targets.target[t].in.element != first.element || targets.target[t].in.head_dim != first.head_dim) {
-      throw std::invalid_argument("quantize_int8: one launch takes inputs of one element type and head dim");
-    }
-  }
-  const auto ctas = static_cast<unsigned>(targets.first_cta[targets.count]);
-  ATTNREPLAY_FOR_ELEMENT_AND_DIM(first, (quantize_int8_kernel<Elem, kDim><<<ctas, kQuantThreads, 0, stream>>>(targets)));
+  const auto targets = launch_targets<2>(inputs, [](const Int8Target& t) {
+    return t.out.rows / (t.is_key ? kBlockK : kBlockQ) * t.in.batch * t.in.heads;  // a CTA a block
+  }, "quantize_int8");
+  const auto ctas = static_cast<unsigned>(targets.first[targets.count]);
+  ATTNREPLAY_FOR_ELEMENT_AND_DIM(targets.target[0].in, (quantize_int8_kernel<Elem, kDim><<<ctas, kQuantThreads, 0,
+                                                                                         stream>>>(targets, granularity)));
   ATTNREPLAY_CUDA_CHECK_LAUNCH("quantize_int8_kernel");
 }
 
 void abs_max(std::initializer_list<MaxTarget> inputs, bool per_channel, bool per_tensor, cudaStream_t stream) {
-  MaxTargets targets;
-  for (const MaxTarget& input : inputs) {
-    const InputView& in = input.in;
-    targets.target[targets.count] = input;
-    targets.first_cta[targets.count + 1] = targets.first_cta[targets.count] +
-                                           ceil_div(in.seq, static_cast<std::int64_t>(kMaxKeys)) * in.batch * in.heads;
-    ++targets.count;
-  }
-  const InputView& first = targets.target[0].in;
-  const auto ctas = static_cast<unsigned>(targets.first_cta[targets.count]);
-  ATTNREPLAY_FOR_ELEMENT_AND_DIM(first, (abs_max_kernel<Elem, kDim><<<ctas, kQuantThreads, 0, stream>>>(
-                                            targets, per_channel, per_tensor)));
+  const auto targets = launch_targets<3>(inputs, [](const MaxTarget& t) {
+    return ceil_div(t.in.seq, static_cast<std::int64_t>(kMaxKeys)) * t.in.batch * t.in.heads;  // a CTA kMaxKeys keys
+  }, "abs_max");
+  const auto ctas = static_cast<unsigned>(targets.first[targets.count]);
+  ATTNREPLAY_FOR_ELEMENT_AND_DIM(targets.target[0].in, (abs_max_kernel<Elem, kDim><<<ctas, kQuantThreads, 0, stream>>>(
+                                                           targets, per_channel, per_tensor)));
   ATTNREPLAY_CUDA_CHECK_LAUNCH("abs_max_kernel");
 }
 
 void quantize_fp8_rows(std::initializer_list<RowsTarget> inputs, cudaStream_t stream) {
-  RowsTargets targets;
-  for (const RowsTarget& input : inputs) {
-    targets.target[targets.count] = input;
-    targets.first_vector[targets.count + 1] = targets.first_vector[targets.count] +
-                                              static_cast<std::int64_t>(input.in.batch) * input.in.heads *
-                                                  input.rows * (input.in.head_dim / 16);
-    ++targets.count;
-  }
-  const std::int64_t vectors = targets.first_vector[targets.count];
+  const auto targets = launch_targets<2>(inputs, [](const RowsTarget& t) {
+    return static_cast<std::int64_t>(t.in.batch) * t.in.heads * t.rows * (t.in.head_dim / 16);  // 16 codes an item
+  }, "quantize_fp8_rows");
+  const std::int64_t vectors = targets.first[targets.count];
   if (targets.target[0].in.element == Element::bf16) {
     quantize_fp8_rows_kernel<__nv_bfloat16><<<grid_for(vectors, kQuantThreads), kQuantThreads, 0, stream>>>(targets);
   } else {

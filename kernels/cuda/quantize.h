@@ -51,12 +51,6 @@ struct Int8Target {
 };
 // Q's and K's codes in one launch (of one element type and head dim): one launch fewer is what
 // the short calls' preparation is made of.
-struct Int8Targets {
-  Int8Target target[2];
-  int count = 0;
-  Granularity granularity = Granularity::per_warp;
-  std::int64_t first_cta[3] = {0, 0, 0};
-};
 void quantize_int8(std::initializer_list<Int8Target> inputs, Granularity granularity, cudaStream_t stream);
 
 // max |x| as float bits (non-negative floats order as unsigned ints) into `amax`, which the caller
@@ -66,11 +60,6 @@ struct MaxTarget {
   unsigned* amax = nullptr;
 };
 // Up to three inputs of one element type and head dim in one launch.
-struct MaxTargets {
-  MaxTarget target[3];
-  int count = 0;
-  std::int64_t first_cta[4] = {0, 0, 0, 0};
-};
 void abs_max(std::initializer_list<MaxTarget> inputs, bool per_channel, bool per_tensor, cudaStream_t stream);
 
 // mean[(b, h), c] = (sum over 128-key blocks, in block order, of each block's keys summed in key
@@ -104,11 +93,6 @@ struct RowsTarget {
   Fp8Scales scales;
   std::uint8_t* out = nullptr;
   std::int64_t rows = 0;
-};
-struct RowsTargets {
-  RowsTarget target[2];
-  int count = 0;
-  std::int64_t first_vector[3] = {0, 0, 0};
 };
 void quantize_fp8_rows(std::initializer_list<RowsTarget> inputs, cudaStream_t stream);
 // V for the e4m3 P·V: codes with a scale per (b, h, channel) or per (b, h), transposed to
