@@ -221,6 +221,7 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kCtasPerSm) attention_ke
     fence_mbarrier_init();
   }
   __syncthreads();
+  wait_for_prior_kernel();  // launched overlapping its inputs' preparation: before any copy of them
 
   // Copies by TMA, issued by the threads where `issue` holds: Q; K or V of key block kb into its
   // stage, the bytes counted on `loaded`.
@@ -726,7 +727,7 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kCtasPerSm) attention_ke
 }
 
 template <class Tile>
-void launch_attention(const AttentionArgs& a, cudaStream_t stream) {
+void launch_attention(const AttentionArgs& a, Order order, cudaStream_t stream) {
   // Once per instantiation: more than 48 KB of dynamic shared memory must be asked for.
   static const cudaError_t configured = [] {
     const cudaError_t error = cudaFuncSetAttribute(attention_kernel<Tile>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -754,27 +755,27 @@ void launch_attention(const AttentionArgs& a, cudaStream_t stream) {
   } else {
     params.v_map = make_tile_map(a.v, Tile::kDim * 2, a.v_length, std::int64_t{a.batch} * a.heads_kv, kBlockK, "V");
   }
-  attention_kernel<Tile><<<grid, Tile::kThreads, Tile::kSmemBytes, stream>>>(params);
-  ATTNREPLAY_CUDA_CHECK_LAUNCH("attention_kernel");
+  launch_kernel("attention_kernel", attention_kernel<Tile>, grid, Tile::kThreads, Tile::kSmemBytes, order, stream,
+                params);
 }
 
 // Picks the instantiation for the call's head dim, element type and (Sage) K scale granularity.
 template <Kind kKind, PvAccumulation kPv, bool kPerThreadK>
-void dispatch_head_dim(const AttentionArgs& a, cudaStream_t stream) {
+void dispatch_head_dim(const AttentionArgs& a, Order order, cudaStream_t stream) {
   const bool bf16 = a.element == Element::bf16;
-  if (a.head_dim == 64 && bf16) return launch_attention<AttentionTile<kKind, 64, __nv_bfloat16, kPv, kPerThreadK>>(a, stream);
-  if (a.head_dim == 64) return launch_attention<AttentionTile<kKind, 64, __half, kPv, kPerThreadK>>(a, stream);
-  if (a.head_dim == 128 && bf16) return launch_attention<AttentionTile<kKind, 128, __nv_bfloat16, kPv, kPerThreadK>>(a, stream);
-  if (a.head_dim == 128) return launch_attention<AttentionTile<kKind, 128, __half, kPv, kPerThreadK>>(a, stream);
+  if (a.head_dim == 64 && bf16) return launch_attention<AttentionTile<kKind, 64, __nv_bfloat16, kPv, kPerThreadK>>(a, order, stream);
+  if (a.head_dim == 64) return launch_attention<AttentionTile<kKind, 64, __half, kPv, kPerThreadK>>(a, order, stream);
+  if (a.head_dim == 128 && bf16) return launch_attention<AttentionTile<kKind, 128, __nv_bfloat16, kPv, kPerThreadK>>(a, order, stream);
+  if (a.head_dim == 128) return launch_attention<AttentionTile<kKind, 128, __half, kPv, kPerThreadK>>(a, order, stream);
   throw std::invalid_argument("attention kernel: head dim " + std::to_string(a.head_dim) + " (64 or 128 only)");
 }
 
 template <Kind kKind, PvAccumulation kPv>
-void dispatch_attention(const AttentionArgs& a, cudaStream_t stream) {
+void dispatch_attention(const AttentionArgs& a, Order order, cudaStream_t stream) {
   if constexpr (kKind == Kind::sage1_int8 || kKind == Kind::sage2_int8_fp8) {
-    if (a.granularity == Granularity::per_thread) return dispatch_head_dim<kKind, kPv, true>(a, stream);
+    if (a.granularity == Granularity::per_thread) return dispatch_head_dim<kKind, kPv, true>(a, order, stream);
   }
-  dispatch_head_dim<kKind, kPv, false>(a, stream);
+  dispatch_head_dim<kKind, kPv, false>(a, order, stream);
 }
 
 }  // namespace attnreplay::cuda_attention

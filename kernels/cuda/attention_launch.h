@@ -1,11 +1,13 @@
 #pragma once
 // What the attention kernels read, as prepared by kernels/cuda/quantize.cu, and one launcher per
-// kind (kernels/cuda/{flash,sage1_int8,sage2_int8_fp8,fa3_fp8}.cu). Internal to kernels/cuda.
+// kind (kernels/cuda/{flash,sage1_int8,sage2_int8_fp8,fa3_fp8}.cu), each queued in `order` after
+// the work before it on `stream`. Internal to kernels/cuda.
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
 #include "kernels/cuda/cuda_attention.h"
+#include "kernels/cuda/device_utils.cuh"
 
 namespace attnreplay::cuda_attention {
 
@@ -53,9 +55,9 @@ struct AttentionArgs {
   std::int64_t causal_offset = 0;  // key j visible to row i when j <= i + causal_offset
 };
 
-void launch_flash(const AttentionArgs& args, cudaStream_t stream);
-void launch_sage1_int8(const AttentionArgs& args, cudaStream_t stream);
-void launch_sage2_int8_fp8(const AttentionArgs& args, cudaStream_t stream);
-void launch_fa3_fp8(const AttentionArgs& args, cudaStream_t stream);
+void launch_flash(const AttentionArgs& args, Order order, cudaStream_t stream);
+void launch_sage1_int8(const AttentionArgs& args, Order order, cudaStream_t stream);
+void launch_sage2_int8_fp8(const AttentionArgs& args, Order order, cudaStream_t stream);
+void launch_fa3_fp8(const AttentionArgs& args, Order order, cudaStream_t stream);
 
 }  // namespace attnreplay::cuda_attention

@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <limits>
+#include <utility>
 
 #include "kernels/cuda/attention_launch.h"
 #include "kernels/cuda/cuda_attention.h"
@@ -109,6 +110,7 @@ struct Attention::State {
   DeviceBuffer amax;  // the FP8 maxima of every input, zeroed at once
   DeviceBuffer out;
   AttentionArgs args;
+  Order attention_order = Order::after_all;  // overlapping right after prepare_inputs
 
   InputView view(const DeviceBuffer& buffer, std::int64_t heads, std::int64_t seq) const {
     InputView v;
@@ -247,12 +249,16 @@ std::size_t Attention::preparation_bytes() const {
 void Attention::prepare_inputs(cudaStream_t stream) {
   State& s = *state_;
   const AttentionArgs& a = s.args;
+  // The first kernel waits for all work before it (the previous call's attention reads what it
+  // writes); each later one overlaps the last wave of the one before (device_utils.cuh).
+  Order order = Order::after_all;
+  auto next = [&order] { return std::exchange(order, Order::overlapping); };
   switch (s.kind) {
     case Kind::flash:
       if (s.p.bshd) {
-        copy_to_bhsd(s.q_view(), s.q_work.as(), stream);
-        copy_to_bhsd(s.k_view(), s.k_work.as(), stream);
-        copy_to_bhsd(s.v_view(), s.v_work.as(), stream);
+        copy_to_bhsd(s.q_view(), s.q_work.as(), next(), stream);
+        copy_to_bhsd(s.k_view(), s.k_work.as(), next(), stream);
+        copy_to_bhsd(s.v_view(), s.v_work.as(), next(), stream);
       }
       break;
     case Kind::sage1_int8:
@@ -263,24 +269,24 @@ void Attention::prepare_inputs(cudaStream_t stream) {
       if (sage2) ATTNREPLAY_CUDA_CHECK(cudaMemsetAsync(s.amax.as(), 0, s.amax.bytes(), stream));
       const float* mean = nullptr;
       if (s.options.k_smooth) {
-        channel_means(s.k_view(), s.k_mean.as<float>(), s.k_mean_work.as(), stream, v_maxima);
+        channel_means(s.k_view(), s.k_mean.as<float>(), s.k_mean_work.as(), v_maxima, next(), stream);
         mean = s.k_mean.as<float>();
       } else if (sage2) {
-        abs_max({v_maxima}, true, false, stream);
+        abs_max({v_maxima}, true, false, next(), stream);
       }
       const Int8Target q{s.q_view(), false, a.score_scale, nullptr,
                          {s.q_work.as<std::int8_t>(), a.q_rows, s.q_scale.as<float>(), a.q_groups}};
       const Int8Target k{s.k_view(), true, 1.0f, mean,
                          {s.k_work.as<std::int8_t>(), a.k_rows, s.k_scale.as<float>(), a.k_groups}};
-      quantize_int8({q, k}, s.options.granularity, stream);
+      quantize_int8({q, k}, s.options.granularity, next(), stream);
       if (!sage2) {
-        if (s.p.bshd) copy_to_bhsd(s.v_view(), s.v_work.as(), stream);
+        if (s.p.bshd) copy_to_bhsd(s.v_view(), s.v_work.as(), next(), stream);
       } else {
         // Under fp32+fp16, V's amax maps to 2.25 rather than 448: a 32-key chunk of P·V then stays
         // inside fp16's range (docs/quantized.md).
         const float target = s.options.pv_accumulation == PvAccumulation::fp32_fp16 ? 2.25f : 448.0f;
         quantize_fp8_values(s.v_view(), {s.amax.as<unsigned>(), true, false, target, s.v_scale.as<float>()},
-                            s.v_work.as<std::uint8_t>(), a.v_length, stream);
+                            s.v_work.as<std::uint8_t>(), a.v_length, next(), stream);
       }
       break;
     }
@@ -292,26 +298,29 @@ void Attention::prepare_inputs(cudaStream_t stream) {
       ATTNREPLAY_CUDA_CHECK(cudaMemsetAsync(s.amax.as(), 0, s.amax.bytes(), stream));
       // One launch for the three maxima and one for Q's and K's codes: fewer launches is what the
       // short calls' preparation is made of.
-      abs_max({{s.q_view(), q_amax}, {s.k_view(), k_amax}, {s.v_view(), v_amax}}, false, per_tensor, stream);
+      abs_max({{s.q_view(), q_amax}, {s.k_view(), k_amax}, {s.v_view(), v_amax}}, false, per_tensor, next(), stream);
       quantize_fp8_rows({{s.q_view(), {q_amax, false, per_tensor, 448.0f, s.q_scale.as<float>()},
                           s.q_work.as<std::uint8_t>(), a.q_rows},
                          {s.k_view(), {k_amax, false, per_tensor, 448.0f, s.k_scale.as<float>()},
                           s.k_work.as<std::uint8_t>(), a.k_rows}},
-                        stream);
+                        next(), stream);
       quantize_fp8_values(s.v_view(), {v_amax, false, per_tensor, 448.0f, s.v_scale.as<float>()},
-                          s.v_work.as<std::uint8_t>(), a.v_length, stream);
+                          s.v_work.as<std::uint8_t>(), a.v_length, next(), stream);
       break;
     }
   }
+  // The attention that follows its own preparation overlaps that preparation's last kernel.
+  s.attention_order = order;
 }
 
 void Attention::run(cudaStream_t stream) {
   const AttentionArgs& a = state_->args;
+  const Order order = std::exchange(state_->attention_order, Order::after_all);
   switch (state_->kind) {
-    case Kind::flash: return launch_flash(a, stream);
-    case Kind::sage1_int8: return launch_sage1_int8(a, stream);
-    case Kind::sage2_int8_fp8: return launch_sage2_int8_fp8(a, stream);
-    case Kind::fa3_fp8: return launch_fa3_fp8(a, stream);
+    case Kind::flash: return launch_flash(a, order, stream);
+    case Kind::sage1_int8: return launch_sage1_int8(a, order, stream);
+    case Kind::sage2_int8_fp8: return launch_sage2_int8_fp8(a, order, stream);
+    case Kind::fa3_fp8: return launch_fa3_fp8(a, order, stream);
   }
 }
 

@@ -63,7 +63,8 @@ class Attention {
   // The least the preparation must move: each input it prepares read once (K twice when smoothed,
   // once for its channel means), and what the attention reads written once, scales included.
   std::size_t preparation_bytes() const;
-  // Queues the attention alone.
+  // Queues the attention alone. Right after prepare_inputs() it overlaps the preparation's last
+  // kernel (programmatic dependent launch); otherwise it waits for all work before it.
   void run(cudaStream_t stream = nullptr);
   // Waits for queued work; reports a kernel fault with the place it was noticed.
   void synchronize();

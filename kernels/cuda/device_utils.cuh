@@ -8,6 +8,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -27,6 +28,38 @@ inline void check_cuda(cudaError_t status, const char* call, const char* file, i
 // After a launch: a bad configuration shows up here, a fault in the kernel at the next sync.
 #define ATTNREPLAY_CUDA_CHECK_LAUNCH(what) \
   ::attnreplay::cuda_attention::check_cuda(cudaGetLastError(), "launch of " what, __FILE__, __LINE__)
+
+// ---- Launches that overlap the kernel before them (programmatic dependent launch) ----
+
+// How a launch orders after the work before it in its stream. after_all: once all of it is done.
+// overlapping: its CTAs may start while the kernel just before it finishes (its last wave), and
+// wait for that kernel in wait_for_prior_kernel(). Every kernel here calls that before its first
+// global write and before reading anything a kernel wrote, and every one of its CTAs calls it, so
+// that a kernel's completion still implies that all work before it is complete.
+enum class Order { after_all, overlapping };
+
+template <typename... Params, typename... Args>
+void launch_kernel(const char* what, void (*kernel)(Params...), dim3 grid, int threads, std::size_t shared_bytes,
+                   Order order, cudaStream_t stream, const Args&... args) {
+  cudaLaunchAttribute overlap{};
+  overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  overlap.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = dim3(static_cast<unsigned>(threads));
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  config.attrs = &overlap;
+  config.numAttrs = order == Order::overlapping ? 1 : 0;
+  check_cuda(cudaLaunchKernelEx(&config, kernel, args...), what, __FILE__, __LINE__);
+}
+
+// Returns once the kernel before this one (launched overlapping) is complete and its writes are
+// visible; at once for a launch after_all.
+__device__ __forceinline__ void wait_for_prior_kernel() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+// Lets the next kernel, if launched overlapping, start its CTAs once every CTA of this one has
+// started or called this: into the SMs this kernel's last wave leaves idle.
+__device__ __forceinline__ void let_next_kernel_start() { asm volatile("griddepcontrol.launch_dependents;\n" ::); }
 
 // ---- Shared memory and async copies ----
 

@@ -99,6 +99,8 @@ __device__ __forceinline__ float channel_max(const float (&partial)[kRows][kDim]
 // ---- Layout change ----
 
 __global__ void copy_to_bhsd_kernel(const InputView in, uint4* out) {
+  let_next_kernel_start();
+  wait_for_prior_kernel();
   const int vectors_per_row = in.head_dim * 2 / 16;
   const std::int64_t total = static_cast<std::int64_t>(in.batch) * in.heads * in.seq * vectors_per_row;
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < total;
@@ -129,6 +131,7 @@ __global__ void __launch_bounds__(kQuantThreads) channel_mean_kernel(const Input
   const int h = static_cast<int>(blockIdx.y), b = static_cast<int>(blockIdx.z);
   const std::int64_t head = static_cast<std::int64_t>(b) * in.heads + h;
   const std::int64_t first = block * kBlockK;
+  let_next_kernel_start();
   for (int v = static_cast<int>(threadIdx.x); v < kBlockK * kVectors; v += kQuantThreads) {
     const int row = v / kVectors, column = (v % kVectors) * 8;
     const bool valid = first + row < in.seq;
@@ -137,6 +140,7 @@ __global__ void __launch_bounds__(kQuantThreads) channel_mean_kernel(const Input
   cp_async_commit();
   if (values.amax) row_maxima<Elem, kDim>(values.in, b, h, first, min(values.in.seq, first + kBlockK), v_partial);
   cp_async_wait<0>();
+  wait_for_prior_kernel();  // the inputs are read before: no kernel writes them
   __syncthreads();
   const int c = static_cast<int>(threadIdx.x);
   if (c < kDim) {
@@ -226,6 +230,7 @@ __device__ __forceinline__ void quantize_int8_block(const InputView& in, const I
     cp_async_16(&tile[slot(row, vector)], row_pointer<Elem>(in, b, h, valid ? s : 0) + vector * 8, valid);
   }
   cp_async_commit();
+  wait_for_prior_kernel();  // for K's means; the rows are the uploaded inputs, which no kernel writes
   if (job.mean) {
     for (int c = static_cast<int>(threadIdx.x); c < kDim; c += kQuantThreads) mean[c] = job.mean[head * kDim + c];
   }
@@ -305,6 +310,7 @@ template <typename Elem, int kDim>
 __global__ void __launch_bounds__(kQuantThreads) quantize_int8_kernel(const LaunchTargets<Int8Target, 2> targets,
                                                                       Granularity granularity) {
   __shared__ Int8Shared<kDim> shared;
+  let_next_kernel_start();
   const std::int64_t cta = blockIdx.x;
   const int target = targets.of(cta);
   const Int8Target& t = targets.target[target];
@@ -332,7 +338,9 @@ __global__ void __launch_bounds__(kQuantThreads) abs_max_kernel(const LaunchTarg
   const std::int64_t head = local / blocks;
   const int h = static_cast<int>(head % in.heads), b = static_cast<int>(head / in.heads);
   const std::int64_t first = local % blocks * kMaxKeys;
+  let_next_kernel_start();
   row_maxima<Elem, kDim>(in, b, h, first, min(in.seq, first + kMaxKeys), partial);
+  wait_for_prior_kernel();
   __syncthreads();
   // max is exact in any order: atomics across CTAs change nothing.
   if (per_channel) {
@@ -372,6 +380,8 @@ __device__ __forceinline__ Fp8Factors fp8_factors(const Fp8Scales& s, std::int64
 
 template <typename Elem>
 __global__ void quantize_fp8_rows_kernel(const LaunchTargets<RowsTarget, 2> targets) {
+  let_next_kernel_start();
+  bool waited = false;
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
        i < targets.first[targets.count]; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const int target = targets.of(i);
@@ -382,19 +392,19 @@ __global__ void quantize_fp8_rows_kernel(const LaunchTargets<RowsTarget, 2> targ
     const int vector = static_cast<int>(local % vectors_per_row);
     const std::int64_t row = local / vectors_per_row;
     const std::int64_t s = row % t.rows, head = row / t.rows;
-    const Fp8Factors factors = fp8_factors(t.scales, t.scales.per_tensor ? 0 : head);
-    if (s == 0 && vector == 0) t.scales.scales[head] = factors.scale;
-    uint4 codes = make_uint4(0, 0, 0, 0);
+    float x[16] = {};
     if (s < in.seq) {
       const Elem* src = row_pointer<Elem>(in, head / in.heads, head % in.heads, s) + vector * 16;
-      float lo[8], hi[8], x[16];
+      float lo[8], hi[8];
       load8(src, lo);
       load8(src + 8, hi);
 #pragma unroll
       for (int k = 0; k < 8; ++k) x[k] = lo[k], x[k + 8] = hi[k];
-      codes = fp8_codes(x, factors.inverse);
     }
-    reinterpret_cast<uint4*>(t.out)[local] = codes;
+    if (!waited) wait_for_prior_kernel(), waited = true;  // for the maxima
+    const Fp8Factors factors = fp8_factors(t.scales, t.scales.per_tensor ? 0 : head);
+    if (s == 0 && vector == 0) t.scales.scales[head] = factors.scale;
+    reinterpret_cast<uint4*>(t.out)[local] = s < in.seq ? fp8_codes(x, factors.inverse) : make_uint4(0, 0, 0, 0);
   }
 }
 
@@ -415,12 +425,14 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_fp8_values_kernel(cons
   const int h = static_cast<int>(blockIdx.y), b = static_cast<int>(blockIdx.z);
   const std::int64_t head = static_cast<std::int64_t>(b) * in.heads + h;
   constexpr int kVectors = kDim / 8;
+  let_next_kernel_start();
   for (int v = static_cast<int>(threadIdx.x); v < kBlockK * kVectors; v += kQuantThreads) {
     const int row = v / kVectors, column = (v % kVectors) * 8;
     uint4 value = make_uint4(0, 0, 0, 0);
     if (key0 + row < in.seq) value = *reinterpret_cast<const uint4*>(row_pointer<Elem>(in, b, h, key0 + row) + column);
     *reinterpret_cast<uint4*>(&tile[row][swizzled(row, column)]) = value;
   }
+  wait_for_prior_kernel();  // for the maxima
   __syncthreads();
   // Out: a channel's 128 keys are 8 vectors of 16 codes.
   for (int item = static_cast<int>(threadIdx.x); item < kDim * 8; item += kQuantThreads) {
@@ -478,10 +490,10 @@ dim3 head_grid(std::int64_t blocks, const InputView& in) {
 
 }  // namespace
 
-void copy_to_bhsd(const InputView& in, void* out, cudaStream_t stream) {
+void copy_to_bhsd(const InputView& in, void* out, Order order, cudaStream_t stream) {
   const std::int64_t vectors = static_cast<std::int64_t>(in.batch) * in.heads * in.seq * (in.head_dim * 2 / 16);
-  copy_to_bhsd_kernel<<<grid_for(vectors, kQuantThreads), kQuantThreads, 0, stream>>>(in, static_cast<uint4*>(out));
-  ATTNREPLAY_CUDA_CHECK_LAUNCH("copy_to_bhsd_kernel");
+  launch_kernel("copy_to_bhsd_kernel", copy_to_bhsd_kernel, grid_for(vectors, kQuantThreads), kQuantThreads, 0, order,
+                stream, in, static_cast<uint4*>(out));
 }
 
 std::size_t channel_means_work_bytes(const InputView& keys) {
@@ -490,7 +502,8 @@ std::size_t channel_means_work_bytes(const InputView& keys) {
   return heads * blocks * static_cast<std::size_t>(keys.head_dim) * sizeof(float) + heads * sizeof(unsigned);
 }
 
-void channel_means(const InputView& keys, float* mean, void* work, cudaStream_t stream, const MaxTarget& values) {
+void channel_means(const InputView& keys, float* mean, void* work, const MaxTarget& values, Order order,
+                   cudaStream_t stream) {
   if (keys.seq == 0) {  // no keys: nothing to subtract, as the emulation has it
     ATTNREPLAY_CUDA_CHECK(cudaMemsetAsync(mean, 0, sizeof(float) * keys.batch * keys.heads * keys.head_dim, stream));
     return;
@@ -503,50 +516,48 @@ void channel_means(const InputView& keys, float* mean, void* work, cudaStream_t 
                       values.in.head_dim != keys.head_dim || values.in.element != keys.element)) {
     throw std::invalid_argument("channel_means: V's maxima need V shaped as K");
   }
-  ATTNREPLAY_FOR_ELEMENT_AND_DIM(keys, (channel_mean_kernel<Elem, kDim><<<head_grid(blocks, keys), kQuantThreads, 0,
-                                                                           stream>>>(keys, job, values)));
-  ATTNREPLAY_CUDA_CHECK_LAUNCH("channel_mean_kernel");
+  ATTNREPLAY_FOR_ELEMENT_AND_DIM(keys, launch_kernel("channel_mean_kernel", channel_mean_kernel<Elem, kDim>,
+                                                     head_grid(blocks, keys), kQuantThreads, 0, order, stream, keys,
+                                                     job, values));
 }
 
-void quantize_int8(std::initializer_list<Int8Target> inputs, Granularity granularity, cudaStream_t stream) {
+void quantize_int8(std::initializer_list<Int8Target> inputs, Granularity granularity, Order order,
+                   cudaStream_t stream) {
   const auto targets = launch_targets<2>(inputs, [](const Int8Target& t) {
     return t.out.rows / (t.is_key ? kBlockK : kBlockQ) * t.in.batch * t.in.heads;  // a CTA a block
   }, "quantize_int8");
   const auto ctas = static_cast<unsigned>(targets.first[targets.count]);
-  ATTNREPLAY_FOR_ELEMENT_AND_DIM(targets.target[0].in, (quantize_int8_kernel<Elem, kDim><<<ctas, kQuantThreads, 0,
-                                                                                         stream>>>(targets, granularity)));
-  ATTNREPLAY_CUDA_CHECK_LAUNCH("quantize_int8_kernel");
+  ATTNREPLAY_FOR_ELEMENT_AND_DIM(targets.target[0].in,
+                                 launch_kernel("quantize_int8_kernel", quantize_int8_kernel<Elem, kDim>, dim3(ctas),
+                                               kQuantThreads, 0, order, stream, targets, granularity));
 }
 
-void abs_max(std::initializer_list<MaxTarget> inputs, bool per_channel, bool per_tensor, cudaStream_t stream) {
+void abs_max(std::initializer_list<MaxTarget> inputs, bool per_channel, bool per_tensor, Order order,
+             cudaStream_t stream) {
   const auto targets = launch_targets<3>(inputs, [](const MaxTarget& t) {
     return ceil_div(t.in.seq, static_cast<std::int64_t>(kMaxKeys)) * t.in.batch * t.in.heads;  // a CTA kMaxKeys keys
   }, "abs_max");
   const auto ctas = static_cast<unsigned>(targets.first[targets.count]);
-  ATTNREPLAY_FOR_ELEMENT_AND_DIM(targets.target[0].in, (abs_max_kernel<Elem, kDim><<<ctas, kQuantThreads, 0, stream>>>(
-                                                           targets, per_channel, per_tensor)));
-  ATTNREPLAY_CUDA_CHECK_LAUNCH("abs_max_kernel");
+  ATTNREPLAY_FOR_ELEMENT_AND_DIM(targets.target[0].in,
+                                 launch_kernel("abs_max_kernel", abs_max_kernel<Elem, kDim>, dim3(ctas), kQuantThreads,
+                                               0, order, stream, targets, per_channel, per_tensor));
 }
 
-void quantize_fp8_rows(std::initializer_list<RowsTarget> inputs, cudaStream_t stream) {
+void quantize_fp8_rows(std::initializer_list<RowsTarget> inputs, Order order, cudaStream_t stream) {
   const auto targets = launch_targets<2>(inputs, [](const RowsTarget& t) {
     return static_cast<std::int64_t>(t.in.batch) * t.in.heads * t.rows * (t.in.head_dim / 16);  // 16 codes an item
   }, "quantize_fp8_rows");
   const std::int64_t vectors = targets.first[targets.count];
-  if (targets.target[0].in.element == Element::bf16) {
-    quantize_fp8_rows_kernel<__nv_bfloat16><<<grid_for(vectors, kQuantThreads), kQuantThreads, 0, stream>>>(targets);
-  } else {
-    quantize_fp8_rows_kernel<__half><<<grid_for(vectors, kQuantThreads), kQuantThreads, 0, stream>>>(targets);
-  }
-  ATTNREPLAY_CUDA_CHECK_LAUNCH("quantize_fp8_rows_kernel");
+  const bool bf16 = targets.target[0].in.element == Element::bf16;
+  launch_kernel("quantize_fp8_rows_kernel", bf16 ? quantize_fp8_rows_kernel<__nv_bfloat16> : quantize_fp8_rows_kernel<__half>,
+                grid_for(vectors, kQuantThreads), kQuantThreads, 0, order, stream, targets);
 }
 
 void quantize_fp8_values(const InputView& in, const Fp8Scales& scales, std::uint8_t* out, std::int64_t keys,
-                         cudaStream_t stream) {
-  ATTNREPLAY_FOR_ELEMENT_AND_DIM(in, (quantize_fp8_values_kernel<Elem, kDim><<<head_grid(keys / kBlockK, in),
-                                                                                kQuantThreads, 0, stream>>>(
-                                          in, scales, out, keys)));
-  ATTNREPLAY_CUDA_CHECK_LAUNCH("quantize_fp8_values_kernel");
+                         Order order, cudaStream_t stream) {
+  ATTNREPLAY_FOR_ELEMENT_AND_DIM(in, launch_kernel("quantize_fp8_values_kernel", quantize_fp8_values_kernel<Elem, kDim>,
+                                                   head_grid(keys / kBlockK, in), kQuantThreads, 0, order, stream, in,
+                                                   scales, out, keys));
 }
 
 }  // namespace attnreplay::cuda_attention

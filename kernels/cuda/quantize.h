@@ -1,7 +1,8 @@
 #pragma once
 // Input preparation on the GPU (docs/quantized.md, steps 1 and 2 and the FP8 conversions): layout
 // change, K's channel means, INT8 codes of Q and K with a scale per group, FP8 Q/K/V. Each function
-// queues its kernels on `stream`. Internal to kernels/cuda.
+// queues its kernel on `stream`, in `order` after the work before it there (device_utils.cuh).
+// Internal to kernels/cuda.
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -10,6 +11,7 @@
 
 #include "kernels/cuda/attention_launch.h"
 #include "kernels/cuda/cuda_attention.h"
+#include "kernels/cuda/device_utils.cuh"
 
 namespace attnreplay::cuda_attention {
 
@@ -27,7 +29,7 @@ struct InputView {
 };
 
 // A contiguous (batch, heads, seq, head_dim) copy.
-void copy_to_bhsd(const InputView& in, void* out, cudaStream_t stream);
+void copy_to_bhsd(const InputView& in, void* out, Order order, cudaStream_t stream);
 
 struct Int8Output {
   std::int8_t* codes = nullptr;  // (batch, heads, rows, head_dim), rows >= seq padded with 0
@@ -51,7 +53,8 @@ struct Int8Target {
 };
 // Q's and K's codes in one launch (of one element type and head dim): one launch fewer is what
 // the short calls' preparation is made of.
-void quantize_int8(std::initializer_list<Int8Target> inputs, Granularity granularity, cudaStream_t stream);
+void quantize_int8(std::initializer_list<Int8Target> inputs, Granularity granularity, Order order,
+                   cudaStream_t stream);
 
 // max |x| as float bits (non-negative floats order as unsigned ints) into `amax`, which the caller
 // zeroes: one per (b, h, channel) when per_channel, one per (b, h), or one for all when per_tensor.
@@ -60,7 +63,8 @@ struct MaxTarget {
   unsigned* amax = nullptr;
 };
 // Up to three inputs of one element type and head dim in one launch.
-void abs_max(std::initializer_list<MaxTarget> inputs, bool per_channel, bool per_tensor, cudaStream_t stream);
+void abs_max(std::initializer_list<MaxTarget> inputs, bool per_channel, bool per_tensor, Order order,
+             cudaStream_t stream);
 
 // mean[(b, h), c] = (sum over 128-key blocks, in block order, of each block's keys summed in key
 // order; fp32) / seq: (batch * heads, head_dim) floats, as the emulation defines it. `work` holds
@@ -73,7 +77,8 @@ struct ChannelMeans {
   float* mean = nullptr;
 };
 std::size_t channel_means_work_bytes(const InputView& keys);
-void channel_means(const InputView& keys, float* mean, void* work, cudaStream_t stream, const MaxTarget& values = {});
+void channel_means(const InputView& keys, float* mean, void* work, const MaxTarget& values, Order order,
+                   cudaStream_t stream);
 
 // FP8 scales from those maxima: scale = amax / target (448, or 2.25 for sage2's V under
 // fp32+fp16), and the codes are e4m3(x * (target / amax)). The quantization kernels compute both
@@ -94,11 +99,11 @@ struct RowsTarget {
   std::uint8_t* out = nullptr;
   std::int64_t rows = 0;
 };
-void quantize_fp8_rows(std::initializer_list<RowsTarget> inputs, cudaStream_t stream);
+void quantize_fp8_rows(std::initializer_list<RowsTarget> inputs, Order order, cudaStream_t stream);
 // V for the e4m3 P·V: codes with a scale per (b, h, channel) or per (b, h), transposed to
 // (batch, heads, head_dim, keys) with keys >= seq zero and each 32 keys permuted to the order
 // in which the attention kernel's P fragment holds them.
 void quantize_fp8_values(const InputView& in, const Fp8Scales& scales, std::uint8_t* out, std::int64_t keys,
-                         cudaStream_t stream);
+                         Order order, cudaStream_t stream);
 
 }  // namespace attnreplay::cuda_attention

@@ -4,8 +4,8 @@
 
 namespace attnreplay::cuda_attention {
 
-void launch_sage1_int8(const AttentionArgs& args, cudaStream_t stream) {
-  dispatch_attention<Kind::sage1_int8, PvAccumulation::fp32_fp32>(args, stream);
+void launch_sage1_int8(const AttentionArgs& args, Order order, cudaStream_t stream) {
+  dispatch_attention<Kind::sage1_int8, PvAccumulation::fp32_fp32>(args, order, stream);
 }
 
 }  // namespace attnreplay::cuda_attention
