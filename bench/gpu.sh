@@ -13,7 +13,7 @@ exec > >(tee -a "$LOG") 2>&1
 status=0
 step() { echo; echo "== $* ($(date -u +%H:%M:%S))"; }
 # GPU_STEPS picks a subset, e.g. GPU_STEPS="tests dobench" (the build always runs); "peer",
-# "plugins", "groups", "pipeline", "shard", "reference", "batches", "short", "prep" and
+# "plugins", "groups", "pipeline", "shard", "reference", "batches", "short", "gap", "prep" and
 # "prepkernels" run only when asked for (PREP_TESTS=0 leaves out prep's GPU tests, PREP_VARIANTS
 # and PREP_CASES pick its runs; PEER_SHAPES picks the peer step's shapes).
 STEPS="${GPU_STEPS:-tests dobench suite quant capture}"
@@ -58,6 +58,11 @@ fi
 if wants short; then
 step "short calls against do_bench"
 python3 "$ROOT/bench/short_call_check.py" --attnreplay "$BIN" --out "$OUT/short_calls.json" | tail -60 || status=1
+fi
+
+if wants gap; then
+step "where event timing and do_bench part on short calls (bench/event_gap_probe.py)"
+python3 "$ROOT/bench/event_gap_probe.py" --attnreplay "$BIN" --out "$OUT/event_gap.json" | tee "$OUT/event_gap.txt" || status=1
 fi
 
 if wants prep; then
