@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.testing
 
-from short_call_check import BACKENDS, SHAPES, attnreplay_timings
+from short_call_check import BACKENDS, SHAPES, attnreplay_timings, shape_inputs
 
 SAMPLES = 3000
 
@@ -101,10 +101,7 @@ def main():
         variants["memset-100MB-held-sync"] = (memset_small, True, True)
     rows = []
     for shape in SHAPES:
-        b, h, sq, skv, d = shape
-        torch.manual_seed(0)
-        q = torch.randn(b, h, sq, d, device="cuda", dtype=torch.bfloat16)
-        k, v = (torch.randn(b, h, skv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        q, k, v = shape_inputs(shape)
         ours = attnreplay_timings(args.attnreplay, shape, ["--timing", "event"])
         for name, op in BACKENDS.items():
             fn = lambda: op(q, k, v)  # noqa: E731

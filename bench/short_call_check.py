@@ -33,6 +33,15 @@ METHODS = {  # attnreplay flags, and the do_bench it is held against
 }
 
 
+def shape_inputs(shape):
+    """Q, K, V of a (batch, heads, seq_q, seq_kv, head_dim) shape: bf16 on the GPU, seeded."""
+    b, h, sq, skv, d = shape
+    torch.manual_seed(0)
+    q = torch.randn(b, h, sq, d, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(b, h, skv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    return q, k, v
+
+
 def attnreplay_timings(binary, shape, flags):
     b, h, sq, skv, d = shape
     with tempfile.NamedTemporaryFile(suffix=".json") as report:
@@ -50,10 +59,7 @@ def main():
     args = parser.parse_args()
     rows = []
     for shape in SHAPES:
-        b, h, sq, skv, d = shape
-        torch.manual_seed(0)
-        q = torch.randn(b, h, sq, d, device="cuda", dtype=torch.bfloat16)
-        k, v = (torch.randn(b, h, skv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        q, k, v = shape_inputs(shape)
         peers = {}
         for name, fn in BACKENDS.items():
             peers[name] = {
