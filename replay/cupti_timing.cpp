@@ -237,7 +237,7 @@ class CuptiTimer final : public SampleTimer {
     // A run CUPTI did not record in full cannot be timed; it is discarded, and counted.
     if (dropped > 0 || time.untimed_records > 0) return std::nullopt;
     if (!guard_.accept(sm_mhz)) return std::nullopt;
-    return time.sum_s;
+    return time.busy_s;
   }
 
  private:

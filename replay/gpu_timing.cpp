@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <unordered_set>
+#include <utility>
+#include <vector>
 
 namespace attnreplay {
 
@@ -57,7 +59,7 @@ RunGpuTime gpu_time_of_run(const std::vector<ActivityRecord>& records, std::uint
     }
   }
   RunGpuTime time;
-  std::uint64_t first = 0, last = 0;
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> intervals;
   for (const ActivityRecord& r : records) {
     if (r.kind == ActivityRecord::Kind::api || !calls.count(r.correlation_id)) continue;
     // Start and end both 0: CUPTI could not time it.
@@ -65,12 +67,19 @@ RunGpuTime gpu_time_of_run(const std::vector<ActivityRecord>& records, std::uint
       ++time.untimed_records;
       continue;
     }
-    time.sum_s += static_cast<double>(r.end_ns - r.start_ns) * 1e-9;
-    first = time.device_records == 0 ? r.start_ns : std::min(first, r.start_ns);
-    last = std::max(last, r.end_ns);
+    intervals.emplace_back(r.start_ns, r.end_ns);
     ++time.device_records;
   }
-  if (time.device_records > 0) time.span_s = static_cast<double>(last - first) * 1e-9;
+  if (intervals.empty()) return time;
+  std::sort(intervals.begin(), intervals.end());
+  std::uint64_t busy_ns = 0, covered_to = intervals.front().first;
+  for (const auto& [start, end] : intervals) {
+    if (end <= covered_to) continue;
+    busy_ns += end - std::max(start, covered_to);
+    covered_to = end;
+  }
+  time.busy_s = static_cast<double>(busy_ns) * 1e-9;
+  time.span_s = static_cast<double>(covered_to - intervals.front().first) * 1e-9;
   return time;
 }
 

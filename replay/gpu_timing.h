@@ -54,7 +54,8 @@ struct ActivityRecord {
 };
 
 struct RunGpuTime {
-  double sum_s = 0;   // the device records' durations added up: the GPU busy time of the run
+  double busy_s = 0;  // the union of the device records' intervals: the GPU busy time of the run
+                      // (kernels launched to overlap the one before count their shared time once)
   double span_s = 0;  // first start to last end (FlashInfer's figure; it counts the gaps too)
   int device_records = 0;  // timed ones, in the figures
   int untimed_records = 0;  // of the run, but without timestamps: the figures miss them

@@ -93,12 +93,28 @@ std::vector<ActivityRecord> one_sample() {
 
 }  // namespace
 
-TEST_CASE("gpu_timing: a run's GPU time sums the work its own API calls queued") {
+TEST_CASE("gpu_timing: a run's GPU time is the work its own API calls queued") {
   const RunGpuTime t = gpu_time_of_run(one_sample(), 1000, 2000);
   CHECK(t.device_records == 3);
   CHECK(t.untimed_records == 0);
-  CHECK_THAT(t.sum_s, WithinAbs((1000 + 2500 + 500) * 1e-9, 1e-15));
+  CHECK_THAT(t.busy_s, WithinAbs((1000 + 2500 + 500) * 1e-9, 1e-15));
   CHECK_THAT(t.span_s, WithinAbs((64600 - 60000) * 1e-9, 1e-15));  // counts the gaps too
+}
+
+TEST_CASE("gpu_timing: kernels that overlap count their shared time once") {
+  // A kernel launched to overlap the one before it starts during that one's last wave.
+  const std::vector<ActivityRecord> records = {
+      {Kind::api, 1, 100, 110},
+      {Kind::api, 2, 120, 130},
+      {Kind::api, 3, 140, 150},
+      {Kind::kernel, 1, 10000, 12000},
+      {Kind::kernel, 2, 11500, 14000},
+      {Kind::kernel, 3, 12500, 13000},  // inside the second
+  };
+  const RunGpuTime t = gpu_time_of_run(records, 100, 200);
+  CHECK(t.device_records == 3);
+  CHECK_THAT(t.busy_s, WithinAbs(4000e-9, 1e-15));
+  CHECK_THAT(t.span_s, WithinAbs(4000e-9, 1e-15));
 }
 
 TEST_CASE("gpu_timing: the flush before the window and the probe after it are left out") {
@@ -108,11 +124,11 @@ TEST_CASE("gpu_timing: the flush before the window and the probe after it are le
   records[1] = {Kind::memset, 7, 61100, 61400};
   const RunGpuTime t = gpu_time_of_run(records, 1000, 2000);
   CHECK(t.device_records == 3);
-  CHECK_THAT(t.sum_s, WithinAbs(4000e-9, 1e-15));
+  CHECK_THAT(t.busy_s, WithinAbs(4000e-9, 1e-15));
   // A window around the probe's launch alone sees only the probe.
   const RunGpuTime probe = gpu_time_of_run(one_sample(), 2050, 3000);
   CHECK(probe.device_records == 1);
-  CHECK_THAT(probe.sum_s, WithinAbs(20000e-9, 1e-15));
+  CHECK_THAT(probe.busy_s, WithinAbs(20000e-9, 1e-15));
   // The window's edges are inside it.
   CHECK(gpu_time_of_run(one_sample(), 1100, 1100).device_records == 1);
 }
@@ -126,13 +142,13 @@ TEST_CASE("gpu_timing: records without timestamps or without a call are not coun
   const RunGpuTime t = gpu_time_of_run(records, 1000, 2000);
   CHECK(t.device_records == 3);
   CHECK(t.untimed_records == 1);
-  CHECK_THAT(t.sum_s, WithinAbs(4000e-9, 1e-15));
+  CHECK_THAT(t.busy_s, WithinAbs(4000e-9, 1e-15));
 }
 
 TEST_CASE("gpu_timing: a window with no work gives zero records") {
   const RunGpuTime none = gpu_time_of_run(one_sample(), 3000, 4000);
   CHECK(none.device_records == 0);
-  CHECK(none.sum_s == 0.0);
+  CHECK(none.busy_s == 0.0);
   CHECK(none.span_s == 0.0);
   CHECK(gpu_time_of_run({}, 0, 100).device_records == 0);
   // Device records whose API records were never delivered cannot be attributed.
