@@ -25,9 +25,6 @@ inline void check_cuda(cudaError_t status, const char* call, const char* file, i
 }
 
 #define ATTNREPLAY_CUDA_CHECK(call) ::attnreplay::cuda_attention::check_cuda((call), #call, __FILE__, __LINE__)
-// After a launch: a bad configuration shows up here, a fault in the kernel at the next sync.
-#define ATTNREPLAY_CUDA_CHECK_LAUNCH(what) \
-  ::attnreplay::cuda_attention::check_cuda(cudaGetLastError(), "launch of " what, __FILE__, __LINE__)
 
 // ---- Launches that overlap the kernel before them (programmatic dependent launch) ----
 
@@ -38,6 +35,7 @@ inline void check_cuda(cudaError_t status, const char* call, const char* file, i
 // that a kernel's completion still implies that all work before it is complete.
 enum class Order { after_all, overlapping };
 
+// A bad configuration is reported here, naming `what`; a fault in the kernel at the next sync.
 template <typename... Params, typename... Args>
 void launch_kernel(const char* what, void (*kernel)(Params...), dim3 grid, int threads, std::size_t shared_bytes,
                    Order order, cudaStream_t stream, const Args&... args) {
@@ -51,7 +49,9 @@ void launch_kernel(const char* what, void (*kernel)(Params...), dim3 grid, int t
   config.stream = stream;
   config.attrs = &overlap;
   config.numAttrs = order == Order::overlapping ? 1 : 0;
-  check_cuda(cudaLaunchKernelEx(&config, kernel, args...), what, __FILE__, __LINE__);
+  const cudaError_t status = cudaLaunchKernelEx(&config, kernel, args...);
+  if (status != cudaSuccess) (void)cudaGetLastError();  // not left for the next call's check to report
+  check_cuda(status, what, __FILE__, __LINE__);
 }
 
 // Returns once the kernel before this one (launched overlapping) is complete and its writes are
