@@ -115,6 +115,23 @@ __global__ void copy_to_bhsd_kernel(const InputView in, uint4* out) {
 
 // ---- K smoothing: channel means, block by block; V's maxima beside them ----
 
+// load(0) + load(1) + ... + load(n - 1) in fp32, added in that order, the loads eight ahead of the
+// adds: a load's latency is then paid once for eight of them rather than for each.
+template <typename Index, typename Load>
+__device__ __forceinline__ float sum_in_order(Index n, Load load) {
+  float sum = 0.0f;
+  Index j = 0;
+  for (; j + 8 <= n; j += 8) {
+    float value[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) value[u] = load(j + u);
+#pragma unroll
+    for (int u = 0; u < 8; ++u) sum = __fadd_rn(sum, value[u]);
+  }
+  for (; j < n; ++j) sum = __fadd_rn(sum, load(j));
+  return sum;
+}
+
 // A CTA sums one 128-key block of one (b, h), a thread a channel in key order, so that the blocks
 // run in parallel and only the block sums are added in order: by the CTA that finishes its head
 // last, which the head's counter tells (the threadfence reduction of CUDA's samples). With V's
@@ -145,19 +162,8 @@ __global__ void __launch_bounds__(kQuantThreads) channel_mean_kernel(const Input
   const int c = static_cast<int>(threadIdx.x);
   if (c < kDim) {
     const int keys = static_cast<int>(min(static_cast<std::int64_t>(kBlockK), in.seq - first));
-    // Eight loads ahead of the adds: the adds' order stays the definition's, and a shared-memory
-    // load's latency is paid once for eight of them rather than for each.
-    float sum = 0.0f;
-    int j = 0;
-    for (; j + 8 <= keys; j += 8) {
-      float value[8];
-#pragma unroll
-      for (int u = 0; u < 8; ++u) value[u] = to_float(stage[j + u][c]);
-#pragma unroll
-      for (int u = 0; u < 8; ++u) sum = __fadd_rn(sum, value[u]);
-    }
-    for (; j < keys; ++j) sum = __fadd_rn(sum, to_float(stage[j][c]));
-    job.block_sums[(head * blocks + block) * kDim + c] = sum;
+    job.block_sums[(head * blocks + block) * kDim + c] =
+        sum_in_order(keys, [&](int j) { return to_float(stage[j][c]); });
     // max is exact in any order: atomics across CTAs change nothing.
     if (values.amax) atomicMax(values.amax + head * kDim + c, __float_as_uint(channel_max(v_partial, c)));
   }
@@ -168,16 +174,8 @@ __global__ void __launch_bounds__(kQuantThreads) channel_mean_kernel(const Input
   if (!last) return;
   if (c < kDim) {
     const float* sums = job.block_sums + head * blocks * kDim + c;
-    float total = 0.0f;
-    std::int64_t j = 0;
-    for (; j + 8 <= blocks; j += 8) {
-      float value[8];
-#pragma unroll
-      for (int u = 0; u < 8; ++u) value[u] = __ldcg(sums + (j + u) * kDim);  // from L2: other CTAs wrote them
-#pragma unroll
-      for (int u = 0; u < 8; ++u) total = __fadd_rn(total, value[u]);
-    }
-    for (; j < blocks; ++j) total = __fadd_rn(total, __ldcg(sums + j * kDim));
+    // From L2 (__ldcg): other CTAs wrote them.
+    const float total = sum_in_order(blocks, [&](std::int64_t j) { return __ldcg(sums + j * kDim); });
     job.mean[head * kDim + c] = __fdiv_rn(total, static_cast<float>(in.seq));
   }
   if (threadIdx.x == 0) job.finished[head] = 0;  // ready for the next launch
@@ -186,7 +184,6 @@ __global__ void __launch_bounds__(kQuantThreads) channel_mean_kernel(const Input
 // ---- INT8 codes with a scale per group ----
 
 struct Int8Job {
-  bool is_key = false;
   Granularity granularity = Granularity::per_warp;
   float pre_scale = 1.0f;
   const float* mean = nullptr;
@@ -324,7 +321,7 @@ __global__ void __launch_bounds__(kQuantThreads, 6) quantize_int8_kernel(const L
   const std::int64_t cta = blockIdx.x;
   const int target = targets.of(cta);
   const Int8Target& t = targets.target[target];
-  const Int8Job job{t.is_key, granularity, t.pre_scale, t.mean, t.out, int8_groups_per_block(t.is_key, granularity)};
+  const Int8Job job{granularity, t.pre_scale, t.mean, t.out, int8_groups_per_block(t.is_key, granularity)};
   const std::int64_t local = cta - targets.first[target];
   const std::int64_t blocks = t.out.rows / (t.is_key ? kBlockK : kBlockQ);
   if (t.is_key) quantize_int8_block<Elem, kDim, kBlockK>(t.in, job, local % blocks, local / blocks, shared);
