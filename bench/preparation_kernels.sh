@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Each input-preparation kernel of the quantized kinds under Nsight Compute (clocks left alone):
-# duration, DRAM bytes and resident warps, per kernel, on the Flux and 4x32x4096x128 shapes.
+# duration, DRAM bytes and resident warps, per kernel, on the Flux and 4x32x4096x128 shapes (or
+# PREP_NCU_KINDS and PREP_NCU_SHAPES; the environment reaches attnreplay).
 # Where bench/preparation_check.py gives the whole preparation, this says which kernel the time
 # is in. Needs the GPU build (bench/gpu.sh); GPU_STEPS="prepkernels" there runs it.
 set -uo pipefail
@@ -8,8 +9,8 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="${1:-$ROOT/build-gpu/replay/attnreplay}"
 NCU="$(command -v ncu || true)"
 [ -n "$NCU" ] || { echo "ncu is not on the PATH"; exit 1; }
-for kind in sage1-int8 sage2-int8-fp8 fa3-fp8; do
-  for shape in 1,24,4608,128 4,32,4096,128; do
+for kind in ${PREP_NCU_KINDS:-sage1-int8 sage2-int8-fp8 fa3-fp8}; do
+  for shape in ${PREP_NCU_SHAPES:-1,24,4608,128 4,32,4096,128}; do
     echo "== $kind $shape (the preparation at construction, then the first timed one)"
     "$NCU" --clock-control none --csv \
       --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,sm__warps_active.avg.pct_of_peak_sustained_active \

@@ -2,6 +2,7 @@
 // kind, the launch, and the checks of whether this device and build can run a kind at all.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <limits>
 #include <utility>
 
@@ -107,7 +108,8 @@ struct Attention::State {
   DeviceBuffer q_work, k_work, v_work;  // what the attention reads, when not the uploads
   DeviceBuffer q_scale, k_scale, v_scale, k_mean;
   DeviceBuffer k_mean_work;  // block sums and counters of channel_means, zeroed once
-  DeviceBuffer amax;  // the FP8 maxima of every input, zeroed at once
+  DeviceBuffer amax;  // the FP8 maxima of every input, zeroed at once (two-pass FP8 only)
+  bool fp8_one_read = false;  // FP8 codes by quantize_fp8_heads, where the heads fit a cluster
   DeviceBuffer out;
   AttentionArgs args;
   Order attention_order = Order::after_all;  // overlapping right after prepare_inputs
@@ -204,7 +206,8 @@ Attention::Attention(Kind kind, const Problem& p, const Options& options, const 
       } else {
         a.v_length = k_rows;
         s.v_work.allocate(bkv * d * static_cast<std::size_t>(k_rows), "V (e4m3)");
-        s.amax.allocate(bkv * d * sizeof(unsigned), "V amax");
+        s.fp8_one_read = fp8_heads_fit(k_rows, s.v_view());
+        if (!s.fp8_one_read) s.amax.allocate(bkv * d * sizeof(unsigned), "V amax");
         s.v_scale.allocate(bkv * d * sizeof(float), "V scales");
         a.v = s.v_work.as();
         a.v_scale = s.v_scale.as<float>();
@@ -216,7 +219,9 @@ Attention::Attention(Kind kind, const Problem& p, const Options& options, const 
       s.q_work.allocate(bq * static_cast<std::size_t>(q_rows) * d, "Q (e4m3)");
       s.k_work.allocate(bkv * static_cast<std::size_t>(k_rows) * d, "K (e4m3)");
       s.v_work.allocate(bkv * d * static_cast<std::size_t>(k_rows), "V (e4m3)");
-      s.amax.allocate((bq + 2 * bkv) * sizeof(unsigned), "Q, K and V amax");
+      s.fp8_one_read = options.fp8_scale == Fp8ScaleGranularity::per_head &&
+                       fp8_heads_fit(std::max(q_rows, k_rows), s.q_view());
+      if (!s.fp8_one_read) s.amax.allocate((bq + 2 * bkv) * sizeof(unsigned), "Q, K and V amax");
       s.q_scale.allocate(bq * sizeof(float), "Q scales");
       s.k_scale.allocate(bkv * sizeof(float), "K scales");
       s.v_scale.allocate(bkv * sizeof(float), "V scales");
@@ -264,14 +269,16 @@ void Attention::prepare_inputs(cudaStream_t stream) {
     case Kind::sage1_int8:
     case Kind::sage2_int8_fp8: {
       const bool sage2 = s.kind == Kind::sage2_int8_fp8;
-      // sage2's V maxima: beside K's means when K is smoothed (one launch fewer), else alone.
-      const MaxTarget v_maxima{s.v_view(), sage2 ? s.amax.as<unsigned>() : nullptr};
-      if (sage2) ATTNREPLAY_CUDA_CHECK(cudaMemsetAsync(s.amax.as(), 0, s.amax.bytes(), stream));
+      // sage2's V maxima, in two passes: beside K's means when K is smoothed (one launch fewer),
+      // else alone.
+      const bool v_two_pass = sage2 && !s.fp8_one_read;
+      const MaxTarget v_maxima{s.v_view(), v_two_pass ? s.amax.as<unsigned>() : nullptr};
+      if (v_two_pass) ATTNREPLAY_CUDA_CHECK(cudaMemsetAsync(s.amax.as(), 0, s.amax.bytes(), stream));
       const float* mean = nullptr;
       if (s.options.k_smooth) {
         channel_means(s.k_view(), s.k_mean.as<float>(), s.k_mean_work.as(), v_maxima, next(), stream);
         mean = s.k_mean.as<float>();
-      } else if (sage2) {
+      } else if (v_two_pass) {
         abs_max({v_maxima}, true, false, next(), stream);
       }
       const Int8Target q{s.q_view(), false, a.score_scale, nullptr,
@@ -285,12 +292,28 @@ void Attention::prepare_inputs(cudaStream_t stream) {
         // Under fp32+fp16, V's amax maps to 2.25 rather than 448: a 32-key chunk of P·V then stays
         // inside fp16's range (docs/quantized.md).
         const float target = s.options.pv_accumulation == PvAccumulation::fp32_fp16 ? 2.25f : 448.0f;
-        quantize_fp8_values(s.v_view(), {s.amax.as<unsigned>(), true, false, target, s.v_scale.as<float>()},
-                            s.v_work.as<std::uint8_t>(), a.v_length, next(), stream);
+        if (s.fp8_one_read) {
+          quantize_fp8_heads({{s.v_view(), true, true, target, s.v_scale.as<float>(), s.v_work.as<std::uint8_t>(),
+                               a.v_length}},
+                             next(), stream);
+        } else {
+          quantize_fp8_values(s.v_view(), {s.amax.as<unsigned>(), true, false, target, s.v_scale.as<float>()},
+                              s.v_work.as<std::uint8_t>(), a.v_length, next(), stream);
+        }
       }
       break;
     }
     case Kind::fa3_fp8: {
+      if (s.fp8_one_read) {  // one launch, each input read once
+        quantize_fp8_heads({{s.q_view(), false, false, 448.0f, s.q_scale.as<float>(), s.q_work.as<std::uint8_t>(),
+                             a.q_rows},
+                            {s.k_view(), false, false, 448.0f, s.k_scale.as<float>(), s.k_work.as<std::uint8_t>(),
+                             a.k_rows},
+                            {s.v_view(), true, false, 448.0f, s.v_scale.as<float>(), s.v_work.as<std::uint8_t>(),
+                             a.v_length}},
+                           next(), stream);
+        break;
+      }
       const bool per_tensor = s.options.fp8_scale == Fp8ScaleGranularity::per_tensor;
       unsigned* q_amax = s.amax.as<unsigned>();
       unsigned* k_amax = q_amax + s.p.batch * s.p.heads_q;

@@ -36,22 +36,35 @@ inline void check_cuda(cudaError_t status, const char* call, const char* file, i
 enum class Order { after_all, overlapping };
 
 // A bad configuration is reported here, naming `what`; a fault in the kernel at the next sync.
+// `cluster` CTAs in a row (grid.x a multiple of it) are scheduled together as a thread block cluster.
 template <typename... Params, typename... Args>
-void launch_kernel(const char* what, void (*kernel)(Params...), dim3 grid, int threads, std::size_t shared_bytes,
-                   Order order, cudaStream_t stream, const Args&... args) {
-  cudaLaunchAttribute overlap{};
-  overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  overlap.val.programmaticStreamSerializationAllowed = 1;
+void launch_kernel_in_clusters(const char* what, void (*kernel)(Params...), dim3 grid, unsigned cluster, int threads,
+                               std::size_t shared_bytes, Order order, cudaStream_t stream, const Args&... args) {
+  cudaLaunchAttribute attributes[2] = {};
+  unsigned count = 0;
+  if (order == Order::overlapping) {
+    attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attributes[count++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (cluster > 1) {
+    attributes[count].id = cudaLaunchAttributeClusterDimension;
+    attributes[count++].val.clusterDim = {cluster, 1, 1};
+  }
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = dim3(static_cast<unsigned>(threads));
   config.dynamicSmemBytes = shared_bytes;
   config.stream = stream;
-  config.attrs = &overlap;
-  config.numAttrs = order == Order::overlapping ? 1 : 0;
+  config.attrs = attributes;
+  config.numAttrs = count;
   const cudaError_t status = cudaLaunchKernelEx(&config, kernel, args...);
   if (status != cudaSuccess) (void)cudaGetLastError();  // not left for the next call's check to report
   check_cuda(status, what, __FILE__, __LINE__);
+}
+template <typename... Params, typename... Args>
+void launch_kernel(const char* what, void (*kernel)(Params...), dim3 grid, int threads, std::size_t shared_bytes,
+                   Order order, cudaStream_t stream, const Args&... args) {
+  launch_kernel_in_clusters(what, kernel, grid, 1, threads, shared_bytes, order, stream, args...);
 }
 
 // Returns once the kernel before this one (launched overlapping) is complete and its writes are

@@ -1,11 +1,14 @@
 // Input preparation kernels (kernels/cuda/quantize.h). Arithmetic is the definition's, operation
 // by operation (docs/quantized.md) and as kernels/quantized_attention.cpp emulates it: the _rn
 // intrinsics keep nvcc from fusing a multiply and an add into one rounding.
+#include <cooperative_groups.h>
+
 #include <algorithm>
 #include <climits>
 #include <initializer_list>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "kernels/cuda/attention_launch.h"
 #include "kernels/cuda/device_utils.cuh"
@@ -422,13 +425,30 @@ __device__ __forceinline__ int permuted_key(int p) {
   return (p & 16) | (((p >> 1) & 1) << 3) | (((p >> 2) & 3) << 1) | (p & 1);
 }
 
+// Where channel c of `key` lies in a staged tile of V (as loaded, kDim elements a key): the
+// columns are swizzled by the key's 16-key group, since the transposing write loop's warp reads 8
+// groups' keys at once, which a padded pitch still put in one bank (8-way conflicts, ncu). Eight
+// channels from a multiple of 8 stay together.
+__device__ __forceinline__ int swizzled(int key, int c) { return c ^ (((key >> 4) & 7) << 3); }
+
+// Channel c of a permuted 32-key chunk's 16-key group `group` (0 to 7 in a tile of kBlockK keys)
+// as 16 e4m3 codes, from a tile staged with swizzled(); keys past the sequence are zeros there.
+template <typename Elem, int kDim>
+__device__ __forceinline__ uint4 transposed_codes(const Elem (*tile)[kDim], int group, int c, float inverse) {
+  // Position k of the group holds key group * 16 + permuted_key(k) (the group's parity is the
+  // chunk's upper or lower 16), so the column's swizzle is the group's and each read's offset a
+  // constant.
+  const Elem* column = &tile[group * 16][swizzled(group * 16, c)];
+  float x[16];
+#pragma unroll
+  for (int k = 0; k < 16; ++k) x[k] = to_float(column[permuted_key(k) * kDim]);
+  return fp8_codes(x, inverse);
+}
+
 template <typename Elem, int kDim>
 __global__ void __launch_bounds__(kQuantThreads) quantize_fp8_values_kernel(const InputView in, const Fp8Scales scales,
                                                                             std::uint8_t* out, std::int64_t keys) {
-  // The tile's columns are swizzled by the key's 16-key group: the write loop's warp reads 8
-  // groups' keys at once, which a padded pitch still put in one bank (8-way conflicts, ncu).
   __shared__ __align__(16) Elem tile[kBlockK][kDim];
-  auto swizzled = [](int key, int c) { return c ^ (((key >> 4) & 7) << 3); };
   const std::int64_t key0 = static_cast<std::int64_t>(blockIdx.x) * kBlockK;
   const int h = static_cast<int>(blockIdx.y), b = static_cast<int>(blockIdx.z);
   const std::int64_t head = static_cast<std::int64_t>(b) * in.heads + h;
@@ -450,19 +470,125 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_fp8_values_kernel(cons
     if (blockIdx.x == 0 && group == 0 && (scales.per_channel || c == 0)) {
       scales.scales[scales.per_channel ? head * kDim + c : head] = factors.scale;
     }
-    // Position k of this group holds key group * 16 + permuted_key(k) (the group's parity is the
-    // chunk's upper or lower 16), so the column's swizzle is the group's and each read's offset
-    // a constant.
-    const Elem* column = &tile[group * 16][swizzled(group * 16, c)];
-    const std::int64_t inside = in.seq - (key0 + group * 16);  // keys of the group in the sequence
-    float x[16];
-#pragma unroll
-    for (int k = 0; k < 16; ++k) {
-      const int key = permuted_key(k);
-      x[k] = key < inside ? to_float(column[key * kDim]) : 0.0f;
-    }
-    *reinterpret_cast<uint4*>(out + (head * kDim + c) * keys + key0 + group * 16) = fp8_codes(x, factors.inverse);
+    *reinterpret_cast<uint4*>(out + (head * kDim + c) * keys + key0 + group * 16) =
+        transposed_codes<Elem, kDim>(tile, group, c, factors.inverse);
   }
+}
+
+// ---- FP8 from one read: a cluster holds a head ----
+
+// A cluster of CTAs holds one (b, h) of one input, `tiles_per_cta` tiles of kBlockK rows a CTA,
+// staged with swizzled(). Each CTA takes its rows' per-channel maxima, reads every other CTA's
+// through distributed shared memory, and codes its rows from the tiles: the input is read once.
+template <typename Elem, int kDim>
+__global__ void __launch_bounds__(kQuantThreads) quantize_fp8_heads_kernel(const LaunchTargets<HeadTarget, 3> targets,
+                                                                           int tiles_per_cta) {
+  namespace cg = cooperative_groups;
+  constexpr int kVectors = kDim / 8;
+  constexpr int kRowsAPass = kQuantThreads / kVectors;
+  constexpr int kWarps = kQuantThreads / 32;
+  extern __shared__ uint4 dynamic_shared[];
+  auto* rows_staged = reinterpret_cast<Elem (*)[kDim]>(dynamic_shared);
+  __shared__ float warp_max[kWarps][kDim];
+  __shared__ float cta_max[kDim];   // this CTA's, per channel: the cluster reads it
+  __shared__ float head_max[kDim];  // the head's, per channel
+  __shared__ float inverse[kDim];   // what the codes multiply by, per channel (all equal per head)
+  const cg::cluster_group cluster = cg::this_cluster();
+  const int rank = static_cast<int>(cluster.block_rank());
+  const std::int64_t index = blockIdx.x / cluster.num_blocks();  // of the (target, head)
+  const int which = targets.of(index);
+  const HeadTarget& t = targets.target[which];
+  const InputView& in = t.in;
+  const std::int64_t head = index - targets.first[which];
+  const int h = static_cast<int>(head % in.heads), b = static_cast<int>(head / in.heads);
+  const std::int64_t row0 = static_cast<std::int64_t>(rank) * tiles_per_cta * kBlockK;
+  const int rows = static_cast<int>(max(std::int64_t{0}, min(std::int64_t{tiles_per_cta} * kBlockK, t.rows - row0)));
+  let_next_kernel_start();
+  for (int v = static_cast<int>(threadIdx.x); v < rows * kVectors; v += kQuantThreads) {
+    const int row = v / kVectors, column = (v % kVectors) * 8;
+    const bool valid = row0 + row < in.seq;
+    cp_async_16(&rows_staged[row][swizzled(row, column)], row_pointer<Elem>(in, b, h, valid ? row0 + row : 0) + column,
+                valid);
+  }
+  cp_async_commit();
+  wait_for_prior_kernel();  // the inputs are read before: no kernel writes them
+  cp_async_wait<0>();
+  __syncthreads();
+
+  // Per-channel maxima: a thread's 8 channels over every kRowsAPass-th row, then over the lanes
+  // with the same channels (lane % kVectors), then over the warps. Rows past the end are zeros.
+  const int vector = static_cast<int>(threadIdx.x) % kVectors;
+  float m[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int row = static_cast<int>(threadIdx.x) / kVectors; row < rows; row += kRowsAPass) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(&rows_staged[row][swizzled(row, vector * 8)]);
+    const Elem* e = reinterpret_cast<const Elem*>(&raw);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) m[k] = fmaxf(m[k], fabsf(to_float(e[k])));
+  }
+#pragma unroll
+  for (int offset = kVectors; offset < 32; offset *= 2) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) m[k] = fmaxf(m[k], __shfl_xor_sync(0xffffffffu, m[k], offset));
+  }
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  if (lane < kVectors) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) warp_max[warp][vector * 8 + k] = m[k];
+  }
+  __syncthreads();
+  const int c = static_cast<int>(threadIdx.x);
+  if (c < kDim) {
+    float channel = 0.0f;
+    for (int w = 0; w < kWarps; ++w) channel = fmaxf(channel, warp_max[w][c]);
+    cta_max[c] = channel;
+  }
+  cluster.sync();  // every CTA's maxima written and visible
+  if (c < kDim) {
+    // max is exact in any order: the head's maxima are abs_max's, bit for bit.
+    float channel = 0.0f;
+    for (unsigned r = 0; r < cluster.num_blocks(); ++r) channel = fmaxf(channel, cluster.map_shared_rank(cta_max, r)[c]);
+    head_max[c] = channel;
+  }
+  // The cluster's CTAs may leave once all have read cta_max: the wait is at the end.
+  auto all_read = cluster.barrier_arrive();
+  __syncthreads();
+  if (!t.per_channel && warp == 0) {
+    float all = 0.0f;
+    for (int k = lane; k < kDim; k += 32) all = fmaxf(all, head_max[k]);
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) all = fmaxf(all, __shfl_xor_sync(0xffffffffu, all, offset));
+    if (lane == 0) head_max[0] = all;
+  }
+  __syncthreads();
+  if (c < kDim) {
+    const float amax = head_max[t.per_channel ? c : 0];
+    inverse[c] = amax == 0.0f ? 0.0f : __fdiv_rn(t.target, amax);
+    if (rank == 0 && (t.per_channel || c == 0)) t.scales[t.per_channel ? head * kDim + c : head] = __fdiv_rn(amax, t.target);
+  }
+  __syncthreads();
+
+  if (t.values) {
+    // Out: a channel's 128 keys of a tile are 8 vectors of 16 codes, as quantize_fp8_values_kernel.
+    for (int item = static_cast<int>(threadIdx.x); item < rows / kBlockK * kDim * 8; item += kQuantThreads) {
+      const int tile = item / (kDim * 8), channel = item / 8 % kDim, group = item % 8;
+      *reinterpret_cast<uint4*>(t.out + (head * kDim + channel) * t.rows + row0 + tile * kBlockK + group * 16) =
+          transposed_codes<Elem, kDim>(rows_staged + tile * kBlockK, group, channel, inverse[channel]);
+    }
+  } else {
+    // Out: rows as loaded, 16 codes a vector, as quantize_fp8_rows_kernel.
+    for (int item = static_cast<int>(threadIdx.x); item < rows * (kDim / 16); item += kQuantThreads) {
+      const int row = item / (kDim / 16), c0 = item % (kDim / 16) * 16;
+      uint4 raw[2];
+      raw[0] = *reinterpret_cast<const uint4*>(&rows_staged[row][swizzled(row, c0)]);
+      raw[1] = *reinterpret_cast<const uint4*>(&rows_staged[row][swizzled(row, c0 + 8)]);
+      const Elem* e = reinterpret_cast<const Elem*>(raw);
+      float x[16];
+#pragma unroll
+      for (int k = 0; k < 16; ++k) x[k] = to_float(e[k]);
+      *reinterpret_cast<uint4*>(t.out + (head * t.rows + row0 + row) * kDim + c0) = fp8_codes(x, inverse[0]);
+    }
+  }
+  cluster.barrier_wait(std::move(all_read));
 }
 
 // Runs LAUNCH with Elem and kDim naming the view's element type and head dim (C++17: no
@@ -494,6 +620,63 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_fp8_values_kernel(cons
 
 dim3 head_grid(std::int64_t blocks, const InputView& in) {
   return dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(in.heads), static_cast<unsigned>(in.batch));
+}
+
+// How quantize_fp8_heads_kernel splits a head of `rows` rows: the fewest tiles a CTA, in clusters
+// of at most 16 (or 8). No plan (cluster 0) when a CTA would need more than kHeadTileBytes: two CTAs
+// an SM, so that one's loads overlap the other's writes. At one an SM (CogVideoX's 144 kB), the
+// kernel took 345 us where the two passes take 327 (ncu, H100); at two (Flux) 65 against 76.
+constexpr std::size_t kHeadTileBytes = 96 * 1024;
+struct HeadPlan {
+  int tiles_per_cta = 0;
+  unsigned cluster = 0;
+};
+// 16 CTAs a cluster where the device schedules them (a non-portable size, H100's), else 8. Each
+// kernel instance is allowed its shared memory and the cluster size as it is first asked.
+template <typename Elem, int kDim>
+unsigned max_head_cluster() {
+  static const unsigned largest = [] {
+    const auto kernel = quantize_fp8_heads_kernel<Elem, kDim>;
+    ATTNREPLAY_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(kHeadTileBytes)));
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 8u;
+    }
+    cudaLaunchAttribute cluster{};
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim = {16, 1, 1};
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(16);
+    config.blockDim = dim3(kQuantThreads);
+    config.dynamicSmemBytes = kHeadTileBytes;
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+    int clusters = 0;
+    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess) (void)cudaGetLastError();
+    return clusters > 0 ? 16u : 8u;
+  }();
+  return largest;
+}
+template <typename Elem, int kDim>
+HeadPlan head_plan(std::int64_t rows) {
+  const std::int64_t tiles = std::max<std::int64_t>(1, ceil_div(rows, static_cast<std::int64_t>(kBlockK)));
+  const std::int64_t per_cta = ceil_div(tiles, static_cast<std::int64_t>(max_head_cluster<Elem, kDim>()));
+  if (per_cta * kBlockK * kDim * static_cast<std::int64_t>(sizeof(Elem)) > static_cast<std::int64_t>(kHeadTileBytes)) {
+    return {};
+  }
+  return {static_cast<int>(per_cta), static_cast<unsigned>(ceil_div(tiles, per_cta))};
+}
+template <typename Elem, int kDim>
+bool launch_fp8_heads(const LaunchTargets<HeadTarget, 3>& targets, std::int64_t rows, Order order, cudaStream_t stream) {
+  const HeadPlan plan = head_plan<Elem, kDim>(rows);
+  if (plan.cluster == 0) return false;
+  const std::size_t bytes = static_cast<std::size_t>(plan.tiles_per_cta) * kBlockK * kDim * sizeof(Elem);
+  const auto clusters = static_cast<unsigned>(targets.first[targets.count]);
+  launch_kernel_in_clusters("quantize_fp8_heads_kernel", quantize_fp8_heads_kernel<Elem, kDim>,
+                            dim3(clusters * plan.cluster), plan.cluster, kQuantThreads, bytes, order, stream, targets,
+                            plan.tiles_per_cta);
+  return true;
 }
 
 }  // namespace
@@ -566,6 +749,32 @@ void quantize_fp8_values(const InputView& in, const Fp8Scales& scales, std::uint
   ATTNREPLAY_FOR_ELEMENT_AND_DIM(in, launch_kernel("quantize_fp8_values_kernel", quantize_fp8_values_kernel<Elem, kDim>,
                                                    head_grid(keys / kBlockK, in), kQuantThreads, 0, order, stream, in,
                                                    scales, out, keys));
+}
+
+bool fp8_heads_fit(std::int64_t rows, const InputView& in) {
+  bool fit = false;
+  ATTNREPLAY_FOR_ELEMENT_AND_DIM(in, fit = (head_plan<Elem, kDim>(rows).cluster > 0));
+  return fit;
+}
+
+void quantize_fp8_heads(std::initializer_list<HeadTarget> inputs, Order order, cudaStream_t stream) {
+  std::int64_t rows = 0;
+  for (const HeadTarget& t : inputs) {
+    if (t.rows < t.in.seq || (t.values && t.rows % kBlockK != 0) || (t.per_channel && !t.values)) {
+      throw std::invalid_argument("quantize_fp8_heads: rows below the sequence, V's keys not whole tiles, or "
+                                  "per-channel scales for rows");
+    }
+    rows = std::max(rows, t.rows);
+  }
+  const auto targets = launch_targets<3>(inputs, [](const HeadTarget& t) {
+    return static_cast<std::int64_t>(t.in.batch) * t.in.heads;  // a cluster a head
+  }, "quantize_fp8_heads");
+  bool launched = false;
+  ATTNREPLAY_FOR_ELEMENT_AND_DIM(targets.target[0].in,
+                                 launched = (launch_fp8_heads<Elem, kDim>(targets, rows, order, stream)));
+  if (!launched) {
+    throw std::invalid_argument("quantize_fp8_heads: heads of " + std::to_string(rows) + " rows do not fit a cluster");
+  }
 }
 
 }  // namespace attnreplay::cuda_attention

@@ -106,4 +106,22 @@ void quantize_fp8_rows(std::initializer_list<RowsTarget> inputs, Order order, cu
 void quantize_fp8_values(const InputView& in, const Fp8Scales& scales, std::uint8_t* out, std::int64_t keys,
                          Order order, cudaStream_t stream);
 
+// FP8 codes of whole heads from one read of the input: a cluster of CTAs holds one (b, h) of one
+// input in shared memory, so that the head's maxima are known before any code is written, where
+// abs_max followed by quantize_fp8_rows / quantize_fp8_values reads the input twice. Codes and
+// scales are theirs, byte for byte. Only for heads that fit a cluster: fp8_heads_fit() says.
+struct HeadTarget {
+  InputView in;
+  bool values = false;       // V: transposed and permuted as quantize_fp8_values writes it; else rows
+  bool per_channel = false;  // a scale per (b, h, channel) (values only); else per (b, h)
+  float target = 448.0f;     // as Fp8Scales::target
+  float* scales = nullptr;
+  std::uint8_t* out = nullptr;
+  std::int64_t rows = 0;  // rows (or keys) of `out` a head, >= in.seq, zeros past it
+};
+// Whether heads of `rows` rows (the most of a launch's inputs) of `in`'s element type and head dim do.
+bool fp8_heads_fit(std::int64_t rows, const InputView& in);
+// Up to three inputs of one element type and head dim in one launch.
+void quantize_fp8_heads(std::initializer_list<HeadTarget> inputs, Order order, cudaStream_t stream);
+
 }  // namespace attnreplay::cuda_attention
