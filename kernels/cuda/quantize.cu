@@ -383,9 +383,21 @@ __device__ __forceinline__ uint4 fp8_codes(const float (&x)[16], float inverse) 
 struct Fp8Factors {
   float scale, inverse;
 };
+__device__ __forceinline__ Fp8Factors fp8_factors(float amax, float target) {
+  return {__fdiv_rn(amax, target), amax == 0.0f ? 0.0f : __fdiv_rn(target, amax)};
+}
 __device__ __forceinline__ Fp8Factors fp8_factors(const Fp8Scales& s, std::int64_t index) {
-  const float amax = __uint_as_float(s.amax[index]);
-  return {__fdiv_rn(amax, s.target), amax == 0.0f ? 0.0f : __fdiv_rn(s.target, amax)};
+  return fp8_factors(__uint_as_float(s.amax[index]), s.target);
+}
+
+// A row's sixteen 16-bit elements, as two raw vectors, as e4m3 codes (fp8_codes).
+template <typename Elem>
+__device__ __forceinline__ uint4 row_codes(const uint4 (&raw)[2], float inverse) {
+  const Elem* e = reinterpret_cast<const Elem*>(raw);
+  float x[16];
+#pragma unroll
+  for (int k = 0; k < 16; ++k) x[k] = to_float(e[k]);
+  return fp8_codes(x, inverse);
 }
 
 template <typename Elem>
@@ -411,11 +423,7 @@ __global__ void quantize_fp8_rows_kernel(const LaunchTargets<RowsTarget, 2> targ
     if (!waited) wait_for_prior_kernel(), waited = true;  // for the maxima
     const Fp8Factors factors = fp8_factors(t.scales, t.scales.per_tensor ? 0 : head);
     if (s == 0 && vector == 0) t.scales.scales[head] = factors.scale;
-    float x[16];
-    const Elem* e = reinterpret_cast<const Elem*>(raw);
-#pragma unroll
-    for (int k = 0; k < 16; ++k) x[k] = to_float(e[k]);
-    reinterpret_cast<uint4*>(t.out)[local] = s < in.seq ? fp8_codes(x, factors.inverse) : make_uint4(0, 0, 0, 0);
+    reinterpret_cast<uint4*>(t.out)[local] = s < in.seq ? row_codes<Elem>(raw, factors.inverse) : make_uint4(0, 0, 0, 0);
   }
 }
 
@@ -561,9 +569,9 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_fp8_heads_kernel(const
   }
   __syncthreads();
   if (c < kDim) {
-    const float amax = head_max[t.per_channel ? c : 0];
-    inverse[c] = amax == 0.0f ? 0.0f : __fdiv_rn(t.target, amax);
-    if (rank == 0 && (t.per_channel || c == 0)) t.scales[t.per_channel ? head * kDim + c : head] = __fdiv_rn(amax, t.target);
+    const Fp8Factors factors = fp8_factors(head_max[t.per_channel ? c : 0], t.target);
+    inverse[c] = factors.inverse;
+    if (rank == 0 && (t.per_channel || c == 0)) t.scales[t.per_channel ? head * kDim + c : head] = factors.scale;
   }
   __syncthreads();
 
@@ -578,14 +586,9 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_fp8_heads_kernel(const
     // Out: rows as loaded, 16 codes a vector, as quantize_fp8_rows_kernel.
     for (int item = static_cast<int>(threadIdx.x); item < rows * (kDim / 16); item += kQuantThreads) {
       const int row = item / (kDim / 16), c0 = item % (kDim / 16) * 16;
-      uint4 raw[2];
-      raw[0] = *reinterpret_cast<const uint4*>(&rows_staged[row][swizzled(row, c0)]);
-      raw[1] = *reinterpret_cast<const uint4*>(&rows_staged[row][swizzled(row, c0 + 8)]);
-      const Elem* e = reinterpret_cast<const Elem*>(raw);
-      float x[16];
-#pragma unroll
-      for (int k = 0; k < 16; ++k) x[k] = to_float(e[k]);
-      *reinterpret_cast<uint4*>(t.out + (head * t.rows + row0 + row) * kDim + c0) = fp8_codes(x, inverse[0]);
+      const uint4 raw[2] = {*reinterpret_cast<const uint4*>(&rows_staged[row][swizzled(row, c0)]),
+                            *reinterpret_cast<const uint4*>(&rows_staged[row][swizzled(row, c0 + 8)])};
+      *reinterpret_cast<uint4*>(t.out + (head * t.rows + row0 + row) * kDim + c0) = row_codes<Elem>(raw, inverse[0]);
     }
   }
   cluster.barrier_wait(std::move(all_read));
