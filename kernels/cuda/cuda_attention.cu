@@ -110,6 +110,7 @@ struct Attention::State {
   DeviceBuffer k_mean_work;  // block sums and counters of channel_means, zeroed once
   DeviceBuffer amax;  // the FP8 maxima of every input, zeroed at once (two-pass FP8 only)
   bool fp8_one_read = false;  // FP8 codes by quantize_fp8_heads, where the heads fit a cluster
+  bool k_one_read = false;    // K's means and INT8 codes by quantize_int8_key_heads, likewise
   DeviceBuffer out;
   AttentionArgs args;
   Order attention_order = Order::after_all;  // overlapping right after prepare_inputs
@@ -192,7 +193,8 @@ Attention::Attention(Kind kind, const Problem& p, const Options& options, const 
       s.k_work.allocate(bkv * static_cast<std::size_t>(k_rows) * d, "K codes");
       s.q_scale.allocate(bq * static_cast<std::size_t>(a.q_groups) * sizeof(float), "Q scales");
       s.k_scale.allocate(bkv * static_cast<std::size_t>(a.k_groups) * sizeof(float), "K scales");
-      if (options.k_smooth) {
+      s.k_one_read = options.k_smooth && p.seq_kv > 0 && int8_key_heads_fit(k_rows, s.k_view());
+      if (options.k_smooth && !s.k_one_read) {
         s.k_mean.allocate(bkv * d * sizeof(float), "K channel means");
         s.k_mean_work.allocate(channel_means_work_bytes(s.k_view()), "K block sums");
         ATTNREPLAY_CUDA_CHECK(cudaMemset(s.k_mean_work.as(), 0, s.k_mean_work.bytes()));
@@ -246,7 +248,7 @@ std::size_t Attention::preparation_bytes() const {
   for (const auto& [in, work] : {std::pair{&s.q_in, &s.q_work}, {&s.k_in, &s.k_work}, {&s.v_in, &s.v_work}}) {
     if (work->bytes() > 0) read += in->bytes(), written += work->bytes();
   }
-  if (s.k_mean.bytes() > 0) read += s.k_in.bytes();
+  if (s.k_mean.bytes() > 0) read += s.k_in.bytes();  // K again, for means that take a pass of their own
   written += s.q_scale.bytes() + s.k_scale.bytes() + s.v_scale.bytes() + s.k_mean.bytes();
   return read + written;
 }
@@ -269,13 +271,13 @@ void Attention::prepare_inputs(cudaStream_t stream) {
     case Kind::sage1_int8:
     case Kind::sage2_int8_fp8: {
       const bool sage2 = s.kind == Kind::sage2_int8_fp8;
-      // sage2's V maxima, in two passes: beside K's means when K is smoothed (one launch fewer),
-      // else alone.
+      // sage2's V maxima, in two passes: beside K's means where they take a pass of their own (one
+      // launch fewer), else alone.
       const bool v_two_pass = sage2 && !s.fp8_one_read;
       const MaxTarget v_maxima{s.v_view(), v_two_pass ? s.amax.as<unsigned>() : nullptr};
       if (v_two_pass) ATTNREPLAY_CUDA_CHECK(cudaMemsetAsync(s.amax.as(), 0, s.amax.bytes(), stream));
       const float* mean = nullptr;
-      if (s.options.k_smooth) {
+      if (s.k_mean.bytes() > 0) {
         channel_means(s.k_view(), s.k_mean.as<float>(), s.k_mean_work.as(), v_maxima, next(), stream);
         mean = s.k_mean.as<float>();
       } else if (v_two_pass) {
@@ -285,7 +287,13 @@ void Attention::prepare_inputs(cudaStream_t stream) {
                          {s.q_work.as<std::int8_t>(), a.q_rows, s.q_scale.as<float>(), a.q_groups}};
       const Int8Target k{s.k_view(), true, 1.0f, mean,
                          {s.k_work.as<std::int8_t>(), a.k_rows, s.k_scale.as<float>(), a.k_groups}};
-      quantize_int8({q, k}, s.options.granularity, next(), stream);
+      if (s.k_one_read) {
+        quantize_int8_key_heads(k, s.options.granularity, next(), stream);
+        quantize_int8({q}, s.options.granularity, next(), stream);
+      } else {
+        // K's blocks first: where K is smoothed, channel_means has just read it, and part of it is still in L2.
+        quantize_int8({k, q}, s.options.granularity, next(), stream);
+      }
       if (!sage2) {
         if (s.p.bshd) copy_to_bhsd(s.v_view(), s.v_work.as(), next(), stream);
       } else {

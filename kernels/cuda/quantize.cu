@@ -194,6 +194,28 @@ struct Int8Job {
   int groups_per_block = 1;
 };
 
+// The rows of scale group `g` of a block (int8_groups_per_block of them): first, stride, count.
+struct Int8Group {
+  int first, stride, count;
+};
+template <bool kIsKey, int kRows>
+__device__ __forceinline__ Int8Group int8_group(int g, Granularity granularity) {
+  if (!kIsKey && granularity == Granularity::per_warp) return {g * kWarpQ, 1, kWarpQ};
+  // Rows r and r + 8 of a warp tile: the rows one thread's MMA fragment holds.
+  if (!kIsKey && granularity == Granularity::per_thread) return {g / 8 * kWarpQ + g % 8, 8, 2};
+  // Keys with equal index mod 8: the key columns one thread's fragment holds.
+  if (kIsKey && granularity == Granularity::per_thread) return {g, 8, kRows / 8};
+  return {0, 1, kRows};
+}
+// The group that row `r` of a block belongs to.
+template <bool kIsKey, int kRows>
+__device__ __forceinline__ int int8_group_of(int r, Granularity granularity) {
+  if (!kIsKey && granularity == Granularity::per_warp) return r / kWarpQ;
+  if (!kIsKey && granularity == Granularity::per_thread) return r / kWarpQ * 8 + r % 8;
+  if (kIsKey && granularity == Granularity::per_thread) return r % 8;
+  return 0;
+}
+
 // Shared memory for the larger block (K's), so that Q's and K's blocks can share a launch.
 template <int kDim>
 struct Int8Shared {
@@ -202,53 +224,55 @@ struct Int8Shared {
   float mean[kDim];
 };
 
-// A CTA quantizes one block of rows (64 of Q, 128 of K) of one (b, h): every group lies inside it.
-// The rows are staged in shared memory as loaded (16-bit) and x is computed twice from them, once
-// for the maxima and once for the codes, by the same operations: held in registers, K's 64 floats
-// a thread kept a quarter of the warps resident (ncu). A thread's elements lie in one row: a row
-// past the end (zeros as loaded, but K's less its mean) is left out of the maxima and coded 0 as a
-// whole, rather than element by element.
-template <typename Elem, int kDim, int kRows>
-__device__ __forceinline__ void quantize_int8_block(const InputView& in, const Int8Job& job, std::int64_t block,
-                                                    std::int64_t head, Int8Shared<kDim>& shared) {
+// Where a block's row `row`, 16-byte vector `vector` lies in its staged tile: a row's vectors are
+// permuted by (row, thread), so that the 8 threads of a quarter warp, which read 8 rows' or parts'
+// vectors at once in int8_block_codes, hit 8 different bank groups.
+template <int kDim, int kRows>
+__device__ __forceinline__ int int8_slot(int row, int vector) {
   constexpr int kThreadsPerRow = kQuantThreads / kRows;
-  constexpr int kPerThread = kDim / kThreadsPerRow;
-  constexpr int kVectorsPerRow = kDim / 8, kVectorsPerThread = kPerThread / 8;
-  static_assert(kPerThread % 16 == 0, "whole 16-byte vectors of codes");
-  static_assert(kRows <= kBlockK, "the shared tile holds a K block");
-  constexpr bool kIsKey = kRows == kBlockK;  // Q is x = Q * pre_scale; K is x = K - mean (0: unsmoothed)
-  uint4* tile = shared.tile;
-  float* row_amax = shared.row_amax;
-  float* mean = shared.mean;
-  // A row's vectors are permuted by (row, thread), so that the 8 threads of a quarter warp, which
-  // read 8 rows' or parts' vectors at once, hit 8 different bank groups.
-  auto slot = [](int row, int vector) {
-    return row * kVectorsPerRow + (vector ^ ((row * kThreadsPerRow + vector / kVectorsPerThread) & 7));
-  };
+  constexpr int kVectorsPerRow = kDim / 8, kVectorsPerThread = kDim / kThreadsPerRow / 8;
+  return row * kVectorsPerRow + (vector ^ ((row * kThreadsPerRow + vector / kVectorsPerThread) & 7));
+}
+
+// Starts the copy of block `block` of rows (64 of Q, 128 of K) of (b, h) `head` into `tile` (as
+// loaded, 16-bit, laid out by int8_slot); rows past the end are zeros. The caller commits and waits.
+template <typename Elem, int kDim, int kRows>
+__device__ __forceinline__ void stage_int8_block(const InputView& in, std::int64_t block, std::int64_t head,
+                                                 uint4* tile) {
+  constexpr int kVectorsPerRow = kDim / 8;
   const int h = static_cast<int>(head % in.heads), b = static_cast<int>(head / in.heads);
   for (int v = static_cast<int>(threadIdx.x); v < kRows * kVectorsPerRow; v += kQuantThreads) {
     const int row = v / kVectorsPerRow, vector = v % kVectorsPerRow;
     const std::int64_t s = block * kRows + row;
     const bool valid = s < in.seq;
-    cp_async_16(&tile[slot(row, vector)], row_pointer<Elem>(in, b, h, valid ? s : 0) + vector * 8, valid);
+    cp_async_16(&tile[int8_slot<kDim, kRows>(row, vector)], row_pointer<Elem>(in, b, h, valid ? s : 0) + vector * 8,
+                valid);
   }
-  cp_async_commit();
-  wait_for_prior_kernel();  // for K's means; the rows are the uploaded inputs, which no kernel writes
-  if constexpr (kIsKey) {
-    for (int c = static_cast<int>(threadIdx.x); c < kDim; c += kQuantThreads) {
-      mean[c] = job.mean ? job.mean[head * kDim + c] : 0.0f;  // x - 0 is x, -0 and NaN included
-    }
-  }
-  cp_async_wait<0>();
-  __syncthreads();
+}
 
+// The codes and group scales of a staged block (stage_int8_block), every group lying inside it;
+// K's `mean` (kDim floats, zeros when unsmoothed) in shared memory. x is computed twice from the
+// tile, once for the maxima and once for the codes, by the same operations: held in registers,
+// K's 64 floats a thread kept a quarter of the warps resident (ncu). A thread's elements lie in
+// one row: a row past the end (zeros as loaded, but K's less its mean) is left out of the maxima
+// and coded 0 as a whole, rather than element by element. `row_amax` (kRows floats) may be reused
+// once every thread has returned.
+template <typename Elem, int kDim, int kRows>
+__device__ __forceinline__ void int8_block_codes(const InputView& in, const Int8Job& job, std::int64_t block,
+                                                 std::int64_t head, const uint4* tile, float* row_amax,
+                                                 const float* mean) {
+  constexpr int kThreadsPerRow = kQuantThreads / kRows;
+  constexpr int kPerThread = kDim / kThreadsPerRow;
+  constexpr int kVectorsPerThread = kPerThread / 8;
+  static_assert(kPerThread % 16 == 0, "whole 16-byte vectors of codes");
+  constexpr bool kIsKey = kRows == kBlockK;  // Q is x = Q * pre_scale; K is x = K - mean (0: unsmoothed)
   const int r = static_cast<int>(threadIdx.x) / kThreadsPerRow;
   const int part = static_cast<int>(threadIdx.x) % kThreadsPerRow;
   const std::int64_t i = block * kRows + r;
   const int c0 = part * kPerThread;
   const bool inside = i < in.seq;
   auto vector_values = [&](int v, float (&x)[8]) {
-    const uint4 raw = tile[slot(r, part * kVectorsPerThread + v)];
+    const uint4 raw = tile[int8_slot<kDim, kRows>(r, part * kVectorsPerThread + v)];
     const Elem* e = reinterpret_cast<const Elem*>(&raw);
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
@@ -270,23 +294,17 @@ __device__ __forceinline__ void quantize_int8_block(const InputView& in, const I
   if (part == 0) row_amax[r] = amax;
   __syncthreads();
 
-  // This row's group: its first row, stride and size, and the group's index in the block.
-  int first = 0, stride = 1, count = kRows, index = 0;
-  bool leader = r == 0;
-  if (!kIsKey && job.granularity == Granularity::per_warp) {
-    first = r / kWarpQ * kWarpQ, count = kWarpQ, index = r / kWarpQ, leader = r % kWarpQ == 0;
-  } else if (!kIsKey && job.granularity == Granularity::per_thread) {
-    // Rows r and r + 8 of a warp tile: the rows one thread's MMA fragment holds.
-    first = r / kWarpQ * kWarpQ + r % 8, stride = 8, count = 2, index = r / kWarpQ * 8 + r % 8;
-    leader = r % kWarpQ < 8;
-  } else if (kIsKey && job.granularity == Granularity::per_thread) {
-    // Keys with equal index mod 8: the key columns one thread's fragment holds.
-    first = r % 8, stride = 8, count = kRows / 8, index = r % 8, leader = r < 8;
-  }
+  // This row's group's maximum, the loads eight ahead of the maxima: one by one, K's 128 rows were
+  // 128 dependent shared loads (sage1-int8's preparation at Flux took 10 % longer, H100).
+  const int g = int8_group_of<kIsKey, kRows>(r, job.granularity);
+  const Int8Group group = int8_group<kIsKey, kRows>(g, job.granularity);
   float group_amax = 0.0f;
-  for (int k = 0; k < count; ++k) group_amax = fmaxf(group_amax, row_amax[first + k * stride]);
-  const float scale = __fdiv_rn(group_amax, 127.0f);
+#pragma unroll 8
+  for (int k = 0; k < group.count; ++k) group_amax = fmaxf(group_amax, row_amax[group.first + k * group.stride]);
   const float inverse = group_amax == 0.0f ? 0.0f : __fdiv_rn(127.0f, group_amax);
+  if (part == 0 && r == group.first) {
+    job.out.scales[head * job.out.groups + block * job.groups_per_block + g] = __fdiv_rn(group_amax, 127.0f);
+  }
 
   std::int8_t* dst = job.out.codes + (head * job.out.rows + i) * kDim + c0;
   const bool zeros = !inside || inverse == 0.0f;  // a row past the end, or a group of zeros
@@ -307,12 +325,27 @@ __device__ __forceinline__ void quantize_int8_block(const InputView& in, const I
     }
     reinterpret_cast<uint4*>(dst)[v] = *reinterpret_cast<const uint4*>(codes);
   }
-  if (part == 0 && leader) {
-    job.out.scales[head * job.out.groups + block * job.groups_per_block + index] = scale;
-  }
 }
 
-// One CTA a block of one target's (b, h): Q's CTAs, then K's.
+// A CTA quantizes one block of rows of one (b, h), K's means read from the global memory.
+template <typename Elem, int kDim, int kRows>
+__device__ __forceinline__ void quantize_int8_block(const InputView& in, const Int8Job& job, std::int64_t block,
+                                                    std::int64_t head, Int8Shared<kDim>& shared) {
+  static_assert(kRows <= kBlockK, "the shared tile holds a K block");
+  stage_int8_block<Elem, kDim, kRows>(in, block, head, shared.tile);
+  cp_async_commit();
+  wait_for_prior_kernel();  // for K's means; the rows are the uploaded inputs, which no kernel writes
+  if constexpr (kRows == kBlockK) {
+    for (int c = static_cast<int>(threadIdx.x); c < kDim; c += kQuantThreads) {
+      shared.mean[c] = job.mean ? job.mean[head * kDim + c] : 0.0f;  // x - 0 is x, -0 and NaN included
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+  int8_block_codes<Elem, kDim, kRows>(in, job, block, head, shared.tile, shared.row_amax, shared.mean);
+}
+
+// One CTA a block of one target's (b, h), the targets' CTAs in their order.
 // Six CTAs an SM, as many as the shared tiles allow (40 registers, a few bytes spilled): faster
 // than the five that 48 registers allowed on 4x32x4096x128, within 1 µs of them on the short
 // shapes (H100).
@@ -483,6 +516,35 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_fp8_values_kernel(cons
   }
 }
 
+// ---- Whole heads in a cluster ----
+
+// 16 CTAs a cluster where the device schedules them (a non-portable size, H100's), else 8. Each
+// kernel is allowed its dynamic shared memory and the cluster size as it is first asked.
+template <auto kKernel, std::size_t kDynamicBytes>
+unsigned max_head_cluster() {
+  static const unsigned largest = [] {
+    ATTNREPLAY_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(kDynamicBytes)));
+    if (cudaFuncSetAttribute(kKernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 8u;
+    }
+    cudaLaunchAttribute cluster{};
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim = {16, 1, 1};
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(16);
+    config.blockDim = dim3(kQuantThreads);
+    config.dynamicSmemBytes = kDynamicBytes;
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+    int clusters = 0;
+    if (cudaOccupancyMaxActiveClusters(&clusters, kKernel, &config) != cudaSuccess) (void)cudaGetLastError();
+    return clusters > 0 ? 16u : 8u;
+  }();
+  return largest;
+}
+
 // ---- FP8 from one read: a cluster holds a head ----
 
 // A cluster of CTAs holds one (b, h) of one input, `tiles_per_cta` tiles of kBlockK rows a CTA,
@@ -594,6 +656,46 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_fp8_heads_kernel(const
   cluster.barrier_wait(std::move(all_read));
 }
 
+// ---- K's means and INT8 codes from one read: a cluster holds a head ----
+
+// A cluster of CTAs holds one (b, h) of K, a block of kBlockK keys a CTA, staged as
+// quantize_int8_kernel stages one. Each CTA sums its block's keys per channel as
+// channel_mean_kernel does and adds the blocks' sums in block order from the cluster's shared
+// memory (distributed): each has the head's means, bit for bit channel_means', and codes its block
+// with them. K is read once, where channel_means and quantize_int8 read it twice.
+template <typename Elem, int kDim>
+__global__ void __launch_bounds__(kQuantThreads) quantize_int8_key_heads_kernel(const InputView in, const Int8Job job) {
+  namespace cg = cooperative_groups;
+  __shared__ Int8Shared<kDim> shared;
+  __shared__ float block_sums[kDim];  // the cluster reads them
+  const cg::cluster_group cluster = cg::this_cluster();
+  const std::int64_t block = cluster.block_rank();
+  const std::int64_t head = blockIdx.x / cluster.num_blocks();
+  let_next_kernel_start();
+  stage_int8_block<Elem, kDim, kBlockK>(in, block, head, shared.tile);
+  cp_async_commit();
+  wait_for_prior_kernel();  // the inputs are read before: no kernel writes them
+  cp_async_wait<0>();
+  __syncthreads();
+  const int c = static_cast<int>(threadIdx.x);
+  if (c < kDim) {
+    const int keys = static_cast<int>(min(static_cast<std::int64_t>(kBlockK), in.seq - block * kBlockK));
+    block_sums[c] = sum_in_order(keys, [&](int j) {
+      return to_float(reinterpret_cast<const Elem*>(&shared.tile[int8_slot<kDim, kBlockK>(j, c / 8)])[c % 8]);
+    });
+  }
+  cluster.sync();  // every CTA's block sums written and visible
+  if (c < kDim) {
+    const float total = sum_in_order(cluster.num_blocks(), [&](unsigned j) { return cluster.map_shared_rank(block_sums, j)[c]; });
+    shared.mean[c] = __fdiv_rn(total, static_cast<float>(in.seq));
+  }
+  // The cluster's CTAs may leave once all have read block_sums: the wait is at the end.
+  auto all_read = cluster.barrier_arrive();
+  __syncthreads();
+  int8_block_codes<Elem, kDim, kBlockK>(in, job, block, head, shared.tile, shared.row_amax, shared.mean);
+  cluster.barrier_wait(std::move(all_read));
+}
+
 // Runs LAUNCH with Elem and kDim naming the view's element type and head dim (C++17: no
 // templated lambdas).
 #define ATTNREPLAY_FOR_ELEMENT_AND_DIM(view, LAUNCH)                                                      \
@@ -626,59 +728,54 @@ dim3 head_grid(std::int64_t blocks, const InputView& in) {
 }
 
 // How quantize_fp8_heads_kernel splits a head of `rows` rows: the fewest tiles a CTA, in clusters
-// of at most 16 (or 8). No plan (cluster 0) when a CTA would need more than kHeadTileBytes: two CTAs
-// an SM, so that one's loads overlap the other's writes. At one an SM (CogVideoX's 144 kB), the
-// kernel took 345 us where the two passes take 327 (ncu, H100); at two (Flux) 65 against 76.
+// of at most max_head_cluster(). No plan (cluster 0) when a CTA would need more than
+// kHeadTileBytes: two CTAs an SM, so that one's loads overlap the other's writes. At one an SM
+// (CogVideoX's 144 kB), the kernel took 345 us where the two passes take 327 (ncu, H100); at two
+// (Flux) 65 against 76.
 constexpr std::size_t kHeadTileBytes = 96 * 1024;
 struct HeadPlan {
   int tiles_per_cta = 0;
   unsigned cluster = 0;
+  std::size_t shared_bytes = 0;  // dynamic, for the tiles
 };
-// 16 CTAs a cluster where the device schedules them (a non-portable size, H100's), else 8. Each
-// kernel instance is allowed its shared memory and the cluster size as it is first asked.
 template <typename Elem, int kDim>
-unsigned max_head_cluster() {
-  static const unsigned largest = [] {
-    const auto kernel = quantize_fp8_heads_kernel<Elem, kDim>;
-    ATTNREPLAY_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               static_cast<int>(kHeadTileBytes)));
-    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return 8u;
-    }
-    cudaLaunchAttribute cluster{};
-    cluster.id = cudaLaunchAttributeClusterDimension;
-    cluster.val.clusterDim = {16, 1, 1};
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(16);
-    config.blockDim = dim3(kQuantThreads);
-    config.dynamicSmemBytes = kHeadTileBytes;
-    config.attrs = &cluster;
-    config.numAttrs = 1;
-    int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess) (void)cudaGetLastError();
-    return clusters > 0 ? 16u : 8u;
-  }();
-  return largest;
-}
-template <typename Elem, int kDim>
-HeadPlan head_plan(std::int64_t rows) {
+HeadPlan fp8_head_plan(std::int64_t rows) {
   const std::int64_t tiles = std::max<std::int64_t>(1, ceil_div(rows, static_cast<std::int64_t>(kBlockK)));
-  const std::int64_t per_cta = ceil_div(tiles, static_cast<std::int64_t>(max_head_cluster<Elem, kDim>()));
-  if (per_cta * kBlockK * kDim * static_cast<std::int64_t>(sizeof(Elem)) > static_cast<std::int64_t>(kHeadTileBytes)) {
-    return {};
-  }
-  return {static_cast<int>(per_cta), static_cast<unsigned>(ceil_div(tiles, per_cta))};
+  const auto largest = max_head_cluster<quantize_fp8_heads_kernel<Elem, kDim>, kHeadTileBytes>();
+  const std::int64_t per_cta = ceil_div(tiles, static_cast<std::int64_t>(largest));
+  const std::size_t bytes = static_cast<std::size_t>(per_cta) * kBlockK * kDim * sizeof(Elem);
+  if (bytes > kHeadTileBytes) return {};
+  return {static_cast<int>(per_cta), static_cast<unsigned>(ceil_div(tiles, per_cta)), bytes};
 }
 template <typename Elem, int kDim>
 bool launch_fp8_heads(const LaunchTargets<HeadTarget, 3>& targets, std::int64_t rows, Order order, cudaStream_t stream) {
-  const HeadPlan plan = head_plan<Elem, kDim>(rows);
+  const HeadPlan plan = fp8_head_plan<Elem, kDim>(rows);
   if (plan.cluster == 0) return false;
-  const std::size_t bytes = static_cast<std::size_t>(plan.tiles_per_cta) * kBlockK * kDim * sizeof(Elem);
   const auto clusters = static_cast<unsigned>(targets.first[targets.count]);
   launch_kernel_in_clusters("quantize_fp8_heads_kernel", quantize_fp8_heads_kernel<Elem, kDim>,
-                            dim3(clusters * plan.cluster), plan.cluster, kQuantThreads, bytes, order, stream, targets,
-                            plan.tiles_per_cta);
+                            dim3(clusters * plan.cluster), plan.cluster, kQuantThreads, plan.shared_bytes, order,
+                            stream, targets, plan.tiles_per_cta);
+  return true;
+}
+
+// K's heads of `rows` keys as one cluster of a CTA a block, where the cluster may be that large;
+// 0 where it may not. A CTA holds one block only: with three (Flux's 36 blocks in 12 CTAs of 96 kB,
+// two an SM), its coding waited on the loads of its whole head, and the two passes over K were
+// faster (H100, sage1-int8's preparation: 61 against 57 us).
+template <typename Elem, int kDim>
+unsigned int8_key_cluster(std::int64_t rows) {
+  const std::int64_t blocks = rows / kBlockK;
+  const auto largest = max_head_cluster<quantize_int8_key_heads_kernel<Elem, kDim>, 0>();
+  return rows % kBlockK == 0 && blocks >= 1 && blocks <= largest ? static_cast<unsigned>(blocks) : 0;
+}
+template <typename Elem, int kDim>
+bool launch_int8_key_heads(const Int8Target& keys, Granularity granularity, Order order, cudaStream_t stream) {
+  const unsigned cluster = int8_key_cluster<Elem, kDim>(keys.out.rows);
+  if (cluster == 0) return false;
+  const Int8Job job{granularity, 1.0f, nullptr, keys.out, int8_groups_per_block(true, granularity)};
+  const auto heads = static_cast<unsigned>(keys.in.batch * keys.in.heads);
+  launch_kernel_in_clusters("quantize_int8_key_heads_kernel", quantize_int8_key_heads_kernel<Elem, kDim>,
+                            dim3(heads * cluster), cluster, kQuantThreads, 0, order, stream, keys.in, job);
   return true;
 }
 
@@ -756,7 +853,7 @@ void quantize_fp8_values(const InputView& in, const Fp8Scales& scales, std::uint
 
 bool fp8_heads_fit(std::int64_t rows, const InputView& in) {
   bool fit = false;
-  ATTNREPLAY_FOR_ELEMENT_AND_DIM(in, fit = (head_plan<Elem, kDim>(rows).cluster > 0));
+  ATTNREPLAY_FOR_ELEMENT_AND_DIM(in, fit = (fp8_head_plan<Elem, kDim>(rows).cluster > 0));
   return fit;
 }
 
@@ -777,6 +874,25 @@ void quantize_fp8_heads(std::initializer_list<HeadTarget> inputs, Order order, c
                                  launched = (launch_fp8_heads<Elem, kDim>(targets, rows, order, stream)));
   if (!launched) {
     throw std::invalid_argument("quantize_fp8_heads: heads of " + std::to_string(rows) + " rows do not fit a cluster");
+  }
+}
+
+bool int8_key_heads_fit(std::int64_t rows, const InputView& keys) {
+  bool fit = false;
+  ATTNREPLAY_FOR_ELEMENT_AND_DIM(keys, fit = (int8_key_cluster<Elem, kDim>(rows) > 0));
+  return fit;
+}
+
+void quantize_int8_key_heads(const Int8Target& keys, Granularity granularity, Order order, cudaStream_t stream) {
+  if (!keys.is_key || keys.in.seq == 0 || keys.out.rows != ceil_div(keys.in.seq, kBlockK) * kBlockK) {
+    throw std::invalid_argument("quantize_int8_key_heads: K with keys, its codes padded to whole blocks of keys");
+  }
+  bool launched = false;
+  ATTNREPLAY_FOR_ELEMENT_AND_DIM(keys.in,
+                                 launched = (launch_int8_key_heads<Elem, kDim>(keys, granularity, order, stream)));
+  if (!launched) {
+    throw std::invalid_argument("quantize_int8_key_heads: heads of " + std::to_string(keys.out.rows) +
+                                " keys do not fit a cluster");
   }
 }
 

@@ -55,6 +55,13 @@ struct Int8Target {
 // the short calls' preparation is made of.
 void quantize_int8(std::initializer_list<Int8Target> inputs, Granularity granularity, Order order,
                    cudaStream_t stream);
+// K smoothed and coded from one read: a thread block cluster holds one (b, h) of K in shared memory,
+// takes the head's channel means as channel_means does, bit for bit, and codes its blocks with them
+// as quantize_int8 does, where channel_means followed by quantize_int8 reads K twice. The means stay
+// on chip (`keys.mean` is not read). For K with at least one key, its codes padded to whole blocks,
+// in heads that fit a cluster: int8_key_heads_fit() says.
+bool int8_key_heads_fit(std::int64_t rows, const InputView& keys);
+void quantize_int8_key_heads(const Int8Target& keys, Granularity granularity, Order order, cudaStream_t stream);
 
 // max |x| as float bits (non-negative floats order as unsigned ints) into `amax`, which the caller
 // zeroes: one per (b, h, channel) when per_channel, one per (b, h), or one for all when per_tensor.
