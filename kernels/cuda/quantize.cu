@@ -686,7 +686,8 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_int8_key_heads_kernel(
   }
   cluster.sync();  // every CTA's block sums written and visible
   if (c < kDim) {
-    const float total = sum_in_order(cluster.num_blocks(), [&](unsigned j) { return cluster.map_shared_rank(block_sums, j)[c]; });
+    const float total =
+        sum_in_order(cluster.num_blocks(), [&](unsigned j) { return cluster.map_shared_rank(block_sums, j)[c]; });
     shared.mean[c] = __fdiv_rn(total, static_cast<float>(in.seq));
   }
   // The cluster's CTAs may leave once all have read block_sums: the wait is at the end.

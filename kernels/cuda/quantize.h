@@ -56,10 +56,11 @@ struct Int8Target {
 void quantize_int8(std::initializer_list<Int8Target> inputs, Granularity granularity, Order order,
                    cudaStream_t stream);
 // K smoothed and coded from one read: a thread block cluster holds one (b, h) of K in shared memory,
-// takes the head's channel means as channel_means does, bit for bit, and codes its blocks with them
-// as quantize_int8 does, where channel_means followed by quantize_int8 reads K twice. The means stay
-// on chip (`keys.mean` is not read). For K with at least one key, its codes padded to whole blocks,
-// in heads that fit a cluster: int8_key_heads_fit() says.
+// a 128-key block a CTA, takes the head's channel means as channel_means does, bit for bit, and
+// codes its blocks with them as quantize_int8 does, where channel_means followed by quantize_int8
+// reads K twice. The means stay on chip (`keys.mean` is not read). For K with at least one key, its
+// codes padded to whole blocks, in heads of at most 16 blocks (8 where the GPU schedules no larger
+// cluster): int8_key_heads_fit() says.
 bool int8_key_heads_fit(std::int64_t rows, const InputView& keys);
 void quantize_int8_key_heads(const Int8Target& keys, Granularity granularity, Order order, cudaStream_t stream);
 
