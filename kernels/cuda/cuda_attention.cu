@@ -279,10 +279,11 @@ void Attention::prepare_inputs(cudaStream_t stream) {
                              a.v_length}},
                            next(), stream);
       };
-      // V first where K takes two passes: the means kernel's CTAs fill the SMs that V's last wave of
-      // clusters leaves idle (Flux's 24 heads in clusters of 12 are 1.1 waves; 8 % off sage2's
-      // preparation there, H100). Where K is read once, its own clusters would wait on V's instead
-      // (5 % slower at 4x32x1024x128).
+      // V first where K is not read by clusters of its own: the next kernel's CTAs (K's means, or
+      // the INT8 codes when K is not smoothed) fill the SMs that V's last wave of clusters leaves
+      // idle (Flux's 24 heads in clusters of 12 are 1.1 waves; 8 % off sage2's preparation there,
+      // H100, smoothed). Where K is read once, its clusters would wait on V's instead (5 % slower at
+      // 4x32x1024x128).
       const bool v_first = sage2 && s.fp8_one_read && !s.k_one_read;
       if (v_first) quantize_v_one_read();
       // sage2's V maxima, in two passes: beside K's means where they take a pass of their own (one
