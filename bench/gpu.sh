@@ -15,7 +15,8 @@ step() { echo; echo "== $* ($(date -u +%H:%M:%S))"; }
 # GPU_STEPS picks a subset, e.g. GPU_STEPS="tests dobench" (the build always runs); "peer",
 # "plugins", "groups", "pipeline", "shard", "reference", "batches", "short", "gap", "prep" and
 # "prepkernels" run only when asked for (PREP_TESTS=0 leaves out prep's GPU tests, PREP_VARIANTS
-# and PREP_CASES pick its runs; PEER_SHAPES picks the peer step's shapes).
+# and PREP_CASES pick its runs; PEER_SHAPES picks the peer step's shapes; GPU_TESTS, pytest's
+# arguments, picks the GPU tests).
 STEPS="${GPU_STEPS:-tests dobench suite quant capture}"
 wants() { [[ " $STEPS " == *" $1 "* ]]; }
 
@@ -46,7 +47,7 @@ export ATTNREPLAY_BIN="$BIN" ATTNREPLAY_ATTNCAP_LIB="$BUILD/capture/libattncap.s
 
 if wants tests; then
 step "GPU tests"
-python3 -m pytest -q -p no:cacheprovider "$ROOT/tests/gpu" > "$OUT/pytest.txt" 2>&1 || status=1
+python3 -m pytest -q -p no:cacheprovider ${GPU_TESTS:-"$ROOT/tests/gpu"} > "$OUT/pytest.txt" 2>&1 || status=1
 grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest.txt" | tail -40
 fi
 

@@ -31,6 +31,9 @@ struct TorchInputs {
 // explicit mask (torch's is_causal is top-left), K/V expanded for GQA when the backend cannot
 // broadcast heads, and a bool mask as an additive float one (what SDPA's front door gives every
 // backend; the math backend reads a bool mask differently).
+// A hidden key costs -inf, except for cuDNN: torch 2.11's front door gives it -65504 (in the
+// query's dtype) to work around cuDNN's -inf handling. A row that sees no key then attends to
+// every key alike, and that is the output the model got from cuDNN on a left-padded prompt's pads.
 // The memory-efficient kernel reads the bias as a full (b, h, s_q, s_kv) tensor whose strides but
 // the last are multiples of 8: SDPA's front door pads an unaligned mask's rows (then slices the
 // padding off) and expands it, and so does replay. A model's b x 1 x 1 x s_kv padding mask fails
@@ -46,8 +49,13 @@ at::Tensor efficient_attention_bias(at::Tensor mask, const at::Tensor& q, const 
   return mask.expand({q.size(0), q.size(1), q.size(2), k.size(2)});
 }
 
+struct MaskPreparation {
+  bool efficient_bias = false;  // the mask as SDPA's front door gives the memory-efficient kernel
+  double hidden_key = -std::numeric_limits<double>::infinity();  // a bool mask's False, as a bias
+};
+
 TorchInputs backend_inputs(const ModelInputs& model, const AttentionCall& call, bool expand_gqa,
-                           bool efficient_bias = false) {
+                           const MaskPreparation& masks) {
   const AttentionShape s = call.shape();
   TorchInputs in{model.q, model.k, model.v, model.mask, call.is_causal, s.is_gqa()};
   if (expand_gqa && s.is_gqa()) {
@@ -65,17 +73,16 @@ TorchInputs backend_inputs(const ModelInputs& model, const AttentionCall& call, 
     in.is_causal = false;
   }
   if (in.mask && in.mask->scalar_type() == at::kBool) {
-    in.mask = at::zeros(in.mask->sizes(), in.q.options())
-                  .masked_fill(in.mask->logical_not(), -std::numeric_limits<double>::infinity());
+    in.mask = at::zeros(in.mask->sizes(), in.q.options()).masked_fill(in.mask->logical_not(), masks.hidden_key);
   }
-  if (in.mask && efficient_bias) in.mask = efficient_attention_bias(*in.mask, in.q, in.k);
+  if (in.mask && masks.efficient_bias) in.mask = efficient_attention_bias(*in.mask, in.q, in.k);
   return in;
 }
 
 // Whether backend_inputs() does any work for this call (views and unchanged tensors cost nothing).
-bool needs_preparation(const AttentionCall& call, bool expand_gqa, bool efficient_bias) {
+bool needs_preparation(const AttentionCall& call, bool expand_gqa, const MaskPreparation& masks) {
   const AttentionShape s = call.shape();
-  return (expand_gqa && s.is_gqa()) || (call.mask && (call.mask->dtype == DType::boolean || efficient_bias)) ||
+  return (expand_gqa && s.is_gqa()) || (call.mask && (call.mask->dtype == DType::boolean || masks.efficient_bias)) ||
          (call.is_causal && call.causal_alignment == CausalAlignment::bottom_right && s.seq_q != s.seq_kv) ||
          call.window_left || call.window_right;
 }
@@ -91,7 +98,7 @@ struct TorchBackend {
   // torch's own verdict on the prepared inputs (CUDA backends), with its reasons.
   std::function<std::optional<std::string>(const TorchInputs&)> torch_check;
   std::function<at::Tensor(const TorchInputs&, double scale)> run;
-  bool efficient_bias = false;  // the mask as SDPA's front door gives the memory-efficient kernel
+  MaskPreparation masks;
   bool takes_mask = true;       // a sliding window is replayed as a mask, for backends that take one
 };
 
@@ -111,10 +118,10 @@ class TorchSdpaKernel final : public Kernel {
    public:
     Prepared(const TorchBackend& backend, const AttentionCall& call)
         : backend_(backend), call_(call), scale_(call.softmax_scale()),
-          has_preparation_(needs_preparation(call, backend.expand_gqa, backend.efficient_bias)) {
+          has_preparation_(needs_preparation(call, backend.expand_gqa, backend.masks)) {
       const at::Device device = backend.device == "cuda" ? current_gpu() : at::Device(at::kCPU);
       model_ = model_inputs(call, device);
-      inputs_ = backend_inputs(model_, call_, backend_.expand_gqa, backend_.efficient_bias);
+      inputs_ = backend_inputs(model_, call_, backend_.expand_gqa, backend_.masks);
       if (backend.torch_check) {
         if (auto reason = backend.torch_check(inputs_)) throw KernelNotSupported(*reason);
       }
@@ -122,7 +129,7 @@ class TorchSdpaKernel final : public Kernel {
     bool has_preparation() const override { return has_preparation_; }
     void prepare_inputs() override {
       at::InferenceMode inference;
-      inputs_ = backend_inputs(model_, call_, backend_.expand_gqa, backend_.efficient_bias);
+      inputs_ = backend_inputs(model_, call_, backend_.expand_gqa, backend_.masks);
     }
     void run() override {
       at::InferenceMode inference;
@@ -252,7 +259,7 @@ const bool registered_cuda = [] {
       [](const TorchInputs& in, double scale) {
         return std::get<0>(at::_scaled_dot_product_flash_attention(in.q, in.k, in.v, 0.0, in.is_causal, false, scale));
       },
-      /*efficient_bias=*/false, /*takes_mask=*/false}));
+      MaskPreparation{}, /*takes_mask=*/false}));
   registry.add(std::make_unique<TorchSdpaKernel>(TorchBackend{
       "torch-efficient", "torch SDPA memory-efficient backend, CUDA (aten::_scaled_dot_product_efficient_attention)",
       "cuda", true, cuda_dtypes, torch_says(sdp::can_use_mem_efficient_attention, "memory-efficient"),
@@ -260,14 +267,15 @@ const bool registered_cuda = [] {
         return std::get<0>(
             at::_scaled_dot_product_efficient_attention(in.q, in.k, in.v, in.mask, false, 0.0, in.is_causal, scale));
       },
-      /*efficient_bias=*/true}));
+      MaskPreparation{.efficient_bias = true}}));
   registry.add(std::make_unique<TorchSdpaKernel>(TorchBackend{
       "torch-cudnn", "torch SDPA cuDNN backend, CUDA (aten::_scaled_dot_product_cudnn_attention)", "cuda", true,
       cuda_dtypes, torch_says(sdp::can_use_cudnn_attention, "cuDNN"),
       [](const TorchInputs& in, double scale) {
         return std::get<0>(at::_scaled_dot_product_cudnn_attention(in.q, in.k, in.v, in.mask, false, 0.0, in.is_causal,
                                                                    false, scale));
-      }}));
+      },
+      MaskPreparation{.hidden_key = -65504.0}}));
   registry.add(std::make_unique<TorchSdpaKernel>(TorchBackend{
       "torch-math-cuda", "torch SDPA math backend on CUDA (aten::_scaled_dot_product_attention_math)", "cuda", false,
       cuda_dtypes, nullptr, run_math}));

@@ -20,6 +20,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 BIN = os.environ.get("ATTNREPLAY_BIN", str(ROOT / "build/replay/attnreplay"))
 ATTNCAP = os.environ.get("ATTNREPLAY_ATTNCAP_LIB", str(ROOT / "build/capture/libattncap.so"))
+sys.path.insert(0, str(ROOT / "formats/python"))
+from attnreplay_h5 import read_calls  # noqa: E402
+
 FAST = ["--min-samples", "3", "--min-time", "0", "--timeout", "1", "--no-ceilings"]
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -265,10 +268,20 @@ def test_graph_timing_says_which_kernels_cannot_be_captured(tmp_path):
     assert kernels["torch-flash"]["timing"]["method"] == "cuda-graph", kernels["torch-flash"]
 
 
+# The attnreplay kernel that runs each torch CUDA backend op a model's SDPA call can have gone to.
+KERNEL_OF_CUDA_BACKEND = {
+    "aten::_scaled_dot_product_cudnn_attention": "torch-cudnn",
+    "aten::_scaled_dot_product_efficient_attention": "torch-efficient",
+    "aten::_scaled_dot_product_flash_attention": "torch-flash",
+    "aten::_scaled_dot_product_attention_math": "torch-math-cuda",
+}
+
+
 def test_decoder_in_bf16_on_cuda_every_masked_call_replays_through_efficient_and_cudnn(tmp_path):
     """tests/e2e/jobs/decoder_job.py on the GPU in bf16 (GQA, a left-padded batch, generate()):
-    captured unchanged, and every call, masked or not, replayed by torch-efficient and torch-cudnn
-    within bf16's error on the rows that see a key."""
+    captured unchanged; every call, masked or not, replayed by torch-efficient and torch-cudnn
+    within bf16's error on the rows that see a key; and the backend each call ran gives the model's
+    own output bit for bit on every row, the pads that see no key included."""
     job = ROOT / "tests/e2e/jobs/decoder_job.py"
     args = [sys.executable, str(job), "--device", "cuda", "--dtype", "bfloat16"]
     subprocess.run([*args, "--save", str(tmp_path / "plain.npz")], check=True, capture_output=True)
@@ -279,15 +292,29 @@ def test_decoder_in_bf16_on_cuda_every_masked_call_replays_through_efficient_and
     plain, with_capture = np.load(tmp_path / "plain.npz"), np.load(tmp_path / "captured.npz")
     assert all(np.array_equal(plain[k], with_capture[k]) for k in plain.files)
     (capture,) = (tmp_path / "caps").glob("*.h5")
-    report, _ = replay(tmp_path, capture, "--kernels", "torch-efficient,torch-cudnn")
+    backends = {c["call_index"]: c["backend"] for c in read_calls(capture)}
+    ran = sorted({KERNEL_OF_CUDA_BACKEND[b] for b in backends.values()} | {"torch-efficient", "torch-cudnn"})
+    outs = tmp_path / "outs"
+    report, _ = replay(tmp_path, capture, "--kernels", ",".join(ran), "--save-outputs", outs)
     assert len(report["calls"]) == 10
     masked = [c for c in report["calls"] if c["mask"] != "none"]
     assert masked, [c["mask"] for c in report["calls"]]
+    padded = 0
+    model_outputs = {c["call_index"]: c["out"] for c in read_calls(capture, as_torch=True)}
     for call in report["calls"]:
         for kernel in call["kernels"]:
+            if kernel["kernel"] == "model-output":
+                continue
             assert kernel["status"] == "not_verified", (call["call_index"], kernel["kernel"], kernel["reason"])
             error = kernel["error"].get("rows_with_a_key", kernel["error"])
             assert error["rel_l2"] < 2e-2 and error["nan_count"] == 0, (call["call_index"], kernel["kernel"], error)
+        padded += "no_key_rows" in call["kernels"][0]["error"]
+        own = KERNEL_OF_CUDA_BACKEND[backends[call["call_index"]]]
+        replayed = torch.load(outs / f"call{call['call_index']}_{own}.pt", weights_only=True)["out"]
+        model = model_outputs[call["call_index"]]
+        assert torch.equal(replayed.view(torch.int16), model.view(torch.int16)), (
+            call["call_index"], own, (replayed.float() - model.float()).abs().amax(dim=-1))
+    assert padded == 4, "the padded prompt's two passes (logits and prefill), two layers each"
 
 
 def test_error_statistics_are_the_same_compared_on_the_gpu_and_on_the_cpu(tmp_path):
