@@ -16,7 +16,7 @@ step() { echo; echo "== $* ($(date -u +%H:%M:%S))"; }
 # "plugins", "groups", "pipeline", "shard", "reference", "batches", "short", "gap", "prep" and
 # "prepkernels" run only when asked for (PREP_TESTS=0 leaves out prep's GPU tests, PREP_VARIANTS
 # and PREP_CASES pick its runs; PEER_SHAPES picks the peer step's shapes; GPU_TESTS, pytest's
-# arguments, picks the GPU tests).
+# arguments, picks the GPU tests; "same" compares outputs with BASE_TREE's build, below).
 STEPS="${GPU_STEPS:-tests dobench suite quant capture}"
 wants() { [[ " $STEPS " == *" $1 "* ]]; }
 
@@ -36,6 +36,23 @@ if wants peer && [ -d "$PEER_SOURCE/csrc" ]; then
     > /tmp/peer-build.log 2>&1 &
   PEER_BUILD=$!
 fi
+
+# BASE_TREE: the source of the commit a change is measured against (git archive REV | tar -x -C
+# DIR, inside the checkout so that it travels), built beside this one for the `same` and `prep`
+# steps, side by side.
+BASE_BIN="$BUILD-base/replay/attnreplay"
+if [ -n "${BASE_TREE:-}" ]; then
+  (cmake -S "$BASE_TREE" -B "$BUILD-base" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython3_EXECUTABLE="$(command -v python3)" \
+    -DCMAKE_CUDA_ARCHITECTURES=90a && cmake --build "$BUILD-base" -j "$(nproc)") > /tmp/base-build.log 2>&1 &
+  BASE_BUILD=$!
+fi
+base_built() {
+  [ -n "${BASE_TREE:-}" ] || return 1
+  if [ -n "${BASE_BUILD:-}" ]; then
+    wait "$BASE_BUILD" || { tail -30 /tmp/base-build.log; BASE_TREE=""; return 1; }
+    BASE_BUILD=""
+  fi
+}
 
 step "build"
 cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython3_EXECUTABLE="$(command -v python3)" \
@@ -74,6 +91,20 @@ if [ "${PREP_TESTS:-1}" = 1 ]; then
 fi
 python3 "$ROOT/bench/preparation_check.py" --attnreplay "$BIN" --out "$OUT/preparation.json" \
   --variants "${PREP_VARIANTS:-default}" --cases "${PREP_CASES:-}" | tee "$OUT/preparation.txt" || status=1
+if base_built; then
+  echo "-- the base ($BASE_TREE), in the same call"
+  python3 "$ROOT/bench/preparation_check.py" --attnreplay "$BASE_BIN" --out "$OUT/preparation-base.json" \
+    --cases "${PREP_CASES:-}" | tee "$OUT/preparation-base.txt" || status=1
+fi
+fi
+
+if wants same; then
+step "outputs bit for bit against the base build (bench/same_outputs.py)"
+if base_built; then
+  python3 "$ROOT/bench/same_outputs.py" --attnreplay "$BIN" --base "$BASE_BIN" | tee "$OUT/same_outputs.txt" || status=1
+else
+  echo "no base: set BASE_TREE"; status=1
+fi
 fi
 
 if wants prepkernels; then

@@ -69,6 +69,10 @@ struct AttentionTile {
   static constexpr bool kFp8Scores = kKind == Kind::fa3_fp8;
   static constexpr bool kFp8Values = kKind == Kind::sage2_int8_fp8 || kKind == Kind::fa3_fp8;
   static constexpr bool kSolo = kKindT == Kind::sage2_int8_fp8;
+  // sage2 quantizes its Q block itself, from the uploaded Q (QuantizedQBlock): the preparation
+  // then neither reads Q nor writes its codes. A solo CTA's one warpgroup does it once, before its
+  // first key block.
+  static constexpr bool kQuantizesQ = kSolo;
   static constexpr bool kSerial = kSolo || (kDimT == 128 && kKindT != Kind::flash);
   static constexpr int kConsumers = kSolo ? 1 : kDim == 64 || kSerial ? 3 : 2;
   static constexpr int kConsumerThreads = 128 * kConsumers;
@@ -175,6 +179,95 @@ __device__ __forceinline__ void fence_operand_rows(std::uint32_t (&pa)[kSteps][4
   for (int c = 0; c < kSteps; ++c) fence_registers(pa[c]);
 }
 
+// A solo CTA's 64-row Q block from the uploaded Q (16-bit, the call's layout) to INT8 codes in
+// shared memory, laid out as TMA copies the prepared codes (rows of kDim bytes in the 128- or
+// 64-byte swizzle), by the preparation's arithmetic (quantize.cu's int8_block_codes): x = Q ·
+// score_scale, a group's scale amax / 127, its codes round(x · 127 / amax), rows past the end
+// coded 0 and left out of the maxima. A warp takes its 16 rows, two lanes a row: lane l half
+// (l % 2) of row l / 2. load() reads the rows into registers, code() writes the codes and gives
+// the scale of the thread's fragment rows (row0, row0 + 8), which share a group under every
+// granularity.
+template <class Tile>
+struct QuantizedQBlock {
+  using Elem = typename Tile::Elem;
+  static constexpr int kDim = Tile::kDim;
+  static constexpr int kHalfRow = kDim / 2;       // elements a lane
+  static constexpr int kVectors = kHalfRow / 8;   // 16-byte loads a lane
+  uint4 raw[kVectors];
+  int row = 0;  // in the block
+  bool inside = false;
+
+  __device__ __forceinline__ void load(const AttentionArgs& a, std::int64_t q0, int h, int b) {
+    static_assert(Tile::kCtaQ == kBlockQ && Tile::kThreads == 128, "one warpgroup, one 64-row block");
+    const int lane = static_cast<int>(threadIdx.x) % 32;
+    row = static_cast<int>(threadIdx.x) / 32 * kWarpQ + lane / 2;
+    inside = q0 + row < a.seq_q;
+    const Elem* source = static_cast<const Elem*>(a.q) + b * a.q_stride_b + h * a.q_stride_h +
+                         (inside ? q0 + row : 0) * a.q_stride_s + lane % 2 * kHalfRow;
+#pragma unroll
+    for (int v = 0; v < kVectors; ++v) raw[v] = inside ? __ldcs(reinterpret_cast<const uint4*>(source) + v) : uint4{};
+  }
+
+  __device__ __forceinline__ float code(const AttentionArgs& a, std::uint8_t* sq, float* warp_amax) const {
+    const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
+    auto values = [&](int v, float (&x)[8]) {
+      const Elem* e = reinterpret_cast<const Elem*>(&raw[v]);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) x[k] = __fmul_rn(to_float(e[k]), a.score_scale);
+    };
+    float amax = 0.0f;
+#pragma unroll
+    for (int v = 0; v < kVectors; ++v) {
+      float x[8];
+      values(v, x);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) amax = fmaxf(amax, fabsf(x[k]));
+    }
+    if (!inside) amax = 0.0f;
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));  // the row
+    // per_thread: rows r and r + 8 of the warp tile (lanes l and l ^ 16); else the warp's 16 rows,
+    // and per_block the 4 warps' too.
+    if (a.granularity == Granularity::per_thread) {
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 16));
+    } else {
+#pragma unroll
+      for (int offset = 2; offset < 32; offset *= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
+    }
+    if (a.granularity == Granularity::per_block) {
+      if (lane == 0) warp_amax[warp] = amax;
+      __syncthreads();
+      amax = fmaxf(fmaxf(warp_amax[0], warp_amax[1]), fmaxf(warp_amax[2], warp_amax[3]));
+    }
+    const float inverse = amax == 0.0f ? 0.0f : __fdiv_rn(127.0f, amax);
+    const bool zeros = !inside || inverse == 0.0f;
+#pragma unroll
+    for (int chunk = 0; chunk < kVectors / 2; ++chunk) {
+      alignas(16) std::int8_t codes[16] = {};
+      if (!zeros) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          float x[8];
+          values(2 * chunk + half, x);
+#pragma unroll
+          for (int k = 0; k < 8; ++k) {
+            const int c = __float2int_rn(__fmul_rn(x[k], inverse));
+            codes[8 * half + k] = static_cast<std::int8_t>(max(-127, min(127, c)));
+          }
+        }
+      }
+      // The 16-byte chunk's place in its row under the tile's swizzle (kSwizzleBytes): XORed with
+      // the row's index bits that the swizzle takes from the address.
+      const int column = lane % 2 * (kVectors / 2) + chunk;
+      const int permuted = kDim == 128 ? column ^ (row & 7) : column ^ ((row >> 1) & 3);
+      *reinterpret_cast<uint4*>(sq + row * kDim + permuted * 16) = *reinterpret_cast<const uint4*>(codes);
+    }
+    // The fragment rows' group: this lane's under per_warp and per_block; under per_thread, that of
+    // row g = lane / 4, whose lanes include 2g.
+    const float group_amax = __shfl_sync(0xffffffffu, amax, lane / 4 * 2);
+    return __fdiv_rn(group_amax, 127.0f);
+  }
+};
+
 template <class Tile>
 __global__ void __launch_bounds__(Tile::kThreads, Tile::kCtasPerSm) attention_kernel(const __grid_constant__ AttentionParams params) {
   using Elem = typename Tile::Elem;
@@ -220,6 +313,9 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kCtasPerSm) attention_ke
     }
     fence_mbarrier_init();
   }
+  // sage2's Q rows are read before the wait: they are the uploaded Q, which no kernel writes.
+  [[maybe_unused]] QuantizedQBlock<Tile> q_block_rows;
+  if constexpr (Tile::kQuantizesQ) q_block_rows.load(a, cta_q0, h, b);
   __syncthreads();
   wait_for_prior_kernel();  // launched overlapping its inputs' preparation: before any copy of them
 
@@ -258,7 +354,7 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kCtasPerSm) attention_ke
   };
 
   if constexpr (Tile::kSolo) {
-    load_q(first_thread);
+    if constexpr (!Tile::kQuantizesQ) load_q(first_thread);
     for (int kb = 0; kb < kStages; ++kb) {  // blocks past key_blocks: load_* issue nothing
       load_keys(kb);
       load_values(kb);
@@ -311,7 +407,12 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kCtasPerSm) attention_ke
   // granularity). fa3: Q's and K's scales with the softmax scale, one factor for every score.
   float q_scale = 1.0f;
   float score_factor = a.score_scale;
-  if constexpr (Tile::kInt8Scores) {
+  if constexpr (Tile::kQuantizesQ) {
+    __shared__ float warp_amax[4];
+    q_scale = q_block_rows.code(a, sq, warp_amax);
+    fence_proxy_async_shared();
+    __syncthreads();
+  } else if constexpr (Tile::kInt8Scores) {
     if (q0 < a.q_rows) {
       std::int64_t group = q_block;
       if (a.granularity == Granularity::per_warp) group = q_block * 4 + warp;
@@ -327,7 +428,7 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kCtasPerSm) attention_ke
   const float* k_scales = nullptr;
   constexpr int kKScaleStep = Tile::kPerThreadK ? 8 : 1;
   if constexpr (Tile::kInt8Scores) k_scales = a.k_scale + head_kv * a.k_groups + (Tile::kPerThreadK ? 2 * t4 : 0);
-  mbarrier_wait(&q_loaded, 0);
+  if constexpr (!Tile::kQuantizesQ) mbarrier_wait(&q_loaded, 0);
 
   // O's accumulator, m64n{kDim}: acc[4 dt + e] is row row0 + 8 (e / 2), column 8 dt + 2 t4 + e % 2.
   float acc[kDim / 2];
@@ -748,7 +849,8 @@ void launch_attention(const AttentionArgs& a, Order order, cudaStream_t stream) 
                   static_cast<unsigned>(a.batch));
   AttentionParams params;
   params.args = a;
-  params.q_map = make_tile_map(a.q, Tile::kQkRowBytes, a.q_rows, std::int64_t{a.batch} * a.heads_q, Tile::kCtaQ, "Q");
+  if constexpr (!Tile::kQuantizesQ)
+    params.q_map = make_tile_map(a.q, Tile::kQkRowBytes, a.q_rows, std::int64_t{a.batch} * a.heads_q, Tile::kCtaQ, "Q");
   params.k_map = make_tile_map(a.k, Tile::kQkRowBytes, a.k_rows, std::int64_t{a.batch} * a.heads_kv, kBlockK, "K");
   if constexpr (Tile::kFp8Values) {
     params.v_map = make_tile_map(a.v, a.v_length, Tile::kDim, std::int64_t{a.batch} * a.heads_kv, Tile::kDim, "V");

@@ -24,7 +24,8 @@ inline std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1
 //   flash: q, k, v rows of head_dim input elements (bhsd).
 //   sage1: q, k INT8 codes, rows padded to 64 / 128 with zeros; q_scale, k_scale per group;
 //          v as flash.
-//   sage2: q, k as sage1; v e4m3, transposed to (head_dim, v_length keys) with the keys of each
+//   sage2: q as uploaded (16-bit, the call's layout: q_stride_*), quantized to sage1's codes by
+//          the attention kernel itself; k as sage1; v e4m3, transposed to (head_dim, v_length keys) with the keys of each
 //          32 permuted as the m16n8k32 A fragment of P holds them; v_scale per channel
 //          (s_v / 448, applied to the output).
 //   fa3:   q, k e4m3 rows, padded as sage1; v as sage2; q_scale, k_scale, v_scale one per head.
@@ -43,6 +44,10 @@ struct AttentionArgs {
   std::int64_t v_length = 0;  // rows stored per head of v (16-bit), or keys per channel (e4m3)
   std::int64_t q_groups = 0;  // Sage: scales per head of q
   std::int64_t k_groups = 0;  // Sage: scales per head of k
+  // sage2: the strides of Q's rows, heads and batch entries, in elements.
+  std::int64_t q_stride_s = 0;
+  std::int64_t q_stride_h = 0;
+  std::int64_t q_stride_b = 0;
   int heads_q = 0;
   int heads_kv = 0;
   int batch = 0;

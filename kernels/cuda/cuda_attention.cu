@@ -189,18 +189,23 @@ Attention::Attention(Kind kind, const Problem& p, const Options& options, const 
       a.q_rows = q_rows, a.k_rows = k_rows;
       a.q_groups = q_rows / kBlockQ * int8_groups_per_block(false, options.granularity);
       a.k_groups = k_rows / kBlockK * int8_groups_per_block(true, options.granularity);
-      s.q_work.allocate(bq * static_cast<std::size_t>(q_rows) * d, "Q codes");
       s.k_work.allocate(bkv * static_cast<std::size_t>(k_rows) * d, "K codes");
-      s.q_scale.allocate(bq * static_cast<std::size_t>(a.q_groups) * sizeof(float), "Q scales");
       s.k_scale.allocate(bkv * static_cast<std::size_t>(a.k_groups) * sizeof(float), "K scales");
+      if (kind == Kind::sage1_int8) {
+        s.q_work.allocate(bq * static_cast<std::size_t>(q_rows) * d, "Q codes");
+        s.q_scale.allocate(bq * static_cast<std::size_t>(a.q_groups) * sizeof(float), "Q scales");
+        a.q = s.q_work.as(), a.q_scale = s.q_scale.as<float>();
+      } else {  // the attention kernel quantizes Q as uploaded
+        const InputView q = s.q_view();
+        a.q = s.q_in.as(), a.q_stride_s = q.stride_s, a.q_stride_h = q.stride_h, a.q_stride_b = q.stride_b;
+      }
       s.k_one_read = options.k_smooth && p.seq_kv > 0 && int8_key_heads_fit(k_rows, s.k_view());
       if (options.k_smooth && !s.k_one_read) {
         s.k_mean.allocate(bkv * d * sizeof(float), "K channel means");
         s.k_mean_work.allocate(channel_means_work_bytes(s.k_view()), "K block sums");
         ATTNREPLAY_CUDA_CHECK(cudaMemset(s.k_mean_work.as(), 0, s.k_mean_work.bytes()));
       }
-      a.q = s.q_work.as(), a.k = s.k_work.as();
-      a.q_scale = s.q_scale.as<float>(), a.k_scale = s.k_scale.as<float>();
+      a.k = s.k_work.as(), a.k_scale = s.k_scale.as<float>();
       if (kind == Kind::sage1_int8) {
         a.v_length = p.seq_kv;
         if (p.bshd) s.v_work.allocate(s.v_in.bytes(), "V (bhsd)");
@@ -302,9 +307,12 @@ void Attention::prepare_inputs(cudaStream_t stream) {
                          {s.q_work.as<std::int8_t>(), a.q_rows, s.q_scale.as<float>(), a.q_groups}};
       const Int8Target k{s.k_view(), true, 1.0f, mean,
                          {s.k_work.as<std::int8_t>(), a.k_rows, s.k_scale.as<float>(), a.k_groups}};
+      // sage2's Q is quantized by the attention kernel.
       if (s.k_one_read) {
         quantize_int8_key_heads(k, s.options.granularity, next(), stream);
-        quantize_int8({q}, s.options.granularity, next(), stream);
+        if (!sage2) quantize_int8({q}, s.options.granularity, next(), stream);
+      } else if (sage2) {
+        quantize_int8({k}, s.options.granularity, next(), stream);
       } else {
         // K's blocks first: where K is smoothed, channel_means has just read it, and part of it is
         // still in L2.

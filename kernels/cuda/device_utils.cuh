@@ -159,6 +159,9 @@ __device__ __forceinline__ int parity_after(int parity, float a, float b) {
   asm("{\n.reg .b32 x;\nxor.b32 x, %1, %2;\nor.b32 %0, x, 1;\n}\n" : "=r"(at_least_one) : "f"(a), "f"(b));
   return static_cast<int>(min(static_cast<std::uint32_t>(parity), at_least_one));
 }
+// Makes this thread's ordinary stores to shared memory visible to the async proxy (warpgroup MMAs
+// reading their operands there); a barrier after it then makes all threads' stores visible.
+__device__ __forceinline__ void fence_proxy_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 // Makes initialized mbarriers visible to the copy engine (TMA), which completes their phases.
 __device__ __forceinline__ void fence_mbarrier_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
 
