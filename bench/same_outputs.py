@@ -3,8 +3,9 @@
 
 Runs the same generated calls through two attnreplay builds (the change, and a base built from
 the commit before it: `git archive <rev> | tar -x -C DIR`, built beside it) with `--save-outputs`,
-and compares each kernel's outputs with torch.equal. The cases cover both head dims and element
-types, the three INT8 granularities, GQA, bshd, causal, and sequences that end inside a block.
+and compares each kernel's outputs bit for bit. The cases cover both head dims and element
+types, the three INT8 granularities, GQA, bshd, causal, sequences that end inside a block, and
+values at the quantizers' edges.
 Prints one line a case and kernel; exit status 1 if any differ.
 
   python3 bench/same_outputs.py --attnreplay build/replay/attnreplay --base /tmp/build-base/replay/attnreplay
@@ -32,6 +33,21 @@ CASES = [
 ]
 
 
+def special_values(path):
+    """A bf16 call whose Q heads hold values the quantizers round at their edges: products below
+    fp32's normal range (whose INT8 scale's inverse overflows), a head of zeros, huge values, and
+    K and V rows of zeros."""
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(1, 4, 200, 128, generator=g) for _ in range(3))
+    q[0, 0] *= 1e-38
+    q[0, 1] = 0
+    q[0, 2] *= 1e15
+    k[0, :, 5:9] = 0
+    v[0, :, 10:20] = 0
+    torch.save({"q": q.bfloat16(), "k": k.bfloat16(), "v": v.bfloat16()}, path)
+    return str(path)
+
+
 def outputs(binary, case, kernels, folder):
     command = [binary, "run", *shlex.split(case), "--kernels", kernels, "--save-outputs", str(folder),
                "--min-samples", "1", "--min-time", "0", "--no-ceilings", "-q"]
@@ -49,7 +65,9 @@ def main():
     parser.add_argument("--kernels", default="sage1-int8,sage2-int8-fp8,fa3-fp8")
     args = parser.parse_args()
     differing = 0
-    for case in CASES:
+    inputs = tempfile.TemporaryDirectory()
+    cases = CASES + [special_values(Path(inputs.name) / "special_values.pt")]
+    for case in cases:
         with tempfile.TemporaryDirectory() as tmp:
             new = outputs(args.attnreplay, case, args.kernels, Path(tmp) / "new")
             base = outputs(args.base, case, args.kernels, Path(tmp) / "base")
@@ -58,11 +76,12 @@ def main():
                 print(f"missing   {kernel} {case}")
                 differing += 1
                 continue
-            same = torch.equal(new[kernel], base[kernel])
+            # Bit patterns, so that NaNs compare equal to themselves.
+            same = torch.equal(new[kernel].view(torch.int16), base[kernel].view(torch.int16))
             differing += not same
             detail = "" if same else f"  max diff {(new[kernel].float() - base[kernel].float()).abs().max().item():.3g}"
             print(f"{'same' if same else 'DIFFERENT':9} {kernel} {case}{detail}")
-    print(f"{differing} of {len(CASES) * len(args.kernels.split(','))} differ")
+    print(f"{differing} of {len(cases) * len(args.kernels.split(','))} differ")
     sys.exit(1 if differing else 0)
 
 

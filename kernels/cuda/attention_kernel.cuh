@@ -184,7 +184,8 @@ __device__ __forceinline__ void fence_operand_rows(std::uint32_t (&pa)[kSteps][4
 // 64-byte swizzle), by the preparation's arithmetic (quantize.cu's int8_block_codes): x = Q ·
 // score_scale, a group's scale amax / 127, its codes round(x · 127 / amax), rows past the end
 // coded 0 and left out of the maxima. A warp takes its 16 rows, two lanes a row: lane l half
-// (l % 2) of row l / 2. load() reads the rows into registers, code() writes the codes and gives
+// (l % 2) of row l / 2. load() reads the rows into registers (zeros past the end), code() writes
+// the codes, every bit as the preparation's (bench/same_outputs.py), and gives
 // the scale of the thread's fragment rows (row0, row0 + 8), which share a group under every
 // granularity.
 template <class Tile>
@@ -195,13 +196,12 @@ struct QuantizedQBlock {
   static constexpr int kVectors = kHalfRow / 8;   // 16-byte loads a lane
   uint4 raw[kVectors];
   int row = 0;  // in the block
-  bool inside = false;
 
   __device__ __forceinline__ void load(const AttentionArgs& a, std::int64_t q0, int h, int b) {
     static_assert(Tile::kCtaQ == kBlockQ && Tile::kThreads == 128, "one warpgroup, one 64-row block");
     const int lane = static_cast<int>(threadIdx.x) % 32;
     row = static_cast<int>(threadIdx.x) / 32 * kWarpQ + lane / 2;
-    inside = q0 + row < a.seq_q;
+    const bool inside = q0 + row < a.seq_q;
     const Elem* source = static_cast<const Elem*>(a.q) + b * a.q_stride_b + h * a.q_stride_h +
                          (inside ? q0 + row : 0) * a.q_stride_s + lane % 2 * kHalfRow;
 #pragma unroll
@@ -209,21 +209,20 @@ struct QuantizedQBlock {
   }
 
   __device__ __forceinline__ float code(const AttentionArgs& a, std::uint8_t* sq, float* warp_amax) const {
+    using Pair = std::conditional_t<std::is_same_v<Elem, __nv_bfloat16>, __nv_bfloat162, __half2>;
     const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
-    auto values = [&](int v, float (&x)[8]) {
-      const Elem* e = reinterpret_cast<const Elem*>(&raw[v]);
-#pragma unroll
-      for (int k = 0; k < 8; ++k) x[k] = __fmul_rn(to_float(e[k]), a.score_scale);
-    };
-    float amax = 0.0f;
+    // max |x| is fl(max |Q| · |score_scale|): the maximum is exact on the 16-bit values, two at a
+    // time, and rounding a product is monotonic. NaNs are passed over, as fmaxf does. Rows past the
+    // end were loaded as zeros.
+    Pair pair_max;
+    *reinterpret_cast<std::uint32_t*>(&pair_max) = 0u;  // +0, +0
 #pragma unroll
     for (int v = 0; v < kVectors; ++v) {
-      float x[8];
-      values(v, x);
+      const Pair* pairs = reinterpret_cast<const Pair*>(&raw[v]);
 #pragma unroll
-      for (int k = 0; k < 8; ++k) amax = fmaxf(amax, fabsf(x[k]));
+      for (int k = 0; k < 4; ++k) pair_max = __hmax2(pair_max, __habs2(pairs[k]));
     }
-    if (!inside) amax = 0.0f;
+    float amax = __fmul_rn(fmaxf(to_float(pair_max.x), to_float(pair_max.y)), fabsf(a.score_scale));
     amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));  // the row
     // per_thread: rows r and r + 8 of the warp tile (lanes l and l ^ 16); else the warp's 16 rows,
     // and per_block the 4 warps' too.
@@ -239,27 +238,39 @@ struct QuantizedQBlock {
       amax = fmaxf(fmaxf(warp_amax[0], warp_amax[1]), fmaxf(warp_amax[2], warp_amax[3]));
     }
     const float inverse = amax == 0.0f ? 0.0f : __fdiv_rn(127.0f, amax);
-    const bool zeros = !inside || inverse == 0.0f;
+    // Each 16-byte chunk of codes: code_of(x) has the code in its low byte.
+    auto store_codes = [&](auto code_of) {
 #pragma unroll
-    for (int chunk = 0; chunk < kVectors / 2; ++chunk) {
-      alignas(16) std::int8_t codes[16] = {};
-      if (!zeros) {
+      for (int chunk = 0; chunk < kVectors / 2; ++chunk) {
+        std::uint32_t word[4];
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          float x[8];
-          values(2 * chunk + half, x);
+        for (int w = 0; w < 4; ++w) {
+          std::uint32_t code[4];
 #pragma unroll
-          for (int k = 0; k < 8; ++k) {
-            const int c = __float2int_rn(__fmul_rn(x[k], inverse));
-            codes[8 * half + k] = static_cast<std::int8_t>(max(-127, min(127, c)));
+          for (int k = 0; k < 4; ++k) {
+            const int element = 4 * w + k;
+            const Elem e = reinterpret_cast<const Elem*>(&raw[2 * chunk + element / 8])[element % 8];
+            code[k] = code_of(__fmul_rn(to_float(e), a.score_scale));
           }
+          word[w] = __byte_perm(__byte_perm(code[0], code[1], 0x0040), __byte_perm(code[2], code[3], 0x0040), 0x5410);
         }
+        // The chunk's place in its row under the tile's swizzle (kSwizzleBytes): XORed with the
+        // row's index bits that the swizzle takes from the address.
+        const int column = lane % 2 * (kVectors / 2) + chunk;
+        const int permuted = kDim == 128 ? column ^ (row & 7) : column ^ ((row >> 1) & 3);
+        *reinterpret_cast<uint4*>(sq + row * kDim + permuted * 16) = uint4{word[0], word[1], word[2], word[3]};
       }
-      // The 16-byte chunk's place in its row under the tile's swizzle (kSwizzleBytes): XORed with
-      // the row's index bits that the swizzle takes from the address.
-      const int column = lane % 2 * (kVectors / 2) + chunk;
-      const int permuted = kDim == 128 ? column ^ (row & 7) : column ^ ((row >> 1) & 3);
-      *reinterpret_cast<uint4*>(sq + row * kDim + permuted * 16) = *reinterpret_cast<const uint4*>(codes);
+    };
+    if (inverse != INFINITY) {
+      // round(x · inverse), ties to even as __float2int_rn, by adding 1.5 · 2^23: the integer lands
+      // in the low bits. |x · inverse| rounds to at most 127, so nothing needs clamping; a NaN gives
+      // 0, as __float2int_rn does. Three full-rate instructions an element where the conversion
+      // and clamps took a quarter-rate one and two more.
+      store_codes([&](float x) { return __float_as_uint(__fadd_rn(__fmul_rn(x, inverse), 12582912.0f)); });
+    } else {  // max |x| below fp32's normal range: x · inverse is ±inf, which must clamp to ±127
+      store_codes([&](float x) {
+        return static_cast<std::uint32_t>(max(-127, min(127, __float2int_rn(__fmul_rn(x, inverse)))));
+      });
     }
     // The fragment rows' group: this lane's under per_warp and per_block; under per_thread, that of
     // row g = lane / 4, whose lanes include 2g.
