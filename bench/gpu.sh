@@ -38,8 +38,8 @@ if wants peer && [ -d "$PEER_SOURCE/csrc" ]; then
 fi
 
 # BASE_TREE: the source of the commit a change is measured against (git archive REV | tar -x -C
-# DIR, inside the checkout so that it travels), built beside this one for the `same` and `prep`
-# steps, side by side.
+# bench/tmp_base, which is git-ignored: carried with carry=["bench/tmp_base"]), built beside this
+# one for the `same` and `prep` steps, side by side.
 BASE_BIN="$BUILD-base/replay/attnreplay"
 if [ -n "${BASE_TREE:-}" ]; then
   (cmake -S "$BASE_TREE" -B "$BUILD-base" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython3_EXECUTABLE="$(command -v python3)" \

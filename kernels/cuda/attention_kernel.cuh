@@ -184,10 +184,9 @@ __device__ __forceinline__ void fence_operand_rows(std::uint32_t (&pa)[kSteps][4
 // 64-byte swizzle), by the preparation's arithmetic (quantize.cu's int8_block_codes): x = Q ·
 // score_scale, a group's scale amax / 127, its codes round(x · 127 / amax), rows past the end
 // coded 0 and left out of the maxima. A warp takes its 16 rows, two lanes a row: lane l half
-// (l % 2) of row l / 2. load() reads the rows into registers (zeros past the end), code() writes
-// the codes, every bit as the preparation's (bench/same_outputs.py), and gives
-// the scale of the thread's fragment rows (row0, row0 + 8), which share a group under every
-// granularity.
+// (l % 2) of row l / 2. load() reads the rows into registers (zeros past the end); code() writes
+// the codes, every bit as the preparation's (bench/same_outputs.py), and gives the scale of the
+// thread's fragment rows (row0, row0 + 8), which share a group under every granularity.
 template <class Tile>
 struct QuantizedQBlock {
   using Elem = typename Tile::Elem;

@@ -25,9 +25,9 @@ inline std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1
 //   sage1: q, k INT8 codes, rows padded to 64 / 128 with zeros; q_scale, k_scale per group;
 //          v as flash.
 //   sage2: q as uploaded (16-bit, the call's layout: q_stride_*), quantized to sage1's codes by
-//          the attention kernel itself; k as sage1; v e4m3, transposed to (head_dim, v_length keys) with the keys of each
-//          32 permuted as the m16n8k32 A fragment of P holds them; v_scale per channel
-//          (s_v / 448, applied to the output).
+//          the attention kernel itself; k as sage1; v e4m3, transposed to (head_dim, v_length
+//          keys) with the keys of each 32 permuted as the m16n8k32 A fragment of P holds them;
+//          v_scale per channel (s_v / 448, applied to the output).
 //   fa3:   q, k e4m3 rows, padded as sage1; v as sage2; q_scale, k_scale, v_scale one per head.
 struct AttentionArgs {
   const void* q = nullptr;
