@@ -75,7 +75,8 @@ fi
 
 if wants short; then
 step "short calls against do_bench"
-python3 "$ROOT/bench/short_call_check.py" --attnreplay "$BIN" --out "$OUT/short_calls.json" | tail -60 || status=1
+python3 "$ROOT/bench/short_call_check.py" --attnreplay "$BIN" --out "$OUT/short_calls.json" \
+  ${SHORT_METHODS:+--methods "$SHORT_METHODS"} | tail -60 || status=1
 fi
 
 if wants gap; then

@@ -1,8 +1,10 @@
 """Short calls (decode-sized, 5-60 us): attnreplay's GPU timing methods against triton's do_bench
 on the same GPU, in one script, per torch backend and shape.
 
-- cold L2: attnreplay --timing event and --timing cupti against do_bench (which zeroes a 256 MB
-  buffer before each run);
+- cold L2: attnreplay --timing event against do_bench (which zeroes a 256 MB buffer before each
+  run), and --timing cupti against the kernels' durations as CUPTI records them through
+  torch.profiler (the same zero before each run, left out): the record FlashInfer's CUPTI timing
+  reads;
 - hot L2: attnreplay --timing event --hot-l2 and --timing graph against do_bench_cudagraph.
 
 Each row gives the medians, their ratios, and how attnreplay's sampling ended (samples, stop
@@ -12,6 +14,7 @@ reason, spread). The goal (issue 18): every ratio within 3 %, every sampling end
 """
 import argparse
 import json
+import statistics
 import subprocess
 import tempfile
 
@@ -27,7 +30,7 @@ BACKENDS = {
 }
 METHODS = {  # attnreplay flags, and the do_bench it is held against
     "event-cold": (["--timing", "event"], "do_bench"),
-    "cupti-cold": (["--timing", "cupti"], "do_bench"),
+    "cupti-cold": (["--timing", "cupti"], "profiler_cupti"),
     "event-hot": (["--timing", "event", "--hot-l2"], "do_bench_cudagraph"),
     "graph-hot": (["--timing", "graph"], "do_bench_cudagraph"),
 }
@@ -40,6 +43,37 @@ def shape_inputs(shape):
     q = torch.randn(b, h, sq, d, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(b, h, skv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     return q, k, v
+
+
+ACTIVITIES = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+
+
+def profiler_cupti(fn, runs=500):
+    """Median GPU time of one run's kernels, as CUPTI records them through torch.profiler, with a
+    256 MB zero before each run (as do_bench flushes) whose kernel is left out by its name."""
+    def kernels(prof):
+        found = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        return sorted(found, key=lambda e: e.time_range.start)
+
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=ACTIVITIES) as prof:
+        fn()
+        torch.cuda.synchronize()
+    own = kernels(prof)
+    names = {e.name for e in own}
+    flush = torch.empty(256 * 1024 * 1024, dtype=torch.int8, device="cuda")
+    with torch.profiler.profile(activities=ACTIVITIES) as prof:
+        for _ in range(runs):
+            flush.zero_()
+            fn()
+        torch.cuda.synchronize()
+    durations = [e.time_range.elapsed_us() for e in kernels(prof) if e.name in names]
+    if not own or len(durations) != runs * len(own):
+        raise RuntimeError(f"torch.profiler: {len(durations)} kernel records of {sorted(names)} for {runs} runs "
+                           f"of {len(own)}")
+    per_run = [sum(durations[i * len(own):(i + 1) * len(own)]) for i in range(runs)]
+    return statistics.median(per_run) * 1e-6
 
 
 def attnreplay_timings(binary, shape, flags):
@@ -56,18 +90,25 @@ def main():
     parser.add_argument("--attnreplay", required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--tolerance", type=float, default=0.03)
+    parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated: " + ",".join(METHODS))
     args = parser.parse_args()
+    methods = {m: METHODS[m] for m in args.methods.split(",")}
     rows = []
     for shape in SHAPES:
         q, k, v = shape_inputs(shape)
         peers = {}
+        wanted = {peer for _, peer in methods.values()}
         for name, fn in BACKENDS.items():
-            peers[name] = {
-                "do_bench": triton.testing.do_bench(lambda: fn(q, k, v), warmup=100, rep=1000, return_mode="median") * 1e-3,
-                "do_bench_cudagraph": triton.testing.do_bench_cudagraph(lambda: fn(q, k, v), rep=1000,
-                                                                        return_mode="median") * 1e-3,
-            }
-        for method, (flags, peer) in METHODS.items():
+            peers[name] = {}
+            if "do_bench" in wanted:
+                peers[name]["do_bench"] = triton.testing.do_bench(lambda: fn(q, k, v), warmup=100, rep=1000,
+                                                                  return_mode="median") * 1e-3
+            if "do_bench_cudagraph" in wanted:
+                peers[name]["do_bench_cudagraph"] = triton.testing.do_bench_cudagraph(
+                    lambda: fn(q, k, v), rep=1000, return_mode="median") * 1e-3
+            if "profiler_cupti" in wanted:
+                peers[name]["profiler_cupti"] = profiler_cupti(lambda: fn(q, k, v))
+        for method, (flags, peer) in methods.items():
             for name, timing in attnreplay_timings(args.attnreplay, shape, flags).items():
                 if not timing:
                     continue
