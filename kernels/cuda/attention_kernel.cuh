@@ -144,6 +144,15 @@ struct AttentionParams {
 // hardware swizzles by address bits.
 template <int kRowBytes>
 inline constexpr int kSwizzleBytes = kRowBytes >= 128 ? 128 : 64;
+// Where 16-byte chunk `chunk` of row `row` of a tile of kRowBytes-byte rows (at most 128) lies:
+// the swizzle XORs the chunk's index with the address bits above a 128-byte line, 3 of them for
+// the 128-byte swizzle, 2 for the 64-byte one.
+template <int kRowBytes>
+__device__ __forceinline__ int swizzled_offset(int row, int chunk) {
+  static_assert(kRowBytes == 128 || kRowBytes == 64, "one column block: rows of 64 or 128 bytes");
+  const int line_bits = kRowBytes == 128 ? row & 7 : (row >> 1) & 3;
+  return row * kRowBytes + (chunk ^ line_bits) * 16;
+}
 
 // A tile of kRows rows from row `row` of head `head`: one TMA box per 128-byte column block.
 template <int kRows, int kRowBytes>
@@ -253,11 +262,9 @@ struct QuantizedQBlock {
           }
           word[w] = __byte_perm(__byte_perm(code[0], code[1], 0x0040), __byte_perm(code[2], code[3], 0x0040), 0x5410);
         }
-        // The chunk's place in its row under the tile's swizzle (kSwizzleBytes): XORed with the
-        // row's index bits that the swizzle takes from the address.
         const int column = lane % 2 * (kVectors / 2) + chunk;
-        const int permuted = kDim == 128 ? column ^ (row & 7) : column ^ ((row >> 1) & 3);
-        *reinterpret_cast<uint4*>(sq + row * kDim + permuted * 16) = uint4{word[0], word[1], word[2], word[3]};
+        *reinterpret_cast<uint4*>(sq + swizzled_offset<Tile::kQkRowBytes>(row, column)) =
+            uint4{word[0], word[1], word[2], word[3]};
       }
     };
     if (inverse != INFINITY) {
