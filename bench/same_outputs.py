@@ -30,6 +30,7 @@ CASES = [
     "--shape 1,4,333,128 --layout bshd --quant_gran per_block --causal",
     "--shape 1,2,1,128 --s_kv 129",
     "--shape 1,2,65,64 --s_kv 12288 --dtype fp16",
+    "--shape 16,32,512,64 --dtype fp16 --num_kv_heads 16",
 ]
 
 
