@@ -12,33 +12,31 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="${1:-$ROOT/build-gpu/replay/attnreplay}"
 NCU="$(command -v ncu || true)"
 [ -n "$NCU" ] || { echo "ncu is not on the PATH"; exit 1; }
+KERNELS="regex:quantize|abs_max|channel_mean|copy_to"
 for kind in ${PREP_NCU_KINDS:-sage1-int8 sage2-int8-fp8 fa3-fp8}; do
   for shape in ${PREP_NCU_SHAPES:-1,24,4608,128 4,32,4096,128}; do
+    run=("$BIN" run --shape "$shape" --dtype bf16 --kernels "$kind" --min-samples 3 --min-time 0 --timeout 1
+         --no-ceilings --ref-sample-rows 16)
     if [ -n "${PREP_NCU_SECTIONS:-}" ]; then
       echo "== $kind $shape (sections of the first timed preparation: the launches after construction's)"
       sections=()
       for section in $PREP_NCU_SECTIONS; do sections+=(--section "$section"); done
       # Construction runs the preparation once: its kernels are those before the first one's
       # name comes again.
-      per_call="$("$NCU" --clock-control none --csv --metrics gpu__time_duration.sum -k regex:"quantize|abs_max|channel_mean|copy_to" \
-        -c 20 "$BIN" run --shape "$shape" --dtype bf16 --kernels "$kind" --min-samples 3 --min-time 0 --timeout 1 \
-        --no-ceilings --ref-sample-rows 16 2>/dev/null | python3 -c '
+      per_call="$("$NCU" --clock-control none --csv --metrics gpu__time_duration.sum -k "$KERNELS" -c 20 "${run[@]}" \
+        2>/dev/null | python3 -c '
 import csv, sys
 names = [r["Kernel Name"] for r in csv.DictReader(l for l in sys.stdin if l.startswith("\""))]
 print(names.index(names[0], 1) if names.count(names[0]) > 1 else len(names))
 ')"
-      "$NCU" --clock-control none --apply-rules no "${sections[@]}" -k regex:"quantize|abs_max|channel_mean|copy_to" \
-        -s "$per_call" -c "$per_call" \
-        "$BIN" run --shape "$shape" --dtype bf16 --kernels "$kind" --min-samples 3 --min-time 0 --timeout 1 \
-        --no-ceilings --ref-sample-rows 16 2>/dev/null | grep -vE "^==PROF==|^\s*$|^\s*-+\s*$"
+      "$NCU" --clock-control none --apply-rules no "${sections[@]}" -k "$KERNELS" -s "$per_call" -c "$per_call" \
+        "${run[@]}" 2>/dev/null | grep -vE "^==PROF==|^\s*$|^\s*-+\s*$"
       continue
     fi
     echo "== $kind $shape (the preparation at construction, then the first timed one)"
     "$NCU" --clock-control none --csv \
       --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,sm__warps_active.avg.pct_of_peak_sustained_active \
-      -k regex:"quantize|abs_max|channel_mean|copy_to" -c 12 \
-      "$BIN" run --shape "$shape" --dtype bf16 --kernels "$kind" --min-samples 3 --min-time 0 --timeout 1 \
-      --no-ceilings --ref-sample-rows 16 2>/dev/null | python3 -c '
+      -k "$KERNELS" -c 12 "${run[@]}" 2>/dev/null | python3 -c '
 import csv, sys
 rows = csv.DictReader(line for line in sys.stdin if line.startswith("\""))
 kernels = {}
