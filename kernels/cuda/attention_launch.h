@@ -42,7 +42,7 @@ struct AttentionArgs {
   std::int64_t q_rows = 0;    // rows stored per head of q (seq_q, or padded)
   std::int64_t k_rows = 0;    // rows stored per head of k
   std::int64_t v_length = 0;  // rows stored per head of v (16-bit), or keys per channel (e4m3)
-  std::int64_t q_groups = 0;  // Sage: scales per head of q
+  std::int64_t q_groups = 0;  // sage1: scales per head of q (sage2 codes Q in its kernel)
   std::int64_t k_groups = 0;  // Sage: scales per head of k
   // sage2: the strides of Q's rows, heads and batch entries, in elements.
   std::int64_t q_stride_s = 0;

@@ -187,11 +187,11 @@ Attention::Attention(Kind kind, const Problem& p, const Options& options, const 
     case Kind::sage1_int8:
     case Kind::sage2_int8_fp8: {
       a.q_rows = q_rows, a.k_rows = k_rows;
-      a.q_groups = q_rows / kBlockQ * int8_groups_per_block(false, options.granularity);
       a.k_groups = k_rows / kBlockK * int8_groups_per_block(true, options.granularity);
       s.k_work.allocate(bkv * static_cast<std::size_t>(k_rows) * d, "K codes");
       s.k_scale.allocate(bkv * static_cast<std::size_t>(a.k_groups) * sizeof(float), "K scales");
       if (kind == Kind::sage1_int8) {
+        a.q_groups = q_rows / kBlockQ * int8_groups_per_block(false, options.granularity);
         s.q_work.allocate(bq * static_cast<std::size_t>(q_rows) * d, "Q codes");
         s.q_scale.allocate(bq * static_cast<std::size_t>(a.q_groups) * sizeof(float), "Q scales");
         a.q = s.q_work.as(), a.q_scale = s.q_scale.as<float>();

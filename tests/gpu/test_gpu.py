@@ -292,7 +292,8 @@ def test_decoder_in_bf16_on_cuda_every_masked_call_replays_through_efficient_and
     plain, with_capture = np.load(tmp_path / "plain.npz"), np.load(tmp_path / "captured.npz")
     assert all(np.array_equal(plain[k], with_capture[k]) for k in plain.files)
     (capture,) = (tmp_path / "caps").glob("*.h5")
-    backends = {c["call_index"]: c["backend"] for c in read_calls(capture)}
+    captured = read_calls(capture, as_torch=True)
+    backends = {c["call_index"]: c["backend"] for c in captured}
     ran = sorted({KERNEL_OF_CUDA_BACKEND[b] for b in backends.values()} | {"torch-efficient", "torch-cudnn"})
     outs = tmp_path / "outs"
     report, _ = replay(tmp_path, capture, "--kernels", ",".join(ran), "--save-outputs", outs)
@@ -300,7 +301,7 @@ def test_decoder_in_bf16_on_cuda_every_masked_call_replays_through_efficient_and
     masked = [c for c in report["calls"] if c["mask"] != "none"]
     assert masked, [c["mask"] for c in report["calls"]]
     padded = 0
-    model_outputs = {c["call_index"]: c["out"] for c in read_calls(capture, as_torch=True)}
+    model_outputs = {c["call_index"]: c["out"] for c in captured}
     for call in report["calls"]:
         for kernel in call["kernels"]:
             assert kernel["status"] == "not_verified", (call["call_index"], kernel["kernel"], kernel["reason"])
