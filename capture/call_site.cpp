@@ -7,69 +7,10 @@
 #include <cstring>
 #include <functional>
 
+#include "capture/python_api.h"
+
 namespace attnreplay::capture {
 namespace {
-
-// The few CPython functions needed, looked up in the running process: the capture library does
-// not link libpython, and a C++ program has none.
-struct Python {
-  using Object = void*;
-  int (*is_initialized)() = nullptr;
-  int (*gil_ensure)() = nullptr;
-  void (*gil_release)(int) = nullptr;
-  Object (*current_frame)() = nullptr;
-  Object (*frame_code)(Object) = nullptr;
-  Object (*frame_back)(Object) = nullptr;
-  int (*frame_line)(Object) = nullptr;
-  Object (*frame_locals)(Object) = nullptr;
-  Object (*get_attr)(Object, const char*) = nullptr;
-  Object (*mapping_item)(Object, const char*) = nullptr;
-  const char* (*utf8)(Object) = nullptr;
-  void (*decref)(Object) = nullptr;
-  void (*clear_error)() = nullptr;
-  Object (*sys_object)(const char*) = nullptr;                // PySys_GetObject: borrowed
-  Object (*dict_item)(Object, const char*) = nullptr;         // PyDict_GetItemString: borrowed
-  bool usable = false;
-
-  Python() {
-    auto find = [](const char* name) { return dlsym(RTLD_DEFAULT, name); };
-    is_initialized = reinterpret_cast<int (*)()>(find("Py_IsInitialized"));
-    gil_ensure = reinterpret_cast<int (*)()>(find("PyGILState_Ensure"));
-    gil_release = reinterpret_cast<void (*)(int)>(find("PyGILState_Release"));
-    current_frame = reinterpret_cast<Object (*)()>(find("PyEval_GetFrame"));
-    frame_code = reinterpret_cast<Object (*)(Object)>(find("PyFrame_GetCode"));
-    frame_back = reinterpret_cast<Object (*)(Object)>(find("PyFrame_GetBack"));
-    frame_line = reinterpret_cast<int (*)(Object)>(find("PyFrame_GetLineNumber"));
-    frame_locals = reinterpret_cast<Object (*)(Object)>(find("PyFrame_GetLocals"));
-    get_attr = reinterpret_cast<Object (*)(Object, const char*)>(find("PyObject_GetAttrString"));
-    mapping_item = reinterpret_cast<Object (*)(Object, const char*)>(find("PyMapping_GetItemString"));
-    utf8 = reinterpret_cast<const char* (*)(Object)>(find("PyUnicode_AsUTF8"));
-    decref = reinterpret_cast<void (*)(Object)>(find("Py_DecRef"));
-    clear_error = reinterpret_cast<void (*)()>(find("PyErr_Clear"));
-    sys_object = reinterpret_cast<Object (*)(const char*)>(find("PySys_GetObject"));
-    dict_item = reinterpret_cast<Object (*)(Object, const char*)>(find("PyDict_GetItemString"));
-    usable = is_initialized && gil_ensure && gil_release && current_frame && frame_code && frame_back &&
-             frame_line && get_attr && utf8 && decref && clear_error;
-  }
-
-  std::string attribute_text(Object object, const char* name) const {
-    Object value = get_attr(object, name);
-    if (!value) {
-      clear_error();
-      return {};
-    }
-    const char* text = utf8(value);
-    std::string result = text ? text : "";
-    if (!text) clear_error();
-    decref(value);
-    return result;
-  }
-};
-
-const Python& python() {
-  static const Python instance;
-  return instance;
-}
 
 // The folder of the torch package the job imported ("…/site-packages/torch/"), from torch.__file__
 // as sys.modules holds it (never importing anything); empty until torch is imported. Taken from
@@ -87,9 +28,10 @@ const std::string& torch_package_dir(const Python& py) {
 }
 
 // Frames of torch's own Python code (torch/nn/functional.py) are not the call site the user
-// cares about, nor are the interpreter's frozen modules.
+// cares about, nor are the interpreter's frozen modules, nor capture's own wrappers of Python entry
+// points (python_entry_points.py, compiled under the name <attncap>/...).
 bool is_library_frame(const std::string& file, const std::string& torch_dir) {
-  if (file.find("<frozen") != std::string::npos) return true;
+  if (file.find("<frozen") != std::string::npos || file.rfind("<attncap>", 0) == 0) return true;
   // Without torch's folder (a Python without PySys_GetObject), the folder name is the best guess.
   return torch_dir.empty() ? file.find("/torch/") != std::string::npos : file.rfind(torch_dir, 0) == 0;
 }

@@ -12,6 +12,7 @@
 #include <ATen/core/function_schema.h>
 #include <ATen/record_function.h>
 #include <c10/core/GradMode.h>
+#include <torch/library.h>
 #include <torch/version.h>
 #include <fmt/ranges.h>
 #include <fmt/format.h>
@@ -31,6 +32,7 @@
 #include "capture/config.h"
 #include "capture/host_copy.h"
 #include "capture/op_hooks.h"
+#include "capture/python_entry_points.h"
 #include "capture/recorder.h"
 
 extern char** environ;
@@ -106,8 +108,12 @@ struct PendingCall final : at::ObserverContext {
 // Marks an inner or ignored matched op, so the end callback keeps the depth right.
 struct PassThrough final : at::ObserverContext {};
 
+// The op through which capture's Python side (python_entry_points.py) hands over calls of Python
+// entry points; its kernel records them. Never matched by name: the call's own name is.
+constexpr const char* kPythonCall = "attncap::python_call";
+
 bool op_wanted(const std::string& name) {
-  if (!std::regex_search(name, state->ops)) return false;
+  if (name.rfind("attncap::", 0) == 0 || !std::regex_search(name, state->ops)) return false;
   return state->config.backward || name.find("backward") == std::string::npos;
 }
 
@@ -206,13 +212,35 @@ bool map_ragged(const std::vector<NamedInput>& inputs, const std::array<const c1
   const at::Tensor* used = defined_tensor(find_input(inputs, {used_name}));
   const char* table_name = find_input(inputs, {"block_table"}) ? "block_table" : "page_table";
   const at::Tensor* table = defined_tensor(find_input(inputs, {table_name}));
-  if (!cu_q && !used && !table) return false;
+  const at::Tensor* page_starts = defined_tensor(find_input(inputs, {"paged_kv_indptr"}));
+  if (!cu_q && !used && !table && !page_starts) return false;
   const at::Tensor& q = qkv[0]->toTensor();
   const at::Tensor& k = qkv[1]->toTensor();
   const at::Tensor& v = qkv[2]->toTensor();
+  const auto index = at::TensorOptions().dtype(at::kLong).device(q.device());
+  // FlashInfer's paged form: sequence b reads pages paged_kv_indices[indptr[b] .. indptr[b+1]], of
+  // which the last holds paged_kv_last_page_len[b] keys. As a block table and key counts.
+  at::Tensor flashinfer_table, flashinfer_lengths;
+  if (page_starts) {
+    const at::Tensor* indices = defined_tensor(find_input(inputs, {"paged_kv_indices"}));
+    const at::Tensor* last_lengths = defined_tensor(find_input(inputs, {"paged_kv_last_page_len"}));
+    if (!indices || !last_lengths || k.dim() != 4) return false;
+    const at::Tensor starts = page_starts->to(q.device(), at::kLong);
+    const at::Tensor counts = starts.slice(0, 1) - starts.slice(0, 0, -1);
+    const std::int64_t width = std::max<std::int64_t>(1, counts.max().item<std::int64_t>());
+    const at::Tensor column = at::arange(width, index).unsqueeze(0);
+    const at::Tensor listed = column < counts.unsqueeze(1);
+    const at::Tensor positions = (starts.slice(0, 0, -1).unsqueeze(1) + column).masked_select(listed);
+    flashinfer_table = at::zeros({counts.size(0), width}, index);
+    flashinfer_table.masked_scatter_(listed, indices->to(q.device(), at::kLong).index_select(0, positions));
+    flashinfer_lengths = at::where(counts > 0, (counts - 1) * k.size(1) + last_lengths->to(q.device(), at::kLong),
+                                   at::zeros_like(counts));
+    table = &flashinfer_table;
+    used = &flashinfer_lengths;
+    for (const char* name : {"paged_kv_indptr", "paged_kv_indices", "paged_kv_last_page_len"}) mapped.insert(name);
+  }
   if (cu_q ? q.dim() != 3 : q.dim() != 4) return false;
   if (table ? (k.dim() != 4 || (!used && !cu_k)) : (cu_k ? k.dim() != 3 : (!used || k.dim() != 4))) return false;
-  const auto index = at::TensorOptions().dtype(at::kLong).device(q.device());
   at::Tensor q_offsets;
   if (cu_q) {
     q_offsets = *cu_q;
@@ -278,6 +306,24 @@ void fill_call(PendingCall& pending, const std::string& op, const c10::FunctionS
   std::set<std::string> mapped = {"query", "q", "key", "k", "value", "v", "attn_mask", "mask", "attn_bias", "scale",
                                   "softmax_scale", "sm_scale", "is_causal", "causal", "dropout_p", "dropout",
                                   "p_dropout", "enable_gqa"};
+  // A Python entry point's call (python_entry_points.py): its output is an argument, given after the
+  // call ran, and its other arguments come as text, by name.
+  if (schema && schema->name() == kPythonCall) {
+    if (const auto* out = defined_tensor(find_input(inputs, {"out"})); out && state->config.record_output) {
+      copies.out = HostCopy::start(*out);
+    }
+    const auto* names = find_input(inputs, {"argument_names"});
+    const auto* values = find_input(inputs, {"argument_values"});
+    if (names && values && names->isList() && values->isList()) {
+      const auto name_list = names->toListRef();
+      const auto value_list = values->toListRef();
+      for (std::size_t i = 0; i < name_list.size() && i < value_list.size(); ++i) {
+        call.metadata["arg." + name_list[i].toStringRef()] = value_list[i].toStringRef();
+      }
+    }
+    mapped.insert({"op", "out", "argument_names", "argument_values", "paged_kv_indptr", "paged_kv_indices",
+                   "paged_kv_last_page_len"});
+  }
   if (!map_ragged(inputs, qkv, call, copies, mapped)) {
     copies.q = HostCopy::start(qkv[0]->toTensor());
     copies.k = HostCopy::start(qkv[1]->toTensor());
@@ -417,8 +463,8 @@ std::unique_ptr<at::ObserverContext> begin_call(const std::string& op, const c10
       if (input.isTensor() && is_placeholder(input.toTensor())) return std::make_unique<PassThrough>();
     }
     ++attention_calls_on_thread;
-    if (const auto* first = inputs.empty() ? nullptr : &inputs.front();
-        first && first->isTensor() && HostCopy::device_is_capturing_graph(first->toTensor())) {
+    const auto first = std::find_if(inputs.begin(), inputs.end(), [](const c10::IValue& input) { return input.isTensor(); });
+    if (first != inputs.end() && HostCopy::device_is_capturing_graph(first->toTensor())) {
       say_graph_capture_once(op);
       return std::make_unique<PassThrough>();
     }
@@ -495,6 +541,36 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* context) {
   const auto& outputs = fn.outputs();
   const c10::ArrayRef<c10::IValue> view(outputs);
   end_call(context, &view);
+}
+
+// attncap::python_call's kernel: the call it describes, under the entry point's own name, is
+// recorded as a matched op's would be (it has run already: no output comes back here).
+void python_call_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& schema = op.schema();
+  const std::size_t count = schema.arguments().size();
+  const c10::ArrayRef<c10::IValue> inputs(stack->data() + stack->size() - count, count);
+  if (state && inputs[0].isString() && op_wanted(inputs[0].toStringRef())) {
+    auto context = begin_call(inputs[0].toStringRef(), &schema, inputs,
+                              static_cast<std::int64_t>(at::sequence_number::peek()));
+    const c10::ArrayRef<c10::IValue> no_outputs;
+    end_call(context.get(), &no_outputs);
+  }
+  torch::jit::drop(*stack, count);
+}
+
+// Defines attncap::python_call, which python_entry_points.py calls. Done at start, not when the
+// part loads, so that nothing of it can fail inside dlopen. The arguments after `out` are
+// flash-attn's names for what the record holds (FlashInfer's for its paged form).
+void define_python_call_op() {
+  static auto* library = new torch::Library(torch::Library::DEF, "attncap", std::nullopt, __FILE__, __LINE__);
+  library->def("python_call(str op, Tensor q, Tensor k, Tensor v, Tensor out, *, Tensor? cu_seqlens_q=None, "
+               "Tensor? cu_seqlens_k=None, Tensor? seqused_k=None, Tensor? block_table=None, "
+               "Tensor? paged_kv_indptr=None, Tensor? paged_kv_indices=None, Tensor? paged_kv_last_page_len=None, "
+               "Tensor? alibi_slopes=None, Tensor? sinks=None, float? softmax_scale=None, bool causal=False, "
+               "int window_size_left=-1, int window_size_right=-1, float softcap=0., str[] argument_names, "
+               "str[] argument_values) -> ()",
+               torch::dispatch(c10::DispatchKey::CompositeExplicitAutograd,
+                               torch::CppFunction::makeFromBoxedFunction<&python_call_kernel>()));
 }
 
 // Observes every matched op that no hook sees through one global RecordFunction callback (once).
@@ -610,8 +686,10 @@ extern "C" __attribute__((visibility("default"))) void attncap_start() {
     std::atexit(shutdown_at_exit);
     pthread_atfork(nullptr, nullptr, in_forked_child);
     install_observers();
+    install_python_entry_points(state->config.quiet, define_python_call_op);
     if (!state->config.quiet) std::fprintf(stderr, "[attncap] capturing attention calls to %s\n", path.c_str());
   } catch (const std::exception& error) {
     std::fprintf(stderr, "[attncap] capture is off: %s\n", error.what());
   }
 }
+

@@ -14,7 +14,20 @@ const std::set<std::string, std::less<>> kNeutral = {
     "return_softmax", "return_debug_mask", "return_attn_probs", "return_lse", "compute_log_sumexp",
     "compute_logsumexp", "deterministic", "num_splits", "pack_gqa", "sm_margin", "gen_", "generator",
     "out", "philox_seed", "philox_offset", "max_seqlen_q", "max_seqlen_k", "max_seqlen_kv", "max_seqlen", "scheduler_metadata",
-    "is_rotary_interleaved", "zero_tensors"};
+    "is_rotary_interleaved", "zero_tensors",
+    // flash_attn_with_kvcache: keys and values written into the cache before attention, which capture
+    // reads there afterwards (seqused_k counts them); the other two matter only with rotary_cos.
+    "k_appended", "v_appended", "rotary_interleaved", "return_softmax_lse",
+    // FlashInfer: buffers, dtypes and sizes its wrappers plan with (the tensors carry the same),
+    // scheduling and launch options; RoPE's parameters matter only with pos_encoding_mode.
+    "float_workspace_buffer", "use_cuda_graph", "use_tensor_cores", "paged_kv_indptr_buffer",
+    "paged_kv_indices_buffer", "paged_kv_last_page_len_buffer", "paged_kv_indptr_buf", "paged_kv_indices_buf",
+    "paged_kv_last_page_len_buf", "qo_indptr_buf", "custom_mask_buf",
+    "mask_indptr_buf", "kv_indptr_buf", "kv_indices_buf", "kv_last_page_len_buf", "backend", "num_qo_heads",
+    "num_kv_heads", "head_dim", "head_dim_qk", "head_dim_vo", "page_size", "q_data_type", "kv_data_type", "o_data_type",
+    "o_dtype",
+    "data_type", "non_blocking", "enable_pdl", "lse", "fixed_split_size", "disable_split_kv",
+    "max_token_per_sequence", "max_sequence_kv", "rope_scale", "rope_theta"};
 
 // Arguments that are neutral only at these values (as capture writes them), and what they do
 // otherwise. Capture puts a window, softcap, ALiBi slopes, sinks and a ragged or paged batch's
@@ -61,6 +74,36 @@ const std::map<std::string, Default, std::less<>>& defaults() {
       {"custom_mask_type", {{"0"}, "a causal mask given as xformers' mask type"}},
       {"score_mod", {{"None"}, "a score modification"}},
       {"mask_mod", {{"None"}, "a mask function"}},
+      // flash_attn_with_kvcache's names.
+      {"cache_leftpad", {{"None"}, "left padding of the keys"}},
+      // FlashInfer's names.
+      {"pos_encoding_mode", {{"NONE"}, "a positional encoding inside the kernel"}},
+      {"custom_mask", {{"None"}, "a custom mask"}},
+      {"packed_custom_mask", {{"None"}, "a custom mask"}},
+      {"use_fp16_qk_reduction", {{"False"}, "Q·K accumulated in fp16"}},
+      {"use_fp16_softmax", {{"None", "False"}, "the softmax in fp16"}},
+      {"q_scale", {{"None"}, "FP8 scales"}},
+      {"k_scale", {{"None"}, "FP8 scales"}},
+      {"v_scale", {{"None"}, "FP8 scales"}},
+      {"o_scale", {{"None"}, "FP8 scales"}},
+      {"scale_q", {{"None"}, "FP8 scales"}},
+      {"scale_k", {{"None"}, "FP8 scales"}},
+      {"scale_v", {{"None"}, "FP8 scales"}},
+      {"kv_cache_sf", {{"None"}, "NVFP4 scale factors"}},
+      {"skip_softmax_threshold_scale_factor", {{"None"}, "skipping of small softmax blocks"}},
+      {"uses_spcompress", {{"None", "False"}, "a compressed KV cache"}},
+      {"q_len_per_req", {{"None", "1"}, "several queries a request in decode"}},
+      {"jit_args", {{"None"}, "a custom attention variant"}},
+      {"jit_kwargs", {{"None"}, "a custom attention variant"}},
+      {"prefix_len_ptr", {{"None"}, "multi-item scoring"}},
+      {"token_pos_in_items_ptr", {{"None"}, "multi-item scoring"}},
+      {"token_pos_in_items_len", {{"0"}, "multi-item scoring"}},
+      {"max_item_len_ptr", {{"None"}, "multi-item scoring"}},
+      {"seq_lens", {{"None"}, "per-sequence lengths given apart from the pages"}},
+      {"seq_lens_q", {{"None"}, "per-sequence lengths given apart from the offsets"}},
+      {"block_tables", {{"None"}, "a block table given apart from the pages"}},
+      {"v_indptr", {{"None"}, "values packed apart from the keys"}},
+      {"o_indptr", {{"None"}, "outputs packed apart from the queries"}},
   };
   return table;
 }

@@ -364,3 +364,28 @@ def test_flashinfer_style_batches_replay_through_every_kernel_that_takes_them(tm
     ran = [name for name, k in by_name.items() if k["status"] == "passed"]
     assert len(ran) >= 4, (ran, by_name)
     print(routine, call["batching"], {n: (k.get("timing") or {}).get("median_s") for n, k in by_name.items()})
+
+
+def test_python_entry_points_are_captured_on_cuda(tmp_path):
+    # FlashInfer's wrappers and flash_attn_with_kvcache, as the stand-ins of tests/e2e/stand_ins give
+    # them (the real libraries are not on this machine), with every tensor and page list on the GPU:
+    # capture's Python side hands each call over, and its pages are mapped on the device.
+    job = ROOT / "tests/e2e/jobs/python_entry_points_job.py"
+    subprocess.run([sys.executable, job, "--device", "cuda", "--save", tmp_path / "off.npz"], check=True)
+    env = dict(os.environ, LD_PRELOAD=ATTNCAP, ATTNCAP_OUT=str(tmp_path / "caps"))
+    run = subprocess.run([sys.executable, job, "--device", "cuda", "--save", tmp_path / "on.npz"], env=env,
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert "not observed" not in run.stderr and "not captured" not in run.stderr, run.stderr
+    import numpy as np
+    off, on = np.load(tmp_path / "off.npz"), np.load(tmp_path / "on.npz")
+    assert all(np.array_equal(off[name], on[name]) for name in off.files)
+    (capture,) = (tmp_path / "caps").glob("*.h5")
+    calls = read_calls(str(capture))
+    assert len(calls) == len(off.files) and all(c["layout"] == "thd" for c in calls)
+    assert calls[0]["op"] == "flashinfer::BatchDecodeWithPagedKVCacheWrapper.run"
+    report, _ = replay(tmp_path, capture, "--kernels", "reference-cuda")
+    for name, call in zip(off.files[:-1], report["calls"]):
+        by_name = {k["kernel"]: k for k in call["kernels"]}
+        assert by_name["model-output"]["error"]["rel_l2"] < 2.0 ** -11, (name, by_name["model-output"])
+    assert all(k["status"] == "not_supported" for k in report["calls"][-1]["kernels"])

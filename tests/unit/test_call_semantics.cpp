@@ -27,5 +27,18 @@ TEST_CASE("unreplayable_arguments: neutral arguments and defaults pass, the rest
         std::vector<std::string>{"frobnicate=3 (an argument the record does not know)"});
 }
 
+TEST_CASE("unreplayable_arguments: FlashInfer's and flash_attn_with_kvcache's names, as capture's Python side writes them") {
+  CHECK(unreplayable_arguments(with_args({{"backend", "auto"}, {"pos_encoding_mode", "NONE"}, {"q_scale", "None"},
+                                          {"use_fp16_qk_reduction", "False"}, {"q_len_per_req", "1"},
+                                          {"float_workspace_buffer", "tensor Byte [1024]"},
+                                          {"k_appended", "tensor Half [2,1,2,16]"}, {"rotary_cos", "None"}}))
+            .empty());
+  CHECK(unreplayable_arguments(with_args({{"pos_encoding_mode", "ROPE_LLAMA"}})) ==
+        std::vector<std::string>{"pos_encoding_mode=ROPE_LLAMA (a positional encoding inside the kernel)"});
+  CHECK(unreplayable_arguments(with_args({{"packed_custom_mask", "tensor Byte [12]"}})) ==
+        std::vector<std::string>{"packed_custom_mask=tensor Byte [12] (a custom mask)"});
+  CHECK(unreplayable_arguments(with_args({{"k_scale", "0.5"}})) == std::vector<std::string>{"k_scale=0.5 (FP8 scales)"});
+}
+
 }  // namespace
 }  // namespace attnreplay

@@ -48,3 +48,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     out = attention_fp64(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), softmax_scale, visible)
     out = out.to(q.dtype).transpose(1, 2)
     return (out, None, None) if return_attn_probs else out
+
+
+# As the real package does, the KV-cache entry point is re-exported from flash_attn_interface.
+from flash_attn.flash_attn_interface import flash_attn_with_kvcache  # noqa: E402

@@ -1,0 +1,412 @@
+"""Capture's Python side: attention entry points that are Python functions, not dispatcher ops.
+
+FlashInfer's wrappers and single-request functions call their JIT modules through their own FFI,
+and flash-attn 2's flash_attn_with_kvcache calls its extension directly: the dispatcher never sees
+them. Capture (libattncap_torch.so) runs this module once when libtorch loads into a Python job.
+It wraps those functions as their modules are imported; a wrapped function runs exactly as before,
+then hands its call, in flash-attn's names, to the op attncap::python_call, whose kernel records it
+as the dispatcher ops are recorded. Nothing here touches the call's tensors or result.
+
+Every argument goes to the record: the ones mapped to its fields (scale, causality, window,
+softcap, ALiBi, sinks, ragged offsets, pages) by name, every other as text ("arg.<name>"), which
+replay judges (replay/call_semantics.cpp): honoured, neutral, or refused by name.
+"""
+import functools
+import importlib.abc
+import inspect
+import sys
+import threading
+import weakref
+
+QUIET = False  # capture sets it from ATTNCAP_QUIET
+PYTHON_CALL = "attncap::python_call"
+
+_local = threading.local()
+_said = set()
+# Per wrapper object, the arguments of its __init__ and of its last plan.
+_arguments_of = weakref.WeakKeyDictionary()
+
+
+def _say_once(key, text):
+    if key in _said:
+        return
+    _said.add(key)
+    if not QUIET:
+        sys.stderr.write(f"[attncap] {text}\n")
+
+
+_DTYPE_NAMES = {"float32": "Float", "float64": "Double", "float16": "Half", "bfloat16": "BFloat16",
+                "int32": "Int", "int64": "Long", "uint8": "Byte", "int8": "Char", "bool": "Bool",
+                "float8_e4m3fn": "Float8_e4m3fn", "float8_e5m2": "Float8_e5m2"}
+
+
+def _text(value):
+    """An argument as capture writes the dispatcher ops' arguments (observer.cpp)."""
+    import torch
+
+    if value is None:
+        return "None"
+    if isinstance(value, bool):
+        return "True" if value else "False"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        text = repr(value)
+        return text[:-2] if text.endswith(".0") else text
+    if isinstance(value, torch.Tensor):
+        dtype = str(value.dtype).replace("torch.", "")
+        return f"tensor {_DTYPE_NAMES.get(dtype, dtype)} [{','.join(str(n) for n in value.shape)}]"
+    if isinstance(value, torch.dtype):
+        return str(value).replace("torch.", "")
+    if isinstance(value, (tuple, list)):
+        return ",".join(_text(item) for item in value)
+    return str(value)
+
+
+def _bound(signature, args, kwargs):
+    """The call's arguments by name, defaults filled in, **kwargs spread; an empty *args left out."""
+    bound = signature.bind(*args, **kwargs)
+    bound.apply_defaults()
+    arguments = {}
+    for name, value in bound.arguments.items():
+        kind = signature.parameters[name].kind
+        if kind is inspect.Parameter.VAR_KEYWORD:
+            arguments.update(value)
+        elif kind is inspect.Parameter.VAR_POSITIONAL:
+            if value:
+                arguments[name] = value
+        elif name != "self":
+            arguments[name] = value
+    return arguments
+
+
+def _skipped(q):
+    """True where a record must not be made now: while torch.compile traces (fake tensors), or
+    while a CUDA graph is being captured (any work then would join the job's graph)."""
+    import torch
+
+    compiler = getattr(torch, "compiler", None)
+    if compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling():
+        return True
+    if q.is_cuda and torch.cuda.is_current_stream_capturing():
+        _say_once("graph", "an attention call ran while a CUDA graph was being captured: calls inside CUDA graphs "
+                           "are not recorded (their replays bypass Python and the dispatcher)")
+        return True
+    return False
+
+
+def _record(op, q, k, v, out, arguments, **fields):
+    """Hands one call to capture. `fields` are attncap::python_call's named arguments; `arguments`
+    every other argument of the call, by name."""
+    import torch
+
+    names = sorted(arguments)
+    torch.ops.attncap.python_call(op, q, k, v, out, argument_names=names,
+                                  argument_values=[_text(arguments[name]) for name in names], **fields)
+
+
+def _observed(function, describe):
+    """`function`, run as it is; then, outside any other observed call, describe(arguments, result)
+    hands its call to capture. A failure there is said once and never reaches the job."""
+    if getattr(function, "__attncap_observed__", False):
+        return function
+    signature = inspect.signature(function)
+
+    @functools.wraps(function)
+    def observed(*args, **kwargs):
+        depth = getattr(_local, "depth", 0)
+        _local.depth = depth + 1
+        try:
+            result = function(*args, **kwargs)
+        finally:
+            _local.depth = depth
+        if depth == 0:
+            try:
+                describe(args[0] if args else None, _bound(signature, args, kwargs), result)
+            except Exception as error:  # noqa: BLE001 - the job must never see capture's failure
+                _say_once("failed:" + function.__qualname__,
+                          f"a call of {function.__qualname__} was not captured: {type(error).__name__}: {error}")
+        return result
+
+    observed.__attncap_observed__ = True
+    return observed
+
+
+def _remembered(function, slot, keep_tensors=()):
+    """A method whose arguments the wrapper's run needs later (__init__, plan): kept per object,
+    the index tensors named in keep_tensors cloned (the job may refill its buffers after plan)."""
+    if getattr(function, "__attncap_observed__", False):
+        return function
+    signature = inspect.signature(function)
+
+    @functools.wraps(function)
+    def remembered(self, *args, **kwargs):
+        result = function(self, *args, **kwargs)
+        try:
+            arguments = _bound(signature, (self,) + args, kwargs)
+            for name in keep_tensors:
+                if arguments.get(name) is not None:
+                    arguments[name] = arguments[name].clone()
+            _arguments_of.setdefault(self, {})[slot] = arguments
+        except Exception as error:  # noqa: BLE001
+            _say_once("failed:" + function.__qualname__,
+                      f"the arguments of {function.__qualname__} were not kept: {type(error).__name__}: {error}")
+        return result
+
+    remembered.__attncap_observed__ = True
+    return remembered
+
+
+def _replace(owner, name, wrap):
+    """owner.name wrapped, with every alias of it in owner (begin_forward = plan) too."""
+    original = owner.__dict__.get(name) if isinstance(owner, type) else getattr(owner, name, None)
+    if original is None:
+        return False
+    wrapped = wrap(original)
+    for alias, value in list(vars(owner).items()):
+        if value is original:
+            setattr(owner, alias, wrapped)
+    return True
+
+
+# ---- FlashInfer (flashinfer/prefill.py, flashinfer/decode.py) ----
+
+def _flashinfer_kv(cache, layout):
+    """A paged cache as (k, v), each (pages, page_size, heads_kv, dim): FlashInfer takes a (k, v)
+    tuple or one (pages, 2, ...) tensor, in NHD or HND."""
+    k, v = cache if isinstance(cache, (tuple, list)) else (cache[:, 0], cache[:, 1])
+    return (k.transpose(1, 2), v.transpose(1, 2)) if layout == "HND" else (k, v)
+
+
+def _scale(value):
+    return None if value is None else float(value)
+
+
+def _output(result):
+    return result[0] if isinstance(result, (tuple, list)) else result
+
+
+def _offsets(lengths):
+    """cu_seqlens of sequences of these lengths (on the CPU: capture only copies them)."""
+    import torch
+
+    return torch.tensor([0] + list(lengths), dtype=torch.int32).cumsum(0, dtype=torch.int32)
+
+
+def _window_and_softcap(plan, run):
+    """The window (run's window_left overrides plan's) and softcap, in flash-attn's names."""
+    planned = plan.pop("window_left", -1)
+    window_left = run.pop("window_left", None)
+    if window_left is None:
+        window_left = planned
+    window_right = plan.pop("window_right", -1)
+    return dict(window_size_left=-1 if window_left is None else int(window_left),
+                window_size_right=-1 if window_right is None else int(window_right),
+                softcap=float(plan.pop("logits_soft_cap", None) or 0.0))
+
+
+def _wrapper_run(op, decode=False):
+    """describe() of a wrapper's run: its arguments with those of its __init__ and last plan."""
+
+    def describe(wrapper, run, result):
+        kept = _arguments_of.get(wrapper, {})
+        if "plan" not in kept:
+            raise RuntimeError("run() without a plan() seen by capture")
+        q = run.pop("q")
+        if _skipped(q):
+            return
+        init = dict(kept.get("init", {}))
+        plan = dict(kept["plan"])
+        layout = init.pop("kv_layout", "NHD")
+        fields = _window_and_softcap(plan, run)
+        fields["softmax_scale"] = _scale(plan.pop("sm_scale", None))
+        fields["sinks"] = run.pop("sinks", None)
+        if "paged_kv_cache" in run:
+            k, v = _flashinfer_kv(run.pop("paged_kv_cache"), layout)
+            fields["paged_kv_indptr"] = plan.pop("paged_kv_indptr", None)
+            if fields["paged_kv_indptr"] is None:
+                fields["paged_kv_indptr"] = plan.pop("indptr")
+                fields["paged_kv_indices"] = plan.pop("indices")
+                fields["paged_kv_last_page_len"] = plan.pop("last_page_len")
+            else:
+                fields["paged_kv_indices"] = plan.pop("paged_kv_indices")
+                fields["paged_kv_last_page_len"] = plan.pop("paged_kv_last_page_len")
+        else:
+            k, v = run.pop("k"), run.pop("v")
+            if layout == "HND":
+                k, v = k.transpose(0, 1), v.transpose(0, 1)
+            fields["cu_seqlens_k"] = plan.pop("kv_indptr")
+        if decode:
+            batch = fields["paged_kv_indptr"].numel() - 1
+            per_request = run.get("q_len_per_req") or plan.get("q_len_per_req") or 1
+            fields["cu_seqlens_q"] = _offsets([per_request] * batch)
+            fields["causal"] = False
+            if per_request == 1:
+                # One query a sequence sits at its last key: a right window bounds nothing.
+                fields["window_size_right"] = -1
+        else:
+            fields["cu_seqlens_q"] = plan.pop("qo_indptr")
+            fields["causal"] = bool(plan.pop("causal", False))
+        run.pop("out", None)
+        _record(op, q, k, v, _output(result), {**init, **plan, **run}, **fields)
+
+    return describe
+
+
+def _flashinfer_single(op, decode):
+    def describe(_, call, result):
+        q, k, v = call.pop("q"), call.pop("k"), call.pop("v")
+        if _skipped(q):
+            return
+        out = _output(result)
+        if call.pop("kv_layout", "NHD") == "HND":
+            k, v = k.transpose(0, 1), v.transpose(0, 1)
+        if decode:  # q (heads, dim): one query row
+            q, out = q.unsqueeze(0), out.unsqueeze(0)
+        fields = _window_and_softcap(call, call)
+        fields.update(softmax_scale=_scale(call.pop("sm_scale", None)), causal=bool(call.pop("causal", False)),
+                      cu_seqlens_q=_offsets([q.shape[0]]), cu_seqlens_k=_offsets([k.shape[0]]))
+        if decode:
+            fields["window_size_right"] = -1
+        _record(op, q, k, v, out, call, **fields)
+
+    return describe
+
+
+_FLASHINFER_PLAN_INDICES = ("qo_indptr", "paged_kv_indptr", "paged_kv_indices", "paged_kv_last_page_len",
+                            "kv_indptr", "indptr", "indices", "last_page_len")
+
+
+def _wrap_flashinfer_class(module, name, describe):
+    cls = getattr(module, name, None)
+    if not isinstance(cls, type):
+        return
+    _replace(cls, "__init__", lambda f: _remembered(f, "init"))
+    # Recent versions take plan's optional arguments as **kwargs and pass them on by name.
+    plan = "_plan_impl" if "_plan_impl" in vars(cls) else "plan"
+    _replace(cls, plan, lambda f: _remembered(f, "plan", _FLASHINFER_PLAN_INDICES))
+    _replace(cls, "run", lambda f: _observed(f, describe))
+
+
+def _wrap_flashinfer_prefill(module):
+    _wrap_flashinfer_class(module, "BatchPrefillWithPagedKVCacheWrapper",
+                           _wrapper_run("flashinfer::BatchPrefillWithPagedKVCacheWrapper.run"))
+    _wrap_flashinfer_class(module, "BatchPrefillWithRaggedKVCacheWrapper",
+                           _wrapper_run("flashinfer::BatchPrefillWithRaggedKVCacheWrapper.run"))
+    _replace(module, "single_prefill_with_kv_cache",
+             lambda f: _observed(f, _flashinfer_single("flashinfer::single_prefill_with_kv_cache", decode=False)))
+
+
+def _wrap_flashinfer_decode(module):
+    _wrap_flashinfer_class(module, "BatchDecodeWithPagedKVCacheWrapper",
+                           _wrapper_run("flashinfer::BatchDecodeWithPagedKVCacheWrapper.run", decode=True))
+    _replace(module, "single_decode_with_kv_cache",
+             lambda f: _observed(f, _flashinfer_single("flashinfer::single_decode_with_kv_cache", decode=True)))
+
+
+# ---- flash-attn 2 (flash_attn/flash_attn_interface.py) ----
+
+def _flash_attn_with_kvcache(_, call, result):
+    """q (batch, s_q, heads, dim) over a cache, dense (batch, s_cache, heads_kv, dim) or paged
+    (blocks, block_size, heads_kv, dim) with block_table. Keys k and v given are written into the
+    cache at cache_seqlens before attention: the cache holds them once the call has run, so the
+    record reads them there, with seqused_k counting them."""
+    import torch
+
+    q, k_cache, v_cache = call.pop("q"), call.pop("k_cache"), call.pop("v_cache")
+    if _skipped(q):
+        return
+    batch = q.shape[0]
+    lengths = call.pop("cache_seqlens", None)
+    if lengths is None:
+        lengths = torch.full((batch,), k_cache.shape[1], dtype=torch.int32, device=q.device)
+    elif isinstance(lengths, int):
+        lengths = torch.full((batch,), lengths, dtype=torch.int32, device=q.device)
+    appended_k, appended_v = call.pop("k", None), call.pop("v", None)
+    if appended_k is not None:
+        lengths = lengths + appended_k.shape[1]
+    call["k_appended"], call["v_appended"] = appended_k, appended_v
+    left, right = call.pop("window_size", (-1, -1))
+    _record("flash_attn::flash_attn_with_kvcache", q, k_cache, v_cache, _output(result), call,
+            seqused_k=lengths.to(torch.int32), block_table=call.pop("block_table", None),
+            softmax_scale=_scale(call.pop("softmax_scale", None)), causal=bool(call.pop("causal", False)),
+            window_size_left=int(left), window_size_right=int(right), softcap=float(call.pop("softcap", 0.0) or 0.0),
+            alibi_slopes=call.pop("alibi_slopes", None))
+
+
+def _wrap_flash_attn(module):
+    _replace(module, "flash_attn_with_kvcache", lambda f: _observed(f, _flash_attn_with_kvcache))
+    # flash_attn/__init__.py re-exports it: the package may already hold the original.
+    package = sys.modules.get(module.__name__.rpartition(".")[0])
+    if package is not None and getattr(package, "flash_attn_with_kvcache", None) is not None:
+        package.flash_attn_with_kvcache = module.flash_attn_with_kvcache
+
+
+WATCHED = {
+    "flashinfer.prefill": _wrap_flashinfer_prefill,
+    "flashinfer.decode": _wrap_flashinfer_decode,
+    "flash_attn.flash_attn_interface": _wrap_flash_attn,
+}
+
+
+def _wrap(name, module):
+    try:
+        WATCHED[name](module)
+    except Exception as error:  # noqa: BLE001
+        _say_once("wrap:" + name, f"{name}'s attention calls are not observed: {type(error).__name__}: {error}")
+
+
+class _WrappingLoader(importlib.abc.Loader):
+    """The module's own loader, which then wraps what the module defined."""
+
+    def __init__(self, loader, name):
+        self._loader, self._name = loader, name
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        # The module keeps its own loader, as if nothing came between.
+        module.__loader__ = module.__spec__.loader = self._loader
+        self._loader.exec_module(module)
+        _wrap(self._name, module)
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: for a watched module, the spec the other finders give, with its loader
+    wrapped."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in WATCHED or getattr(_local, "finding", False):
+            return None
+        _local.finding = True
+        try:
+            for finder in sys.meta_path:
+                find = getattr(finder, "find_spec", None)
+                if finder is self or find is None:
+                    continue
+                spec = find(name, path, target)
+                if spec is not None:
+                    break
+            else:
+                return None
+        finally:
+            _local.finding = False
+        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = _WrappingLoader(spec.loader, name)
+        return spec
+
+
+def install():
+    for name in WATCHED:
+        module = sys.modules.get(name)
+        spec = getattr(module, "__spec__", None)
+        if module is None:
+            continue
+        if spec is not None and getattr(spec, "_initializing", False):
+            _say_once("early:" + name, f"{name} imported torch while it was itself being imported: its attention "
+                                       f"calls are not observed (import torch first)")
+        else:
+            _wrap(name, module)
+    if not any(isinstance(finder, _Finder) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _Finder())
