@@ -36,7 +36,7 @@ def attention_fp64(q, k, v, scale, visible=None, bias=None, log2_bias=None, soft
     if log2_bias is not None:
         scores = (scores * 1.4426950408889634 + log2_bias.to(torch.float64)) / 1.4426950408889634
     if visible is not None:
-        scores = scores.masked_fill(~visible, float("-inf"))
+        scores = scores.masked_fill(~visible.to(scores.device), float("-inf"))
     if sinks is not None:  # one more column, always visible, whose value is zero
         sink_column = sinks.to(torch.float64).view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
         scores = torch.cat([scores, sink_column], dim=-1)
