@@ -24,6 +24,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <mutex>
+#include <optional>
 #include <regex>
 #include <set>
 #include <unordered_map>
@@ -321,7 +322,7 @@ void fill_call(PendingCall& pending, const std::string& op, const c10::FunctionS
         call.metadata["arg." + name_list[i].toStringRef()] = value_list[i].toStringRef();
       }
     }
-    mapped.insert({"op", "out", "argument_names", "argument_values", "paged_kv_indptr", "paged_kv_indices",
+    mapped.insert({"op", "out", "argument_names", "argument_values", "wall_s", "paged_kv_indptr", "paged_kv_indices",
                    "paged_kv_last_page_len"});
   }
   if (!map_ragged(inputs, qkv, call, copies, mapped)) {
@@ -448,10 +449,31 @@ void say_graph_capture_once(const std::string& op) {
   });
 }
 
-// A matched op starts: the outermost one becomes a call (recorded if selected); one inside it names
-// the backend that ran.
+// Which call this is, and whether it is recorded: every call counts, recorded or not.
+struct Selection {
+  std::int64_t index;
+  bool wanted;
+};
+
+Selection select_call() {
+  const std::int64_t index = state->next_index++;
+  ++state->recorder->stats().seen;
+  const bool wanted = state->recorder->accepting() && state->config.selects(index) &&
+                      (state->config.max_calls < 0 || state->selected.load() < state->config.max_calls);
+  if (wanted) {
+    ++state->selected;
+  } else if (state->config.max_calls >= 0 && state->selected.load() >= state->config.max_calls &&
+             state->config.selects(index)) {
+    ++state->recorder->stats().dropped_budget;
+  }
+  return {index, wanted};
+}
+
+// A matched op starts: the outermost one becomes a call (recorded if selected, or as `preselected`
+// says); one inside it names the backend that ran.
 std::unique_ptr<at::ObserverContext> begin_call(const std::string& op, const c10::FunctionSchema* schema,
-                                                c10::ArrayRef<c10::IValue> inputs, std::int64_t sequence_nr) {
+                                                c10::ArrayRef<c10::IValue> inputs, std::int64_t sequence_nr,
+                                                std::optional<Selection> preselected = std::nullopt) {
   if (active_depth > 0) {
     ++active_depth;
     if (outermost && outermost->call.backend.empty()) outermost->call.backend = op;
@@ -469,19 +491,12 @@ std::unique_ptr<at::ObserverContext> begin_call(const std::string& op, const c10
       return std::make_unique<PassThrough>();
     }
     auto pending = std::make_unique<PendingCall>();
-    const std::int64_t index = state->next_index++;
-    ++state->recorder->stats().seen;
-    const bool wanted = state->recorder->accepting() && state->config.selects(index) &&
-                        (state->config.max_calls < 0 || state->selected.load() < state->config.max_calls);
-    if (wanted) {
-      ++state->selected;
+    const Selection selection = preselected ? *preselected : select_call();
+    if (selection.wanted) {
       at::RecordFunctionGuard no_observers(false);  // our copies must not be observed
       c10::AutoGradMode no_grad(false);
-      fill_call(*pending, op, schema, inputs, sequence_nr, index);
+      fill_call(*pending, op, schema, inputs, sequence_nr, selection.index);
       pending->record = true;
-    } else if (state->config.max_calls >= 0 && state->selected.load() >= state->config.max_calls &&
-               state->config.selects(index)) {
-      ++state->recorder->stats().dropped_budget;
     }
     pending->started = std::chrono::steady_clock::now();
     outermost = pending.get();
@@ -543,32 +558,67 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* context) {
   end_call(context, &view);
 }
 
-// attncap::python_call's kernel: the call it describes, under the entry point's own name, is
-// recorded as a matched op's would be (it has run already: no output comes back here).
+// A Python entry point's call is selected first (attncap::select_python_call), so that the Python
+// side describes only the calls recorded; attncap::python_call then records the one selected on
+// its thread.
+thread_local std::optional<Selection> python_selection;
+
+// attncap::select_python_call's kernel: counts the call, and says whether it is recorded.
+void select_python_call_kernel(const c10::OperatorHandle&, torch::jit::Stack* stack) {
+  const std::string name = stack->back().toStringRef();
+  torch::jit::drop(*stack, 1);
+  python_selection.reset();
+  bool wanted = false;
+  if (state && op_wanted(name)) {
+    try {
+      const Selection selection = select_call();
+      if (selection.wanted) python_selection = selection;
+      wanted = selection.wanted;
+    } catch (const std::exception& error) {
+      ++state->recorder->stats().failed;
+      report_failure_once(error);
+    }
+  }
+  torch::jit::push(*stack, wanted);
+}
+
+// attncap::python_call's kernel: the call selected, under the entry point's own name, is recorded
+// as a matched op's would be (it has run already: no output comes back here).
 void python_call_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
   const std::size_t count = schema.arguments().size();
   const c10::ArrayRef<c10::IValue> inputs(stack->data() + stack->size() - count, count);
-  if (state && inputs[0].isString() && op_wanted(inputs[0].toStringRef())) {
+  const std::optional<Selection> selection = python_selection;
+  python_selection.reset();
+  if (state && selection && inputs[0].isString()) {
     auto context = begin_call(inputs[0].toStringRef(), &schema, inputs,
-                              static_cast<std::int64_t>(at::sequence_number::peek()));
+                              static_cast<std::int64_t>(at::sequence_number::peek()), selection);
+    // duration_s is the entry point's own wall time, as the Python side measured it, plus the copies.
+    const c10::IValue* wall = find_input(named_inputs(&schema, inputs), {"wall_s"});
+    if (auto* pending = dynamic_cast<PendingCall*>(context.get()); pending && wall && wall->isDouble()) {
+      pending->started -= std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+          std::chrono::duration<double>(wall->toDouble()));
+    }
     const c10::ArrayRef<c10::IValue> no_outputs;
     end_call(context.get(), &no_outputs);
   }
   torch::jit::drop(*stack, count);
 }
 
-// Defines attncap::python_call, which python_entry_points.py calls. Done at start, not when the
-// part loads, so that nothing of it can fail inside dlopen. The arguments after `out` are
-// flash-attn's names for what the record holds (FlashInfer's for its paged form).
-void define_python_call_op() {
+// Defines the ops python_entry_points.py calls. Done at start, not when the part loads, so that
+// nothing of it can fail inside dlopen. python_call's arguments after `out` are flash-attn's names
+// for what the record holds (FlashInfer's for its paged form).
+void define_python_call_ops() {
   static auto* library = new torch::Library(torch::Library::DEF, "attncap", std::nullopt, __FILE__, __LINE__);
+  library->def("select_python_call(str op) -> bool",
+               torch::dispatch(c10::DispatchKey::CompositeExplicitAutograd,
+                               torch::CppFunction::makeFromBoxedFunction<&select_python_call_kernel>()));
   library->def("python_call(str op, Tensor q, Tensor k, Tensor v, Tensor out, *, Tensor? cu_seqlens_q=None, "
                "Tensor? cu_seqlens_k=None, Tensor? seqused_k=None, Tensor? block_table=None, "
                "Tensor? paged_kv_indptr=None, Tensor? paged_kv_indices=None, Tensor? paged_kv_last_page_len=None, "
                "Tensor? alibi_slopes=None, Tensor? sinks=None, float? softmax_scale=None, bool causal=False, "
-               "int window_size_left=-1, int window_size_right=-1, float softcap=0., str[] argument_names, "
-               "str[] argument_values) -> ()",
+               "int window_size_left=-1, int window_size_right=-1, float softcap=0., float wall_s=0., "
+               "str[] argument_names, str[] argument_values) -> ()",
                torch::dispatch(c10::DispatchKey::CompositeExplicitAutograd,
                                torch::CppFunction::makeFromBoxedFunction<&python_call_kernel>()));
 }
@@ -686,7 +736,7 @@ extern "C" __attribute__((visibility("default"))) void attncap_start() {
     std::atexit(shutdown_at_exit);
     pthread_atfork(nullptr, nullptr, in_forked_child);
     install_observers();
-    install_python_entry_points(state->config.quiet, define_python_call_op);
+    install_python_entry_points(state->config.quiet, define_python_call_ops);
     if (!state->config.quiet) std::fprintf(stderr, "[attncap] capturing attention calls to %s\n", path.c_str());
   } catch (const std::exception& error) {
     std::fprintf(stderr, "[attncap] capture is off: %s\n", error.what());

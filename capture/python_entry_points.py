@@ -4,8 +4,9 @@ FlashInfer's wrappers and single-request functions call their JIT modules throug
 and flash-attn 2's flash_attn_with_kvcache calls its extension directly: the dispatcher never sees
 them. Capture (libattncap_torch.so) runs this module once when libtorch loads into a Python job.
 It wraps those functions as their modules are imported; a wrapped function runs exactly as before,
-then hands its call, in flash-attn's names, to the op attncap::python_call, whose kernel records it
-as the dispatcher ops are recorded. Nothing here touches the call's tensors or result.
+then asks capture whether the call is recorded (attncap::select_python_call, which counts it) and,
+if so, hands it over in flash-attn's names to attncap::python_call, whose kernel records it as the
+dispatcher ops are recorded. Nothing here touches the call's tensors or result.
 
 Every argument goes to the record: the ones mapped to its fields (scale, causality, window,
 softcap, ALiBi, sinks, ragged offsets, pages) by name, every other as text ("arg.<name>"), which
@@ -16,7 +17,12 @@ import importlib.abc
 import inspect
 import sys
 import threading
+import time
 import weakref
+
+# This runs while `import torch` loads libtorch: torch is in sys.modules, not yet initialised (its
+# attributes are read at call time only). Never imported from here.
+torch = sys.modules.get("torch")
 
 QUIET = False  # capture sets it from ATTNCAP_QUIET
 PYTHON_CALL = "attncap::python_call"
@@ -42,8 +48,6 @@ _DTYPE_NAMES = {"float32": "Float", "float64": "Double", "float16": "Half", "bfl
 
 def _text(value):
     """An argument as capture writes the dispatcher ops' arguments (observer.cpp)."""
-    import torch
-
     if value is None:
         return "None"
     if isinstance(value, bool):
@@ -80,34 +84,32 @@ def _bound(signature, args, kwargs):
     return arguments
 
 
-def _skipped(q):
-    """True where a record must not be made now: while torch.compile traces (fake tensors), or
-    while a CUDA graph is being captured (any work then would join the job's graph)."""
-    import torch
-
+def _selected(op):
+    """Whether capture records this call (counting it either way). Never while torch.compile traces
+    (fake tensors) or while a CUDA graph is being captured (work then would join the job's graph)."""
     compiler = getattr(torch, "compiler", None)
     if compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling():
-        return True
-    if q.is_cuda and torch.cuda.is_current_stream_capturing():
+        return False
+    if torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing():
         _say_once("graph", "an attention call ran while a CUDA graph was being captured: calls inside CUDA graphs "
                            "are not recorded (their replays bypass Python and the dispatcher)")
-        return True
-    return False
+        return False
+    return torch.ops.attncap.select_python_call(op)
 
 
 def _record(op, q, k, v, out, arguments, **fields):
-    """Hands one call to capture. `fields` are attncap::python_call's named arguments; `arguments`
-    every other argument of the call, by name."""
-    import torch
-
+    """Hands the selected call to capture. `fields` are attncap::python_call's named arguments;
+    `arguments` every other argument of the call, by name."""
     names = sorted(arguments)
     torch.ops.attncap.python_call(op, q, k, v, out, argument_names=names,
-                                  argument_values=[_text(arguments[name]) for name in names], **fields)
+                                  argument_values=[_text(arguments[name]) for name in names],
+                                  wall_s=getattr(_local, "wall_s", 0.0), **fields)
 
 
-def _observed(function, describe):
-    """`function`, run as it is; then, outside any other observed call, describe(arguments, result)
-    hands its call to capture. A failure there is said once and never reaches the job."""
+def _observed(function, op, describe):
+    """`function`, run as it is; then, outside any other observed call and when capture records it,
+    describe(op, first argument, arguments, result) hands its call to capture under the name `op`.
+    A failure there is said once and never reaches the job."""
     if getattr(function, "__attncap_observed__", False):
         return function
     signature = inspect.signature(function)
@@ -116,13 +118,16 @@ def _observed(function, describe):
     def observed(*args, **kwargs):
         depth = getattr(_local, "depth", 0)
         _local.depth = depth + 1
+        started = time.perf_counter()
         try:
             result = function(*args, **kwargs)
         finally:
             _local.depth = depth
         if depth == 0:
+            _local.wall_s = time.perf_counter() - started
             try:
-                describe(args[0] if args else None, _bound(signature, args, kwargs), result)
+                if _selected(op):
+                    describe(op, args[0] if args else None, _bound(signature, args, kwargs), result)
             except Exception as error:  # noqa: BLE001 - the job must never see capture's failure
                 _say_once("failed:" + function.__qualname__,
                           f"a call of {function.__qualname__} was not captured: {type(error).__name__}: {error}")
@@ -188,8 +193,6 @@ def _output(result):
 
 def _offsets(lengths):
     """cu_seqlens of sequences of these lengths (on the CPU: capture only copies them)."""
-    import torch
-
     return torch.tensor([0] + list(lengths), dtype=torch.int32).cumsum(0, dtype=torch.int32)
 
 
@@ -205,16 +208,14 @@ def _window_and_softcap(plan, run):
                 softcap=float(plan.pop("logits_soft_cap", None) or 0.0))
 
 
-def _wrapper_run(op, decode=False):
+def _wrapper_run(decode=False):
     """describe() of a wrapper's run: its arguments with those of its __init__ and last plan."""
 
-    def describe(wrapper, run, result):
+    def describe(op, wrapper, run, result):
         kept = _arguments_of.get(wrapper, {})
         if "plan" not in kept:
             raise RuntimeError("run() without a plan() seen by capture")
         q = run.pop("q")
-        if _skipped(q):
-            return
         init = dict(kept.get("init", {}))
         plan = dict(kept["plan"])
         layout = init.pop("kv_layout", "NHD")
@@ -253,11 +254,9 @@ def _wrapper_run(op, decode=False):
     return describe
 
 
-def _flashinfer_single(op, decode):
-    def describe(_, call, result):
+def _flashinfer_single(decode):
+    def describe(op, _, call, result):
         q, k, v = call.pop("q"), call.pop("k"), call.pop("v")
-        if _skipped(q):
-            return
         out = _output(result)
         if call.pop("kv_layout", "NHD") == "HND":
             k, v = k.transpose(0, 1), v.transpose(0, 1)
@@ -285,37 +284,32 @@ def _wrap_flashinfer_class(module, name, describe):
     # Recent versions take plan's optional arguments as **kwargs and pass them on by name.
     plan = "_plan_impl" if "_plan_impl" in vars(cls) else "plan"
     _replace(cls, plan, lambda f: _remembered(f, "plan", _FLASHINFER_PLAN_INDICES))
-    _replace(cls, "run", lambda f: _observed(f, describe))
+    _replace(cls, "run", lambda f: _observed(f, f"flashinfer::{name}.run", describe))
+
+
+def _wrap_flashinfer_function(module, name, describe):
+    _replace(module, name, lambda f: _observed(f, f"flashinfer::{name}", describe))
 
 
 def _wrap_flashinfer_prefill(module):
-    _wrap_flashinfer_class(module, "BatchPrefillWithPagedKVCacheWrapper",
-                           _wrapper_run("flashinfer::BatchPrefillWithPagedKVCacheWrapper.run"))
-    _wrap_flashinfer_class(module, "BatchPrefillWithRaggedKVCacheWrapper",
-                           _wrapper_run("flashinfer::BatchPrefillWithRaggedKVCacheWrapper.run"))
-    _replace(module, "single_prefill_with_kv_cache",
-             lambda f: _observed(f, _flashinfer_single("flashinfer::single_prefill_with_kv_cache", decode=False)))
+    _wrap_flashinfer_class(module, "BatchPrefillWithPagedKVCacheWrapper", _wrapper_run())
+    _wrap_flashinfer_class(module, "BatchPrefillWithRaggedKVCacheWrapper", _wrapper_run())
+    _wrap_flashinfer_function(module, "single_prefill_with_kv_cache", _flashinfer_single(decode=False))
 
 
 def _wrap_flashinfer_decode(module):
-    _wrap_flashinfer_class(module, "BatchDecodeWithPagedKVCacheWrapper",
-                           _wrapper_run("flashinfer::BatchDecodeWithPagedKVCacheWrapper.run", decode=True))
-    _replace(module, "single_decode_with_kv_cache",
-             lambda f: _observed(f, _flashinfer_single("flashinfer::single_decode_with_kv_cache", decode=True)))
+    _wrap_flashinfer_class(module, "BatchDecodeWithPagedKVCacheWrapper", _wrapper_run(decode=True))
+    _wrap_flashinfer_function(module, "single_decode_with_kv_cache", _flashinfer_single(decode=True))
 
 
 # ---- flash-attn 2 (flash_attn/flash_attn_interface.py) ----
 
-def _flash_attn_with_kvcache(_, call, result):
+def _flash_attn_with_kvcache(op, _, call, result):
     """q (batch, s_q, heads, dim) over a cache, dense (batch, s_cache, heads_kv, dim) or paged
     (blocks, block_size, heads_kv, dim) with block_table. Keys k and v given are written into the
     cache at cache_seqlens before attention: the cache holds them once the call has run, so the
     record reads them there, with seqused_k counting them."""
-    import torch
-
     q, k_cache, v_cache = call.pop("q"), call.pop("k_cache"), call.pop("v_cache")
-    if _skipped(q):
-        return
     batch = q.shape[0]
     lengths = call.pop("cache_seqlens", None)
     if lengths is None:
@@ -327,7 +321,7 @@ def _flash_attn_with_kvcache(_, call, result):
         lengths = lengths + appended_k.shape[1]
     call["k_appended"], call["v_appended"] = appended_k, appended_v
     left, right = call.pop("window_size", (-1, -1))
-    _record("flash_attn::flash_attn_with_kvcache", q, k_cache, v_cache, _output(result), call,
+    _record(op, q, k_cache, v_cache, _output(result), call,
             seqused_k=lengths.to(torch.int32), block_table=call.pop("block_table", None),
             softmax_scale=_scale(call.pop("softmax_scale", None)), causal=bool(call.pop("causal", False)),
             window_size_left=int(left), window_size_right=int(right), softcap=float(call.pop("softcap", 0.0) or 0.0),
@@ -335,7 +329,8 @@ def _flash_attn_with_kvcache(_, call, result):
 
 
 def _wrap_flash_attn(module):
-    _replace(module, "flash_attn_with_kvcache", lambda f: _observed(f, _flash_attn_with_kvcache))
+    _replace(module, "flash_attn_with_kvcache",
+             lambda f: _observed(f, "flash_attn::flash_attn_with_kvcache", _flash_attn_with_kvcache))
     # flash_attn/__init__.py re-exports it: the package may already hold the original.
     package = sys.modules.get(module.__name__.rpartition(".")[0])
     if package is not None and getattr(package, "flash_attn_with_kvcache", None) is not None:
@@ -398,6 +393,8 @@ class _Finder(importlib.abc.MetaPathFinder):
 
 
 def install():
+    if torch is None:
+        raise RuntimeError("libtorch was loaded before the torch package was imported")
     for name in WATCHED:
         module = sys.modules.get(name)
         spec = getattr(module, "__spec__", None)

@@ -15,7 +15,7 @@ install(TARGETS attncap LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
 install(TARGETS attncap_torch LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}/attncap-parts/${ATTNCAP_TORCH_KEY})
 install(PROGRAMS ${CMAKE_BINARY_DIR}/bin/attnreplay-capture-build DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(DIRECTORY capture/ DESTINATION ${CMAKE_INSTALL_DATADIR}/attnreplay/capture-source/capture
-        FILES_MATCHING PATTERN "*.cpp" PATTERN "*.h" PATTERN "CMakeLists.txt")
+        FILES_MATCHING PATTERN "*.cpp" PATTERN "*.h" PATTERN "*.h.in" PATTERN "*.py" PATTERN "CMakeLists.txt")
 install(DIRECTORY formats/ DESTINATION ${CMAKE_INSTALL_DATADIR}/attnreplay/capture-source/formats
         FILES_MATCHING PATTERN "*.cpp" PATTERN "*.h" PATTERN "CMakeLists.txt" PATTERN "python" EXCLUDE)
 install(FILES scripts/attnreplay-capture-build.in DESTINATION ${CMAKE_INSTALL_DATADIR}/attnreplay/capture-source/scripts)

@@ -46,6 +46,8 @@ def test_capture_changes_nothing_and_names_each_entry_point(replayed):
     # The call site is the job's line, not capture's wrapper; each site is a layer of its own.
     assert all("python_entry_points_job.py:" in c["metadata"]["call_site"] for c in calls)
     assert [c["metadata"]["layer"] for c in calls] == [str(i) for i in range(len(CALLS))]
+    # The entry point's own wall time: the stand-ins compute in Python, far above a copy's time.
+    assert all(float(c["metadata"]["duration_s"]) > 1e-4 for c in calls)
     assert not [line for line in attncap_lines(stderr) if "not observed" in line or "not captured" in line], stderr
 
 
@@ -98,6 +100,13 @@ def test_attncap_ops_selects_entry_points_by_the_names_they_are_recorded_under(t
                    ATTNCAP_OPS="flash_attn")
     calls = read_calls(the_capture(tmp_path / "caps"))
     assert [c["op"] for c in calls] == ["flash_attn::flash_attn_with_kvcache"] * 2
+
+
+def test_attncap_calls_counts_every_entry_point_call_and_records_those_selected(tmp_path):
+    run_python_job("python_entry_points_job.py", "--save", tmp_path / "out.npz", out=tmp_path / "caps",
+                   ATTNCAP_CALLS="1,6")
+    calls = read_calls(the_capture(tmp_path / "caps"))
+    assert [(c["call_index"], c["op"]) for c in calls] == [(1, OPS[1]), (6, OPS[6])]
 
 
 def test_nothing_is_wrapped_when_capture_is_off(tmp_path):
