@@ -139,7 +139,8 @@ def _observed(function, op, describe):
 
 def _remembered(function, slot, keep_tensors=()):
     """A method whose arguments the wrapper's run needs later (__init__, plan): kept per object,
-    the index tensors named in keep_tensors cloned (the job may refill its buffers after plan)."""
+    the index tensors named in keep_tensors cloned (the job may refill its buffers after plan),
+    other tensors as their text (not holding the job's memory)."""
     if getattr(function, "__attncap_observed__", False):
         return function
     signature = inspect.signature(function)
@@ -149,9 +150,9 @@ def _remembered(function, slot, keep_tensors=()):
         result = function(self, *args, **kwargs)
         try:
             arguments = _bound(signature, (self,) + args, kwargs)
-            for name in keep_tensors:
-                if arguments.get(name) is not None:
-                    arguments[name] = arguments[name].clone()
+            for name, value in arguments.items():
+                if isinstance(value, torch.Tensor):
+                    arguments[name] = value.clone() if name in keep_tensors else _text(value)
             _arguments_of.setdefault(self, {})[slot] = arguments
         except Exception as error:  # noqa: BLE001
             _say_once("failed:" + function.__qualname__,
@@ -166,12 +167,11 @@ def _replace(owner, name, wrap):
     """owner.name wrapped, with every alias of it in owner (begin_forward = plan) too."""
     original = owner.__dict__.get(name) if isinstance(owner, type) else getattr(owner, name, None)
     if original is None:
-        return False
+        return
     wrapped = wrap(original)
     for alias, value in list(vars(owner).items()):
         if value is original:
             setattr(owner, alias, wrapped)
-    return True
 
 
 # ---- FlashInfer (flashinfer/prefill.py, flashinfer/decode.py) ----
