@@ -249,7 +249,9 @@ def _wrapper_run(decode=False):
             fields["cu_seqlens_q"] = plan.pop("qo_indptr")
             fields["causal"] = bool(plan.pop("causal", False))
         run.pop("out", None)
-        _record(op, q, k, v, _output(result), {**init, **plan, **run}, **fields)
+        # run's None means plan's value (q_len_per_req): it must not hide what plan was given.
+        overrides = {name: value for name, value in run.items() if value is not None or name not in plan}
+        _record(op, q, k, v, _output(result), {**init, **plan, **overrides}, **fields)
 
     return describe
 
