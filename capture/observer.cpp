@@ -238,7 +238,6 @@ bool map_ragged(const std::vector<NamedInput>& inputs, const std::array<const c1
                                    at::zeros_like(counts));
     table = &flashinfer_table;
     used = &flashinfer_lengths;
-    for (const char* name : {"paged_kv_indptr", "paged_kv_indices", "paged_kv_last_page_len"}) mapped.insert(name);
   }
   if (cu_q ? q.dim() != 3 : q.dim() != 4) return false;
   if (table ? (k.dim() != 4 || (!used && !cu_k)) : (cu_k ? k.dim() != 3 : (!used || k.dim() != 4))) return false;
@@ -282,7 +281,10 @@ bool map_ragged(const std::vector<NamedInput>& inputs, const std::array<const c1
   call.layout = Layout::thd;
   // Every varlen and paged op of flash-attn's family aligns causality bottom-right.
   call.causal_alignment = CausalAlignment::bottom_right;
-  for (const char* name : {"cu_seqlens_q", "cu_seqlens_k", used_name, table_name}) mapped.insert(name);
+  for (const char* name : {"cu_seqlens_q", "cu_seqlens_k", used_name, table_name, "paged_kv_indptr", "paged_kv_indices",
+                           "paged_kv_last_page_len"}) {
+    mapped.insert(name);
+  }
   return true;
 }
 
@@ -322,8 +324,7 @@ void fill_call(PendingCall& pending, const std::string& op, const c10::FunctionS
         call.metadata["arg." + name_list[i].toStringRef()] = value_list[i].toStringRef();
       }
     }
-    mapped.insert({"op", "out", "argument_names", "argument_values", "wall_s", "paged_kv_indptr", "paged_kv_indices",
-                   "paged_kv_last_page_len"});
+    mapped.insert({"op", "out", "argument_names", "argument_values", "wall_s"});
   }
   if (!map_ragged(inputs, qkv, call, copies, mapped)) {
     copies.q = HostCopy::start(qkv[0]->toTensor());
@@ -742,4 +743,3 @@ extern "C" __attribute__((visibility("default"))) void attncap_start() {
     std::fprintf(stderr, "[attncap] capture is off: %s\n", error.what());
   }
 }
-

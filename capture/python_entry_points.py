@@ -25,7 +25,6 @@ import weakref
 torch = sys.modules.get("torch")
 
 QUIET = False  # capture sets it from ATTNCAP_QUIET
-PYTHON_CALL = "attncap::python_call"
 
 _local = threading.local()
 _said = set()
@@ -224,14 +223,9 @@ def _wrapper_run(decode=False):
         fields["sinks"] = run.pop("sinks", None)
         if "paged_kv_cache" in run:
             k, v = _flashinfer_kv(run.pop("paged_kv_cache"), layout)
-            fields["paged_kv_indptr"] = plan.pop("paged_kv_indptr", None)
-            if fields["paged_kv_indptr"] is None:
-                fields["paged_kv_indptr"] = plan.pop("indptr")
-                fields["paged_kv_indices"] = plan.pop("indices")
-                fields["paged_kv_last_page_len"] = plan.pop("last_page_len")
-            else:
-                fields["paged_kv_indices"] = plan.pop("paged_kv_indices")
-                fields["paged_kv_last_page_len"] = plan.pop("paged_kv_last_page_len")
+            # Decode's plan names them indptr, indices, last_page_len.
+            for name in ("paged_kv_indptr", "paged_kv_indices", "paged_kv_last_page_len"):
+                fields[name] = plan.pop(name) if name in plan else plan.pop(name.replace("paged_kv_", ""))
         else:
             k, v = run.pop("k"), run.pop("v")
             if layout == "HND":
