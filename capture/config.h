@@ -11,14 +11,14 @@
 
 namespace attnreplay::capture {
 
-// Ops captured by default: torch SDPA and its backends, the attention ops that flash-attn,
-// SageAttention and xformers register, and the Python entry points capture wraps (FlashInfer's,
+// Ops captured by default: torch SDPA and its backends, the attention ops that flash-attn (and
+// vLLM's and SGLang's builds of it), SageAttention and xformers register, and the Python entry points capture wraps (FlashInfer's,
 // flash-attn's flash_attn_with_kvcache; python_entry_points.py), by the names they are recorded
 // under. nn.MultiheadAttention's fast path (aten::_native_multi_head_attention) is left out on
 // purpose: its inputs are the unprojected sequences, not per-head Q, K, V (the observer reports
 // when it computes attention unseen).
 inline constexpr const char* kDefaultOpsPattern =
-    R"(^aten::(scaled_dot_product_attention|_scaled_dot_product_\w*attention\w*|_flash_attention_forward|_efficient_attention_forward)$|^flash_attn\w*::|^_vllm_fa\d_C::|^sage\w*::|^xformers\w*::.*attention|^flashinfer::)";
+    R"(^aten::(scaled_dot_product_attention|_scaled_dot_product_\w*attention\w*|_flash_attention_forward|_efficient_attention_forward)$|^flash_attn\w*::|^_vllm_fa\d_C::|^sgl_kernel::fwd$|^sage\w*::|^xformers\w*::.*attention|^flashinfer::)";
 
 enum class WhenFull { wait, drop };
 enum class OutputFormat { hdf5, pt };

@@ -298,10 +298,10 @@ void fill_call(PendingCall& pending, const std::string& op, const c10::FunctionS
   if (!qkv[0]) throw std::runtime_error(fmt::format("{}: no query/key/value tensors among its arguments", op));
   call.call_index = index;
   call.op = op;
-  // flash-attn (and vLLM's build of it) and xformers take (batch, seq, heads, dim) and align causal
-  // masks bottom-right.
-  const bool flash_style =
-      op.rfind("flash_attn", 0) == 0 || op.rfind("_vllm_fa", 0) == 0 || op.rfind("xformers", 0) == 0;
+  // flash-attn (and vLLM's and SGLang's builds of it) and xformers take (batch, seq, heads, dim) and
+  // align causal masks bottom-right.
+  const bool flash_style = op.rfind("flash_attn", 0) == 0 || op.rfind("_vllm_fa", 0) == 0 ||
+                           op.rfind("sgl_kernel::", 0) == 0 || op.rfind("xformers", 0) == 0;
   call.layout = flash_style ? Layout::bshd : Layout::bhsd;
   call.causal_alignment = flash_style ? CausalAlignment::bottom_right : CausalAlignment::top_left;
   TensorCopies& copies = *pending.copies;

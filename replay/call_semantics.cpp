@@ -107,8 +107,25 @@ const std::map<std::string, Default, std::less<>>& defaults() {
       {"block_tables", {{"None"}, "a block table given apart from the pages"}},
       {"v_indptr", {{"None"}, "values packed apart from the keys"}},
       {"o_indptr", {{"None"}, "outputs packed apart from the queries"}},
+      // SGLang's build of FlashAttention-3 (sgl_kernel::fwd).
+      {"sparse_mask_fine", {{"None"}, "a block-sparse mask"}},
   };
   return table;
+}
+
+// Arguments a kernel reads only together with another: without it they change nothing. SGLang's
+// FlashAttention-3 backend passes cu_seqlens_k_new on every prefill, k_new never (it writes the
+// cache first); FlashAttention-3's mha_fwd reads the offsets only where k_new is given.
+const std::map<std::string, std::string, std::less<>> kReadOnlyWith = {
+    {"cu_seqlens_k_new", "k_new"},
+};
+
+bool unused_without_partner(const AttentionCall& call, std::string_view name) {
+  const auto partner = kReadOnlyWith.find(name);
+  if (partner == kReadOnlyWith.end()) return false;
+  const auto value = call.metadata.find("arg." + partner->second);
+  // Present and None: an op whose partner is absent, or mapped elsewhere, is not judged by this rule.
+  return value != call.metadata.end() && value->second == "None";
 }
 
 }  // namespace
@@ -119,7 +136,7 @@ std::vector<std::string> unreplayable_arguments(const AttentionCall& call) {
   for (const auto& [key, value] : call.metadata) {
     if (key.rfind(kPrefix, 0) != 0) continue;
     const std::string_view name = std::string_view(key).substr(kPrefix.size());
-    if (kNeutral.count(name)) continue;
+    if (kNeutral.count(name) || unused_without_partner(call, name)) continue;
     const auto known = defaults().find(name);
     if (known == defaults().end()) {
       refused.push_back(fmt::format("{}={} (an argument the record does not know)", name, value));

@@ -40,5 +40,19 @@ TEST_CASE("unreplayable_arguments: FlashInfer's and flash_attn_with_kvcache's na
   CHECK(unreplayable_arguments(with_args({{"k_scale", "0.5"}})) == std::vector<std::string>{"k_scale=0.5 (FP8 scales)"});
 }
 
+TEST_CASE("unreplayable_arguments: cu_seqlens_k_new counts only with k_new, as SGLang's FA3 prefill passes it") {
+  const std::string offsets = "tensor Int [4]";
+  CHECK(unreplayable_arguments(with_args({{"cu_seqlens_k_new", offsets}, {"k_new", "None"}})).empty());
+  // Without k_new among the arguments nothing says the offsets go unread.
+  CHECK(unreplayable_arguments(with_args({{"cu_seqlens_k_new", offsets}})) ==
+        std::vector<std::string>{"cu_seqlens_k_new=tensor Int [4] (keys appended to a KV cache)"});
+  CHECK(unreplayable_arguments(with_args({{"cu_seqlens_k_new", offsets}, {"k_new", "tensor Half [5,2,16]"}})) ==
+        std::vector<std::string>{"cu_seqlens_k_new=tensor Int [4] (keys appended to a KV cache)",
+                                 "k_new=tensor Half [5,2,16] (keys appended to a KV cache)"});
+  CHECK(unreplayable_arguments(with_args({{"sparse_mask_fine", "None"}})).empty());
+  CHECK(unreplayable_arguments(with_args({{"sparse_mask_fine", "tensor Int [9,4,1]"}})) ==
+        std::vector<std::string>{"sparse_mask_fine=tensor Int [9,4,1] (a block-sparse mask)"});
+}
+
 }  // namespace
 }  // namespace attnreplay

@@ -12,52 +12,12 @@ torch ops, sequence by sequence.
 Causality and windows align bottom-right within each sequence, as flash-attn does; a row that sees
 no key is 0. --save writes every output."""
 import argparse
-import math
 from typing import Optional
 
 import numpy as np
 import torch
 
-from flash_attn_math import scores_and_visibility
-
-
-def attend(q, k, v, scale, causal, window_left, window_right, softcap, alibi_slopes):
-    """One sequence: q (s_q, h, d), k and v (s_k, h_kv, d), in float32."""
-    heads, heads_kv = q.shape[1], k.shape[1]
-    k = k.repeat_interleave(heads // heads_kv, dim=1)
-    v = v.repeat_interleave(heads // heads_kv, dim=1)
-    qh, kh, vh = (t.transpose(0, 1).float() for t in (q, k, v))  # (h, s, d)
-    scores, allowed = scores_and_visibility(qh, kh, scale, causal, window_left, window_right, softcap,
-                                            alibi_slopes)
-    scores = scores.masked_fill(~allowed, -math.inf)
-    seen = allowed.any(dim=-1, keepdim=True)
-    probabilities = torch.softmax(torch.where(seen, scores, torch.zeros_like(scores)), dim=-1) * seen
-    return (probabilities @ vh).transpose(0, 1)  # (s_q, h, d)
-
-
-def keys_of(k, v, b, k_offsets, used, table):
-    """Sequence b's keys and values: packed rows, or the first `used` tokens of its pages."""
-    if table is None:
-        first = int(k_offsets[b])
-        count = int(used[b]) if used is not None else int(k_offsets[b + 1]) - first
-        return k[first:first + count], v[first:first + count]
-    count = int(used[b]) if used is not None else int(k_offsets[b + 1] - k_offsets[b])
-    page_size = k.shape[1]
-    pages = table[b, :(count + page_size - 1) // page_size].long()
-    return k[pages].flatten(0, 1)[:count], v[pages].flatten(0, 1)[:count]
-
-
-def varlen(q, k, v, q_offsets, k_offsets, used, table, scale, causal, window_left, window_right, softcap,
-           alibi_slopes):
-    out = torch.zeros(q.shape[0], q.shape[1], v.shape[-1], dtype=torch.float32)
-    for b in range(q_offsets.numel() - 1):
-        first, end = int(q_offsets[b]), int(q_offsets[b + 1])
-        keys, values = keys_of(k, v, b, k_offsets, used, table)
-        if end > first and keys.shape[0] > 0:
-            slopes = None if alibi_slopes is None else (alibi_slopes[b] if alibi_slopes.dim() == 2 else alibi_slopes)
-            out[first:end] = attend(q[first:end], keys, values, scale, causal, window_left, window_right, softcap,
-                                    slopes)
-    return out.to(q.dtype)
+from flash_attn_math import fa3_fwd, varlen
 
 
 @torch.library.custom_op("flash_attn::_flash_attn_varlen_forward", mutates_args=(), device_types="cpu")
@@ -93,37 +53,6 @@ FA3.define(
     "int window_size_right=-1, int attention_chunk=0, float softcap=0.0, bool is_rotary_interleaved=False, "
     "Tensor? scheduler_metadata=None, int num_splits=0, bool? pack_gqa=None, int sm_margin=0) "
     "-> (Tensor(out!), Tensor, Tensor, Tensor)")
-
-
-def fa3_fwd(q, k, v, k_new=None, v_new=None, q_v=None, out=None, cu_seqlens_q=None, cu_seqlens_k=None,
-            cu_seqlens_k_new=None, seqused_q=None, seqused_k=None, max_seqlen_q=None, max_seqlen_k=None,
-            page_table=None, kv_batch_idx=None, leftpad_k=None, rotary_cos=None, rotary_sin=None,
-            seqlens_rotary=None, q_descale=None, k_descale=None, v_descale=None, softmax_scale=None,
-            is_causal=False, window_size_left=-1, window_size_right=-1, attention_chunk=0, softcap=0.0,
-            is_rotary_interleaved=False, scheduler_metadata=None, num_splits=0, pack_gqa=None, sm_margin=0):
-    if softmax_scale is None:
-        softmax_scale = q.shape[-1] ** -0.5
-    dense_q = cu_seqlens_q is None
-    batch, seq_q = (q.shape[0], q.shape[1]) if dense_q else (cu_seqlens_q.numel() - 1, None)
-    rows = q.flatten(0, 1) if dense_q else q
-    q_offsets = torch.arange(batch + 1) * seq_q if dense_q else cu_seqlens_q
-    if k_new is not None:
-        # Appended at each sequence's end of the cache, then attended to with it.
-        k, v = k.clone(), v.clone()
-        used = seqused_k.clone()
-        for b in range(batch):
-            at = int(used[b])
-            k[b, at:at + k_new.shape[1]] = k_new[b]
-            v[b, at:at + v_new.shape[1]] = v_new[b]
-        seqused_k = used + k_new.shape[1]
-    k_offsets = cu_seqlens_k
-    if page_table is None and cu_seqlens_k is None:  # a dense cache: sequence b's keys are k[b]
-        k_offsets = torch.arange(batch + 1) * k.shape[1]
-        k, v = k.flatten(0, 1), v.flatten(0, 1)
-    result = varlen(rows, k, v, q_offsets, k_offsets, seqused_k, page_table, softmax_scale, is_causal,
-                    window_size_left, window_size_right, softcap, None)
-    result = result.view(q.shape[0], q.shape[1], q.shape[2], -1) if dense_q else result
-    return result, q.new_empty(0), q.new_empty(0), q.new_empty(0)
 
 
 FA3.impl("fwd", fa3_fwd, "CPU")
