@@ -1,8 +1,8 @@
 """Short calls (decode-sized, 5-60 us): attnreplay's GPU timing methods against triton's do_bench
 on the same GPU, in one script, per torch backend and shape.
 
-- cold L2: attnreplay --timing event against do_bench (which zeroes a 256 MB buffer before each
-  run), and --timing cupti against the kernels' durations as CUPTI records them through
+- cold L2: attnreplay --timing event and --timing queued (do_bench's own method) against do_bench
+  (which zeroes a 256 MB buffer before each run), and --timing cupti against the kernels' durations as CUPTI records them through
   torch.profiler (the same zero before each run, left out): the record FlashInfer's CUPTI timing
   reads;
 - hot L2: attnreplay --timing event --hot-l2 and --timing graph against do_bench_cudagraph.
@@ -30,6 +30,7 @@ BACKENDS = {
 }
 METHODS = {  # attnreplay flags, and the do_bench it is held against
     "event-cold": (["--timing", "event"], "do_bench"),
+    "queued-cold": (["--timing", "queued"], "do_bench"),
     "cupti-cold": (["--timing", "cupti"], "profiler_cupti"),
     "event-hot": (["--timing", "event", "--hot-l2"], "do_bench_cudagraph"),
     "graph-hot": (["--timing", "graph"], "do_bench_cudagraph"),

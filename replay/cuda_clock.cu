@@ -1,5 +1,7 @@
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
 #include "replay/cuda_check.h"
 #include "replay/cuda_clock.h"
 
@@ -154,6 +156,66 @@ void EventClock::flush_and_wait() {
 double EventClock::probe_sm_mhz() {
   launch_probe(resources_->probe);
   return read_probe(resources_->probe);
+}
+
+// do_bench zeroes 256 MB (its empty cache for benchmarks) before each run; a larger L2's twice, if
+// a GPU ever has one, as the event clock flushes.
+constexpr size_t kQueuedFlushBytes = size_t{256} << 20;
+
+struct QueuedEventClock::Resources {
+  void* flush = nullptr;
+  size_t flush_bytes = 0;
+  unsigned long long* probe = nullptr;
+  std::vector<cudaEvent_t> starts, stops;  // grown to the largest batch, reused
+  ~Resources() {
+    cudaFree(flush);
+    cudaFree(probe);
+    for (cudaEvent_t event : starts) cudaEventDestroy(event);
+    for (cudaEvent_t event : stops) cudaEventDestroy(event);
+  }
+};
+
+QueuedEventClock::QueuedEventClock(bool cold_l2) : resources_(std::make_unique<Resources>()), cold_l2_(cold_l2) {
+  rated_mhz_ = attribute(cudaDevAttrClockRate) / 1000.0;
+  resources_->flush_bytes = std::max(kQueuedFlushBytes, 2 * static_cast<size_t>(attribute(cudaDevAttrL2CacheSize)));
+  if (cold_l2_) ATTNREPLAY_CUDA_CHECK(cudaMalloc(&resources_->flush, resources_->flush_bytes));
+  ATTNREPLAY_CUDA_CHECK(cudaMalloc(&resources_->probe, 2 * sizeof(unsigned long long)));
+}
+
+QueuedEventClock::~QueuedEventClock() = default;
+
+QueuedEventClock::Batch QueuedEventClock::time_runs(int runs, const std::function<void()>& run) {
+  Resources& r = *resources_;
+  while (static_cast<int>(r.starts.size()) < runs) {
+    cudaEvent_t start{}, stop{};
+    ATTNREPLAY_CUDA_CHECK(cudaEventCreate(&start));
+    r.starts.push_back(start);
+    ATTNREPLAY_CUDA_CHECK(cudaEventCreate(&stop));
+    r.stops.push_back(stop);
+  }
+  for (int i = 0; i < runs; ++i) {
+    if (cold_l2_) ATTNREPLAY_CUDA_CHECK(cudaMemsetAsync(r.flush, 0, r.flush_bytes, 0));
+    ATTNREPLAY_CUDA_CHECK(cudaEventRecord(r.starts[i], 0));
+    try {
+      run();
+    } catch (...) {
+      // The runs queued before still hold the events and the flush buffer.
+      cudaDeviceSynchronize();
+      cudaGetLastError();
+      throw;
+    }
+    ATTNREPLAY_CUDA_CHECK(cudaEventRecord(r.stops[i], 0));
+  }
+  launch_probe(r.probe);
+  Batch batch;
+  batch.sm_mhz = read_probe(r.probe);  // its copy waits for every run before the probe
+  batch.seconds.reserve(runs);
+  for (int i = 0; i < runs; ++i) {
+    float milliseconds = 0;
+    ATTNREPLAY_CUDA_CHECK(cudaEventElapsedTime(&milliseconds, r.starts[i], r.stops[i]));
+    batch.seconds.push_back(milliseconds * 1e-3);
+  }
+  return batch;
 }
 
 void device_synchronize() { ATTNREPLAY_CUDA_CHECK(cudaDeviceSynchronize()); }

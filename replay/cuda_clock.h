@@ -1,9 +1,11 @@
 #pragma once
 // The CUDA runtime side of GPU timing, behind a C++17 interface so that nvcc never sees the
 // project's C++20 headers. replay/cuda_timing.cpp builds the SampleTimer on it.
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace attnreplay::cuda_clock {
 
@@ -48,6 +50,34 @@ class EventClock {
   std::unique_ptr<Resources> resources_;
   bool cold_l2_;
   bool blocked_ = false;
+  double rated_mhz_ = 0;
+};
+
+// triton's do_bench's way, for --timing queued: many samples queued back to back on the default
+// stream, each (when cold) a zeroing of a 256 MB buffer, a start event, the run and a stop event,
+// with nothing holding the stream and no wait between them, so that each sample counts what a
+// loop of launches sees: the run's own GPU time, and the host's launch latency where the GPU gets
+// ahead of it.
+class QueuedEventClock {
+ public:
+  explicit QueuedEventClock(bool cold_l2);
+  ~QueuedEventClock();
+  QueuedEventClock(const QueuedEventClock&) = delete;
+  QueuedEventClock& operator=(const QueuedEventClock&) = delete;
+
+  struct Batch {
+    std::vector<double> seconds;  // each run's, in order
+    double sm_mhz = 0;            // SM clock measured right after the last
+  };
+  // Queues `runs` samples of `run`, then the clock probe, waits for all, and reads them. When run
+  // throws, waits for what was queued and rethrows.
+  Batch time_runs(int runs, const std::function<void()>& run);
+  double rated_sm_mhz() const { return rated_mhz_; }
+
+ private:
+  struct Resources;
+  std::unique_ptr<Resources> resources_;
+  bool cold_l2_;
   double rated_mhz_ = 0;
 };
 

@@ -81,7 +81,7 @@ class CudaGraphTimer final : public SampleTimer {
           "record (a kernel opts in with PreparedKernel::runs_on_current_stream(), docs/kernels.md)",
           kNotCapturable));
     }
-    runs_ = graph_runs_per_replay(estimate_single_run_s(kernel));
+    runs_ = runs_filling(estimate_single_run_s(kernel), /*target_s=*/1e-3, /*max_runs=*/100);
     capture(kernel);
     // The first launch uploads the graph to the device: not a sample.
     graph_->replay();

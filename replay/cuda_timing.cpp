@@ -67,6 +67,7 @@ std::unique_ptr<SampleTimer> make_cuda_timer(const CudaTimerOptions& options) {
 #else
       throw std::runtime_error("--timing cupti is not available: CUPTI's header (cupti.h) was not found when this was built");
 #endif
+    case TimingMethod::queued: return make_cuda_queued_timer(options);
   }
   throw std::logic_error(fmt::format("make_cuda_timer: unknown timing method {}", static_cast<int>(options.method)));
 }

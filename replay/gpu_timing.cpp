@@ -12,6 +12,7 @@ std::optional<TimingMethod> parse_timing_method(std::string_view text) {
   if (text == "event") return TimingMethod::event;
   if (text == "graph") return TimingMethod::graph;
   if (text == "cupti") return TimingMethod::cupti;
+  if (text == "queued") return TimingMethod::queued;
   return std::nullopt;
 }
 
@@ -20,6 +21,7 @@ std::string_view timing_method_flag(TimingMethod method) {
     case TimingMethod::event: return "event";
     case TimingMethod::graph: return "graph";
     case TimingMethod::cupti: return "cupti";
+    case TimingMethod::queued: return "queued";
   }
   return "?";
 }
@@ -29,11 +31,12 @@ std::string_view timing_method_label(TimingMethod method) {
     case TimingMethod::event: return "cuda-event";
     case TimingMethod::graph: return "cuda-graph";
     case TimingMethod::cupti: return "cupti";
+    case TimingMethod::queued: return "cuda-event-queued";
   }
   return "?";
 }
 
-std::vector<std::string> timing_method_names() { return {"event", "graph", "cupti"}; }
+std::vector<std::string> timing_method_names() { return {"event", "graph", "cupti", "queued"}; }
 
 bool ThrottleGuard::accept(double sm_mhz) {
   max_seen_mhz_ = std::max(max_seen_mhz_, sm_mhz);
@@ -41,11 +44,11 @@ bool ThrottleGuard::accept(double sm_mhz) {
   return !(sm_mhz > 0 && sm_mhz < threshold_ * rated);
 }
 
-int graph_runs_per_replay(double single_run_s, double target_replay_s, int max_runs) {
+int runs_filling(double single_run_s, double target_s, int max_runs) {
   max_runs = std::max(max_runs, 1);
   // A run too short to measure (or a failed estimate) gets the most runs, which is always safe.
   if (!(single_run_s > 0) || !std::isfinite(single_run_s)) return max_runs;
-  const double runs = std::ceil(target_replay_s / single_run_s);
+  const double runs = std::ceil(target_s / single_run_s);
   if (!(runs < max_runs)) return max_runs;
   return std::max(1, static_cast<int>(runs));
 }

@@ -15,12 +15,14 @@ enum class TimingMethod {
   event,  // CUDA events around each run (default)
   graph,  // CUDA events around a CUDA graph of K runs, divided by K
   cupti,  // the GPU durations CUPTI records for the kernels one run launches, summed
+  queued,  // CUDA events around each run, runs queued back to back unheld (triton's do_bench)
 };
 
-// The flag's value ("event", "graph", "cupti"), or nullopt for anything else.
+// The flag's value ("event", "graph", "cupti", "queued"), or nullopt for anything else.
 std::optional<TimingMethod> parse_timing_method(std::string_view text);
 std::string_view timing_method_flag(TimingMethod method);
-// What results record as TimingSummary::method: "cuda-event", "cuda-graph", "cupti".
+// What results record as TimingSummary::method: "cuda-event", "cuda-graph", "cupti",
+// "cuda-event-queued".
 std::string_view timing_method_label(TimingMethod method);
 std::vector<std::string> timing_method_names();
 
@@ -38,9 +40,11 @@ class ThrottleGuard {
   double max_seen_mhz_ = 0;
 };
 
-// Runs captured into one CUDA graph: enough that a replay lasts about `target_replay_s`, so that the
-// replay's launch and the events around it are small beside it, and at most `max_runs`.
-int graph_runs_per_replay(double single_run_s, double target_replay_s = 1e-3, int max_runs = 100);
+// Runs that together last about `target_s`, `single_run_s` each, between 1 and `max_runs` (the
+// most where the estimate failed). --timing graph captures that many into one graph, enough that a
+// replay's launch and events are small beside it (1 ms, 100); --timing queued queues that many
+// before it waits, as do_bench queues its 100 ms (0.1 s of run and flush, 1000).
+int runs_filling(double single_run_s, double target_s, int max_runs);
 
 // One CUPTI activity record, reduced to what attribution needs. API records (runtime or driver
 // calls) carry host timestamps; device records (kernels, copies, sets) carry GPU ones. Both carry

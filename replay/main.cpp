@@ -147,7 +147,8 @@ void add_device_options(CLI::App& app, RunArgs& a) {
       ->check(CLI::PositiveNumber);
   app.add_option("--timing", a.timing,
                  "how GPU kernels are timed: event (CUDA events around each run), graph (CUDA graph of K runs, "
-                 "hot L2), cupti (kernel durations CUPTI records)")
+                 "hot L2), cupti (kernel durations CUPTI records), queued (events around runs queued back to back, "
+                 "unheld: triton's do_bench method)")
       ->check(CLI::IsMember(timing_method_names()))
       ->capture_default_str();
 }

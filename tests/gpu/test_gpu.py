@@ -223,33 +223,37 @@ def timed(tmp_path, *flags):
     return kernels
 
 
-def test_graph_and_cupti_timing_agree_with_cuda_events(tmp_path):
+def test_graph_cupti_and_queued_timing_agree_with_cuda_events(tmp_path):
     # At 1x24x4608x128 a run takes about half a millisecond, so the launch that CUDA events count
-    # and CUPTI does not is well under 10 %. Graph samples are hot (the runs replay back to back):
-    # they are compared with hot event samples, CUPTI's (cold by default) with cold ones.
+    # and CUPTI does not is well under 10 %, and the launch latency queued samples may hold is
+    # under 3 %. Graph samples are hot (the runs replay back to back): they are compared with hot
+    # event samples, CUPTI's and queued ones (cold by default) with cold ones.
     cold, hot = timed(tmp_path), timed(tmp_path, "--hot-l2")
     graph, cupti = timed(tmp_path, "--timing", "graph"), timed(tmp_path, "--timing", "cupti")
+    queued = timed(tmp_path, "--timing", "queued")
     for name in TIMED_BACKENDS:
         assert (cold[name]["timing"]["method"], cold[name]["timing"]["cache"]) == ("cuda-event", "cold-l2")
         assert (hot[name]["timing"]["method"], hot[name]["timing"]["cache"]) == ("cuda-event", "hot-l2")
         assert (graph[name]["timing"]["method"], graph[name]["timing"]["cache"]) == ("cuda-graph", "hot-l2")
         assert (cupti[name]["timing"]["method"], cupti[name]["timing"]["cache"]) == ("cupti", "cold-l2")
+        assert (queued[name]["timing"]["method"], queued[name]["timing"]["cache"]) == ("cuda-event-queued", "cold-l2")
         assert graph[name]["timing"]["runs_per_sample"] >= 1
         # Every method reads the driver's clock and power while it samples: real figures, the clock
         # under the rated one (cudaDevAttrClockRate, the most it boosts to).
         environment = json.loads((tmp_path / "r.json").read_text())["environment"]
         assert environment["gpu_clock_monitor"] == "nvml", environment
         rated = float(environment["gpu_sm_clock_rated_mhz"])
-        for method in (cold, hot, graph, cupti):
+        for method in (cold, hot, graph, cupti, queued):
             t = method[name]["timing"]
             assert 0.2 * rated < t["sm_clock_min_mhz"] <= t["sm_clock_median_mhz"] <= t["sm_clock_max_mhz"], t
             assert t["sm_clock_max_mhz"] <= rated, (t, rated)
             assert 50 < t["power_median_w"] < 2000 and 0 <= t["power_capped_fraction"] <= 1, t
         assert "--timing graph" in graph[name]["rerun"] and "--timing cupti" in cupti[name]["rerun"]
+        assert "--timing queued" in queued[name]["rerun"]
         assert "--timing" not in cold[name]["rerun"]
         # A graph also removes the gaps between the kernels one call launches: torch-cudnn's graph
         # samples were 10.2 % under its hot event samples once (H100, 2026-11-22), hence 15 % there.
-        for method, reference, bound in ((graph, hot, 0.15), (cupti, cold, 0.10)):
+        for method, reference, bound in ((graph, hot, 0.15), (cupti, cold, 0.10), (queued, cold, 0.03)):
             measured, expected = method[name]["timing"]["median_s"], reference[name]["timing"]["median_s"]
             assert abs(measured / expected - 1) < bound, (name, method[name]["timing"], reference[name]["timing"])
         # The graph replays the outputs it captured: they must still be right.

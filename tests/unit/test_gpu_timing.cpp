@@ -11,23 +11,25 @@ using namespace attnreplay;
 using Catch::Matchers::WithinAbs;
 using Kind = ActivityRecord::Kind;
 
-TEST_CASE("gpu_timing: --timing takes event, graph and cupti, and names what results record") {
+TEST_CASE("gpu_timing: --timing takes event, graph, cupti and queued, and names what results record") {
   CHECK(parse_timing_method("event") == TimingMethod::event);
   CHECK(parse_timing_method("graph") == TimingMethod::graph);
   CHECK(parse_timing_method("cupti") == TimingMethod::cupti);
+  CHECK(parse_timing_method("queued") == TimingMethod::queued);
   for (const char* bad : {"", "Event", "cuda-event", "graphs", "cupti ", "nvbench"}) {
     CHECK_FALSE(parse_timing_method(bad).has_value());
   }
   CHECK(timing_method_label(TimingMethod::event) == "cuda-event");
   CHECK(timing_method_label(TimingMethod::graph) == "cuda-graph");
   CHECK(timing_method_label(TimingMethod::cupti) == "cupti");
+  CHECK(timing_method_label(TimingMethod::queued) == "cuda-event-queued");
   // The names the parser lists are exactly those it accepts, and round-trip through the flag.
   for (const std::string& name : timing_method_names()) {
     const auto method = parse_timing_method(name);
     REQUIRE(method.has_value());
     CHECK(timing_method_flag(*method) == name);
   }
-  CHECK(timing_method_names().size() == 3);
+  CHECK(timing_method_names().size() == 4);
 }
 
 TEST_CASE("gpu_timing: the throttle guard discards samples under the threshold of the rated clock") {
@@ -49,7 +51,9 @@ TEST_CASE("gpu_timing: without a rated clock, the highest clock seen stands in f
   CHECK(guard.accept(1500));
 }
 
-TEST_CASE("gpu_timing: a graph replay holds enough runs for about 1 ms, at most 100") {
+TEST_CASE("gpu_timing: runs_filling gives the runs that last the target, within 1 and the cap") {
+  // As a graph replay is sized: about 1 ms, at most 100 runs.
+  const auto graph_runs_per_replay = [](double single_run_s) { return runs_filling(single_run_s, 1e-3, 100); };
   CHECK(graph_runs_per_replay(2e-3) == 1);    // one run is long enough
   CHECK(graph_runs_per_replay(1e-3) == 1);
   CHECK(graph_runs_per_replay(0.4e-3) == 3);  // ceil(2.5)
@@ -63,9 +67,13 @@ TEST_CASE("gpu_timing: a graph replay holds enough runs for about 1 ms, at most 
   CHECK(graph_runs_per_replay(std::numeric_limits<double>::quiet_NaN()) == 100);
   CHECK(graph_runs_per_replay(std::numeric_limits<double>::infinity()) == 100);
   // Other targets and caps.
-  CHECK(graph_runs_per_replay(1e-3, 5e-3, 100) == 5);
-  CHECK(graph_runs_per_replay(1e-6, 1e-3, 8) == 8);
-  CHECK(graph_runs_per_replay(1e-6, 1e-3, 0) == 1);
+  CHECK(runs_filling(1e-3, 5e-3, 100) == 5);
+  CHECK(runs_filling(1e-6, 1e-3, 8) == 8);
+  CHECK(runs_filling(1e-6, 1e-3, 0) == 1);
+  // As --timing queued sizes a batch: 0.1 s, at most 1000 runs.
+  CHECK(runs_filling(110e-6, 0.1, 1000) == 910);  // a 15 us call behind a 95 us flush
+  CHECK(runs_filling(2e-6, 0.1, 1000) == 1000);
+  CHECK(runs_filling(0.3, 0.1, 1000) == 1);
 }
 
 namespace {
