@@ -8,7 +8,10 @@ on the same GPU, in one script, per torch backend and shape.
 - hot L2: attnreplay --timing event --hot-l2 and --timing graph against do_bench_cudagraph.
 
 Each row gives the medians, their ratios, and how attnreplay's sampling ended (samples, stop
-reason, spread). The goal (issue 18): every ratio within 3 %, every sampling ended by noise.
+reason, spread). The goal (issue 18): every ratio within 3 %, every sampling ended by noise (any
+rule but the timeout and the sample cap). Each method gets its own verdict: --timing event holds
+launch latency out that do_bench counts, so under 50 us it reads below do_bench by design, where
+--timing queued, do_bench's own method, is the one to hold against it.
 
     python bench/short_call_check.py --attnreplay build/replay/attnreplay --out short_calls.json
 """
@@ -125,12 +128,18 @@ def main():
                       f"{peer} {r['peer_median_us']:8.2f} us  ratio {ratio:.3f}  {r['samples']:>5} samples "
                       f"({r['stop_reason']}), stdev {r['stdev_rel'] * 100:.1f} %, spread "
                       f"{(r['spread_rel'] or 0) * 100:.1f} %", flush=True)
+    def verdict(of):
+        return {"within_tolerance": all(r["within_tolerance"] for r in of),
+                "ratios": [min(r["ratio"] for r in of), max(r["ratio"] for r in of)],
+                "ended_by_noise": all(r["stop_reason"] not in ("timeout", "max-samples") for r in of)}
+
     result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-              "rows": rows, "passed": all(r["within_tolerance"] for r in rows),
-              "ended_by_noise": all(r["stop_reason"] in ("converged", "noise-settled") for r in rows)}
+              "rows": rows, "methods": {m: verdict([r for r in rows if r["method"] == m]) for m in methods}}
     json.dump(result, open(args.out, "w"), indent=2)
-    print("passed" if result["passed"] else "NOT within tolerance",
-          "/ every sampling ended by noise" if result["ended_by_noise"] else "/ some sampling hit a cap")
+    for method, v in result["methods"].items():
+        print(f"{method}: ratios {v['ratios'][0]:.3f}-{v['ratios'][1]:.3f},",
+              "within tolerance" if v["within_tolerance"] else "NOT within tolerance",
+              "/ every sampling ended by noise" if v["ended_by_noise"] else "/ some sampling hit a cap")
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ struct StoppingRule {
 };
 
 struct TimingSummary {
-  std::string method;  // "cpu-steady-clock", "cuda-event", "cuda-graph" or "cupti" (replay/gpu_timing.h)
+  std::string method;  // "cpu-steady-clock", or a GPU method's label (replay/gpu_timing.h)
   std::string cache;   // "n/a" for CPU kernels; "cold-l2" or "hot-l2" on the GPU
   int warmup_runs = 0;
   int samples = 0;
