@@ -109,6 +109,26 @@ TEST_CASE("gpu_timing: a run's GPU time is the work its own API calls queued") {
   CHECK_THAT(t.span_s, WithinAbs((64600 - 60000) * 1e-9, 1e-15));  // counts the gaps too
 }
 
+TEST_CASE("gpu_timing: runs whose records are flushed together are told apart by their windows") {
+  // --timing cupti reads a batch of samples' records at once: the second sample is the first
+  // shifted by 5000 ns on the host, 100000 ns on the GPU, with a longer first kernel.
+  std::vector<ActivityRecord> records = one_sample();
+  for (ActivityRecord r : one_sample()) {
+    r.correlation_id += 100;
+    r.start_ns += r.kind == Kind::api ? 5000 : 100000;
+    r.end_ns += r.kind == Kind::api ? 5000 : 100000;
+    if (r.correlation_id == 110 && r.kind == Kind::kernel) r.end_ns += 700;
+    records.push_back(r);
+  }
+  const RunGpuTime first = gpu_time_of_run(records, 1000, 2000);
+  const RunGpuTime second = gpu_time_of_run(records, 6000, 7000);
+  CHECK(first.device_records == 3);
+  CHECK(second.device_records == 3);
+  CHECK_THAT(first.busy_s, WithinAbs(4000e-9, 1e-15));
+  // Its first kernel now runs into its second (60000-61700 against 61500-): 200 ns counted once.
+  CHECK_THAT(second.busy_s, WithinAbs(4500e-9, 1e-15));
+}
+
 TEST_CASE("gpu_timing: kernels that overlap count their shared time once") {
   // A kernel launched to overlap the one before it starts during that one's last wave.
   const std::vector<ActivityRecord> records = {
