@@ -64,7 +64,9 @@ export ATTNREPLAY_BIN="$BIN" ATTNREPLAY_ATTNCAP_LIB="$BUILD/capture/libattncap.s
 
 if wants tests; then
 step "GPU tests"
-python3 -m pytest -q -p no:cacheprovider ${GPU_TESTS:-"$ROOT/tests/gpu"} > "$OUT/pytest.txt" 2>&1 || status=1
+# GPU_TESTS is split as a shell would split it, so that -k 'a or b' stays one argument.
+eval "pytest_args=(${GPU_TESTS:-\"\$ROOT/tests/gpu\"})"
+python3 -m pytest -q -p no:cacheprovider "${pytest_args[@]}" > "$OUT/pytest.txt" 2>&1 || status=1
 grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest.txt" | tail -40
 fi
 
