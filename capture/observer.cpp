@@ -158,10 +158,19 @@ const c10::IValue* find_input(const std::vector<NamedInput>& inputs, std::initia
   return nullptr;
 }
 
+// The KV-cache form (vLLM's _vllm_fa2_C::fwd_kvcache): the keys are `kcache`, and `k` and `v` are
+// keys and values it appends to the cache before attending.
+bool kv_cache_form(const std::vector<NamedInput>& inputs) {
+  return find_input(inputs, {"kcache"}) && find_input(inputs, {"vcache"});
+}
+
 // Q, K, V by name, or the first three tensors for ops that name them otherwise.
 std::array<const c10::IValue*, 3> find_qkv(const std::vector<NamedInput>& inputs) {
-  std::array<const c10::IValue*, 3> qkv{find_input(inputs, {"query", "q"}), find_input(inputs, {"key", "k"}),
-                                        find_input(inputs, {"value", "v"})};
+  std::array<const c10::IValue*, 3> qkv =
+      kv_cache_form(inputs)
+          ? std::array{find_input(inputs, {"q"}), find_input(inputs, {"kcache"}), find_input(inputs, {"vcache"})}
+          : std::array{find_input(inputs, {"query", "q"}), find_input(inputs, {"key", "k"}),
+                       find_input(inputs, {"value", "v"})};
   if (qkv[0] && qkv[1] && qkv[2]) return qkv;
   std::size_t found = 0;
   for (const auto& input : inputs) {
@@ -209,7 +218,9 @@ bool map_ragged(const std::vector<NamedInput>& inputs, const std::array<const c1
                 AttentionCall& call, TensorCopies& copies, std::set<std::string>& mapped) {
   const at::Tensor* cu_q = defined_tensor(find_input(inputs, {"cu_seqlens_q"}));
   const at::Tensor* cu_k = defined_tensor(find_input(inputs, {"cu_seqlens_k"}));
-  const char* used_name = find_input(inputs, {"seqused_k"}) ? "seqused_k" : "cache_seqlens";
+  const char* used_name = find_input(inputs, {"seqused_k"})   ? "seqused_k"
+                          : find_input(inputs, {"seqlens_k"}) ? "seqlens_k"
+                                                              : "cache_seqlens";
   const at::Tensor* used = defined_tensor(find_input(inputs, {used_name}));
   const char* table_name = find_input(inputs, {"block_table"}) ? "block_table" : "page_table";
   const at::Tensor* table = defined_tensor(find_input(inputs, {table_name}));
@@ -309,6 +320,11 @@ void fill_call(PendingCall& pending, const std::string& op, const c10::FunctionS
   std::set<std::string> mapped = {"query", "q", "key", "k", "value", "v", "attn_mask", "mask", "attn_bias", "scale",
                                   "softmax_scale", "sm_scale", "is_causal", "causal", "dropout_p", "dropout",
                                   "p_dropout", "enable_gqa"};
+  // There `k` and `v` are appended keys, kept as arguments: replay refuses them unless None.
+  if (kv_cache_form(inputs)) {
+    mapped.erase("k");
+    mapped.erase("v");
+  }
   // A Python entry point's call (python_entry_points.py): its output is an argument, given after the
   // call ran, and its other arguments come as text, by name.
   if (schema && schema->name() == kPythonCall) {
@@ -509,6 +525,21 @@ std::unique_ptr<at::ObserverContext> begin_call(const std::string& op, const c10
   }
 }
 
+// The attention output among an op's outputs: the first defined tensor, also where the op returns
+// a list (vLLM's builds of flash-attn return Tensor[]: the output, then the log-sum-exp).
+const at::Tensor* attention_output(c10::ArrayRef<c10::IValue> outputs) {
+  for (const c10::IValue& output : outputs) {
+    if (output.isTensor() && output.toTensor().defined()) return &output.toTensor();
+    if (output.isList()) {
+      for (const c10::IValue& element : output.toListRef()) {
+        if (element.isTensor() && element.toTensor().defined()) return &element.toTensor();
+      }
+      return nullptr;
+    }
+  }
+  return nullptr;
+}
+
 // A matched op ends. `outputs` is null when its kernel threw: nothing is recorded then.
 void end_call(at::ObserverContext* context, const c10::ArrayRef<c10::IValue>* outputs) {
   if (!context) return;
@@ -521,12 +552,7 @@ void end_call(at::ObserverContext* context, const c10::ArrayRef<c10::IValue>* ou
     at::RecordFunctionGuard no_observers(false);
     c10::AutoGradMode no_grad(false);
     if (state->config.record_output) {
-      for (const c10::IValue& output : *outputs) {
-        if (output.isTensor() && output.toTensor().defined()) {
-          pending->copies->out = HostCopy::start(output.toTensor());
-          break;
-        }
-      }
+      if (const at::Tensor* out = attention_output(*outputs)) pending->copies->out = HostCopy::start(*out);
     }
     if (pending->call.backend.empty()) pending->call.backend = pending->call.op;
     pending->call.metadata["duration_s"] = fmt::format(

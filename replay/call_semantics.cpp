@@ -12,7 +12,7 @@ namespace {
 // determinism, work splitting, length hints, dropout's random state (dropout is replayed as 0).
 const std::set<std::string, std::less<>> kNeutral = {
     "return_softmax", "return_debug_mask", "return_attn_probs", "return_lse", "compute_log_sumexp",
-    "compute_logsumexp", "deterministic", "num_splits", "pack_gqa", "sm_margin", "gen_", "generator",
+    "compute_logsumexp", "deterministic", "num_splits", "pack_gqa", "sm_margin", "gen_", "gen", "generator",
     "out", "philox_seed", "philox_offset", "max_seqlen_q", "max_seqlen_k", "max_seqlen_kv", "max_seqlen", "scheduler_metadata",
     "is_rotary_interleaved", "zero_tensors",
     // flash_attn_with_kvcache: keys and values written into the cache before attention, which capture
@@ -107,6 +107,13 @@ const std::map<std::string, Default, std::less<>>& defaults() {
       {"block_tables", {{"None"}, "a block table given apart from the pages"}},
       {"v_indptr", {{"None"}, "values packed apart from the keys"}},
       {"o_indptr", {{"None"}, "outputs packed apart from the queries"}},
+      // vLLM's builds of flash-attn: fwd_kvcache's appended keys and values (its cache is kcache and
+      // vcache), and FA3's context parallelism.
+      {"k", {{"None"}, "keys appended to a KV cache"}},
+      {"v", {{"None"}, "values appended to a KV cache"}},
+      {"cp_world_size", {{"1"}, "context parallelism"}},
+      {"cp_rank", {{"0"}, "context parallelism"}},
+      {"cp_tot_seqused_k", {{"None"}, "context parallelism"}},
       // SGLang's build of FlashAttention-3 (sgl_kernel::fwd).
       {"sparse_mask_fine", {{"None"}, "a block-sparse mask"}},
   };

@@ -54,5 +54,16 @@ TEST_CASE("unreplayable_arguments: cu_seqlens_k_new counts only with k_new, as S
         std::vector<std::string>{"sparse_mask_fine=tensor Int [9,4,1] (a block-sparse mask)"});
 }
 
+TEST_CASE("unreplayable_arguments: vLLM's names, neutral as vLLM passes them and named otherwise") {
+  CHECK(unreplayable_arguments(with_args({{"gen", "None"}, {"cp_world_size", "1"}, {"cp_rank", "0"},
+                                          {"cp_tot_seqused_k", "None"}, {"k", "None"}, {"v", "None"}}))
+            .empty());
+  CHECK(unreplayable_arguments(with_args({{"cp_world_size", "2"}, {"cp_rank", "1"}})) ==
+        std::vector<std::string>{"cp_rank=1 (context parallelism)", "cp_world_size=2 (context parallelism)"});
+  // fwd_kvcache's k and v, kept as arguments only there: keys it appends.
+  CHECK(unreplayable_arguments(with_args({{"k", "tensor Half [3,1,2,16]"}})) ==
+        std::vector<std::string>{"k=tensor Half [3,1,2,16] (keys appended to a KV cache)"});
+}
+
 }  // namespace
 }  // namespace attnreplay
