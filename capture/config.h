@@ -12,9 +12,9 @@
 namespace attnreplay::capture {
 
 // Ops captured by default: torch SDPA and its backends, the attention ops that flash-attn (and
-// vLLM's and SGLang's builds of it), SageAttention and xformers register, and the Python entry points capture wraps (FlashInfer's,
-// flash-attn's flash_attn_with_kvcache; python_entry_points.py), by the names they are recorded
-// under. nn.MultiheadAttention's fast path (aten::_native_multi_head_attention) is left out on
+// vLLM's and SGLang's builds of it), SageAttention and xformers register, and the Python entry
+// points capture wraps (FlashInfer's, flash-attn's flash_attn_with_kvcache; python_entry_points.py),
+// by the names they are recorded under. nn.MultiheadAttention's fast path (aten::_native_multi_head_attention) is left out on
 // purpose: its inputs are the unprojected sequences, not per-head Q, K, V (the observer reports
 // when it computes attention unseen).
 inline constexpr const char* kDefaultOpsPattern =

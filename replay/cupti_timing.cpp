@@ -229,8 +229,8 @@ class CuptiTimer final : public SampleTimer {
 
  private:
   // Runs `runs_per_batch_` samples, then reads CUPTI's records once for all of them: a forced flush
-  // costs about 1 ms of host time, which one flush a sample made the rule's timeout end sampling
-  // of 15 us calls at 15,000 samples. A batch is sized from the first sample to about 20 ms of
+  // costs about 1 ms of host time, and with one a sample, sampling of 15 us calls ended at the
+  // rule's timeout after 15,000 samples. A batch is sized from the first sample to about 20 ms of
   // runs, at most 64.
   void time_batch(PreparedKernel& kernel) {
     std::vector<std::pair<std::uint64_t, std::uint64_t>> windows;

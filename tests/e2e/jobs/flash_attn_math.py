@@ -49,6 +49,11 @@ def attend(q, k, v, scale, causal, window_left, window_right, softcap, alibi_slo
     return (probabilities @ vh).transpose(0, 1)  # (s_q, h, d)
 
 
+def offsets(lengths):
+    """Sequence lengths as flash-attn's int32 offsets (cu_seqlens)."""
+    return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+
+
 def keys_of(k, v, b, k_offsets, used, table):
     """Sequence b's keys and values: packed rows, or the first `used` tokens of its pages."""
     if table is None:

@@ -15,7 +15,7 @@ import argparse
 import numpy as np
 import torch
 
-from flash_attn_math import fa3_fwd
+from flash_attn_math import fa3_fwd, offsets
 
 # sgl-kernel's registration (sgl-kernel/csrc/flash_extension.cc): no defaults, q marked mutable.
 SGL_KERNEL = torch.library.Library("sgl_kernel", "FRAGMENT")
@@ -39,10 +39,6 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
         max_seqlen_q, None, page_table, None, None, None, None, None, None, None, None, softmax_scale, causal,
         window_size[0], window_size[1], 0, softcap, False, None, 0, None, 0, sinks)
     return out
-
-
-def offsets(lengths):
-    return torch.tensor([0, *np.cumsum(lengths)], dtype=torch.int32)
 
 
 def main():

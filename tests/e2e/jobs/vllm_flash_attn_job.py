@@ -15,7 +15,7 @@ import argparse
 import numpy as np
 import torch
 
-from flash_attn_math import fa3_fwd, varlen
+from flash_attn_math import fa3_fwd, offsets, varlen
 
 FA2 = torch.library.Library("_vllm_fa2_C", "DEF")
 FA2.define(
@@ -68,10 +68,6 @@ def fa3_vllm_fwd(*args):
 FA2.impl("varlen_fwd", varlen_fwd, "CPU")
 FA2.impl("fwd_kvcache", fwd_kvcache, "CPU")
 FA3.impl("fwd", fa3_vllm_fwd, "CPU")
-
-
-def offsets(lengths):
-    return torch.tensor([0, *np.cumsum(lengths)], dtype=torch.int32)
 
 
 def main():
