@@ -173,7 +173,7 @@ def _replace(owner, name, wrap):
             setattr(owner, alias, wrapped)
 
 
-# ---- FlashInfer (flashinfer/prefill.py, flashinfer/decode.py) ----
+# ---- FlashInfer (flashinfer/prefill.py, flashinfer/decode.py, flashinfer/mla) ----
 
 def _flashinfer_kv(cache, layout):
     """A paged cache as (k, v), each (pages, page_size, heads_kv, dim): FlashInfer takes a (k, v)
@@ -268,8 +268,36 @@ def _flashinfer_single(decode):
     return describe
 
 
+def _flashinfer_mla_run(op, wrapper, run, result):
+    """BatchMLAPagedAttentionWrapper.run: DeepSeek's MLA with its matrices absorbed is attention of
+    the queries [q_nope, q_pe] over one key head [ckv, kpe] and one value head ckv, paged: recorded
+    so, with only the pages the call reads (the cache is a server's whole pool)."""
+    kept = _arguments_of.get(wrapper, {})
+    if "plan" not in kept:
+        raise RuntimeError("run() without a plan() seen by capture")
+    init, plan = dict(kept.get("init", {})), dict(kept["plan"])
+    for name in ("qo_indptr", "kv_indptr", "kv_indices", "kv_len_arr"):
+        init.pop(name, None)  # CUDA-graph buffers that plan fills with what it was given
+    q_nope, q_pe, ckv, kpe = (run.pop(name) for name in ("q_nope", "q_pe", "ckv_cache", "kpe_cache"))
+    device = q_nope.device
+    indptr = plan.pop("kv_indptr").to(device, torch.long)
+    listed = plan.pop("kv_indices").to(device, torch.long)[:int(indptr[-1])]
+    pages, renumbered = torch.unique(listed, return_inverse=True)
+    counts = indptr[1:] - indptr[:-1]
+    lengths = plan.pop("kv_len_arr").to(device, torch.long)
+    last = torch.where(counts > 0, lengths - (counts - 1) * ckv.shape[1], torch.zeros_like(counts))
+    q = torch.cat([q_nope, q_pe], dim=-1)
+    k = torch.cat([ckv[pages], kpe[pages]], dim=-1).unsqueeze(2)
+    v = ckv[pages].unsqueeze(2)
+    fields = dict(softmax_scale=_scale(plan.pop("sm_scale", None)), causal=bool(plan.pop("causal", False)),
+                  cu_seqlens_q=plan.pop("qo_indptr"), paged_kv_indptr=indptr.to(torch.int32),
+                  paged_kv_indices=renumbered.to(torch.int32), paged_kv_last_page_len=last.to(torch.int32))
+    run.pop("out", None)
+    _record(op, q, k, v, _output(result), {**init, **plan, **run}, **fields)
+
+
 _FLASHINFER_PLAN_INDICES = ("qo_indptr", "paged_kv_indptr", "paged_kv_indices", "paged_kv_last_page_len",
-                            "kv_indptr", "indptr", "indices", "last_page_len")
+                            "kv_indptr", "indptr", "indices", "last_page_len", "kv_indices", "kv_len_arr")
 
 
 def _wrap_flashinfer_class(module, name, describe):
@@ -296,6 +324,10 @@ def _wrap_flashinfer_prefill(module):
 def _wrap_flashinfer_decode(module):
     _wrap_flashinfer_class(module, "BatchDecodeWithPagedKVCacheWrapper", _wrapper_run(decode=True))
     _wrap_flashinfer_function(module, "single_decode_with_kv_cache", _flashinfer_single(decode=True))
+
+
+def _wrap_flashinfer_mla(module):
+    _wrap_flashinfer_class(module, "BatchMLAPagedAttentionWrapper", _flashinfer_mla_run)
 
 
 # ---- flash-attn 2 (flash_attn/flash_attn_interface.py) ----
@@ -336,6 +368,9 @@ def _wrap_flash_attn(module):
 WATCHED = {
     "flashinfer.prefill": _wrap_flashinfer_prefill,
     "flashinfer.decode": _wrap_flashinfer_decode,
+    # The MLA wrapper's module: flashinfer/mla/_core.py, earlier flashinfer/mla.py.
+    "flashinfer.mla._core": _wrap_flashinfer_mla,
+    "flashinfer.mla": _wrap_flashinfer_mla,
     "flash_attn.flash_attn_interface": _wrap_flash_attn,
 }
 

@@ -27,7 +27,9 @@ const std::set<std::string, std::less<>> kNeutral = {
     "num_kv_heads", "head_dim", "head_dim_qk", "head_dim_vo", "page_size", "q_data_type", "kv_data_type", "o_data_type",
     "o_dtype",
     "data_type", "non_blocking", "enable_pdl", "lse", "fixed_split_size", "disable_split_kv",
-    "max_token_per_sequence", "max_sequence_kv", "rope_scale", "rope_theta"};
+    "max_token_per_sequence", "max_sequence_kv", "rope_scale", "rope_theta",
+    // FlashInfer's MLA wrapper: sizes, and its profiler and log-sum-exp options.
+    "num_heads", "head_dim_ckv", "head_dim_kpe", "use_profiler", "profiler_buffer", "return_lse_base_on_e"};
 
 // Arguments that are neutral only at these values (as capture writes them), and what they do
 // otherwise. Capture puts a window, softcap, ALiBi slopes, sinks and a ragged or paged batch's
@@ -107,6 +109,10 @@ const std::map<std::string, Default, std::less<>>& defaults() {
       {"block_tables", {{"None"}, "a block table given apart from the pages"}},
       {"v_indptr", {{"None"}, "values packed apart from the keys"}},
       {"o_indptr", {{"None"}, "outputs packed apart from the queries"}},
+      {"ckv_scale", {{"None"}, "FP8 scales"}},
+      {"ckv_scale_arr", {{"None"}, "FP8 scales"}},
+      {"kpe_scale", {{"None"}, "FP8 scales"}},
+      {"kv_len", {{"None"}, "per-sequence lengths given at run"}},
       // vLLM's builds of flash-attn: fwd_kvcache's appended keys and values (its cache is kcache and
       // vcache), and FA3's context parallelism.
       {"k", {{"None"}, "keys appended to a KV cache"}},

@@ -1,5 +1,5 @@
-"""Attention entry points that are Python functions, not dispatcher ops (FlashInfer's wrappers and
-single-request functions, flash-attn 2's flash_attn_with_kvcache), captured with no change to the
+"""Attention entry points that are Python functions, not dispatcher ops (FlashInfer's wrappers,
+its MLA wrapper included, and single-request functions, flash-attn 2's flash_attn_with_kvcache), captured with no change to the
 job: capture's Python side (capture/python_entry_points.py) wraps them as their modules are
 imported and hands each call, after it ran, to capture. Driven by
 tests/e2e/jobs/python_entry_points_job.py over the stand-ins of tests/e2e/stand_ins, which follow
@@ -12,11 +12,13 @@ from capture_common import attncap_lines, capture_files, read_calls, run_python_
 from conftest import FAST, load_json, run_attnreplay
 
 CALLS = ["decode_softcap", "decode_hnd_window_sinks", "prefill_paged_causal", "prefill_ragged_window",
-         "single_prefill", "single_decode", "kvcache_appended", "kvcache_paged_window", "fp16_qk_reduction"]
+         "single_prefill", "single_decode", "kvcache_appended", "kvcache_paged_window", "mla_paged_causal",
+         "fp16_qk_reduction"]
 OPS = (["flashinfer::BatchDecodeWithPagedKVCacheWrapper.run"] * 2 +
        ["flashinfer::BatchPrefillWithPagedKVCacheWrapper.run", "flashinfer::BatchPrefillWithRaggedKVCacheWrapper.run",
         "flashinfer::single_prefill_with_kv_cache", "flashinfer::single_decode_with_kv_cache"] +
-       ["flash_attn::flash_attn_with_kvcache"] * 2 + ["flashinfer::BatchPrefillWithPagedKVCacheWrapper.run"])
+       ["flash_attn::flash_attn_with_kvcache"] * 2 + ["flashinfer::BatchMLAPagedAttentionWrapper.run",
+                                                      "flashinfer::BatchPrefillWithPagedKVCacheWrapper.run"])
 FP16_ROUNDING = 2.0 ** -11  # the outputs are fp16: the reference can only match them to this
 
 
@@ -78,6 +80,20 @@ def test_flash_attn_with_kvcache_reads_the_cache_with_the_keys_it_appended(repla
     assert appended["metadata"]["arg.k_appended"] == "tensor Half [2,2,2,16]"
     assert paged["k"].shape == (5, 4, 2, 16) and np.array_equal(paged["seqused_k"], [6, 9])
     assert paged["window_left"] == 2 and paged["softcap"] == 10
+
+
+def test_flashinfer_mla_is_stored_as_attention_over_one_shared_key_head(replayed):
+    _, calls, report, _ = replayed
+    mla = calls[8]
+    # Queries [q_nope, q_pe] (32 + 8 channels), keys [ckv, kpe] and values ckv, one head for all
+    # 4 query heads; 2 + 3 + 2 pages of 4 read of the 12, with 6, 9 and 5 tokens.
+    assert mla["q"].shape == (6, 4, 40) and mla["out"].shape == (6, 4, 32)
+    assert mla["k"].shape == (7, 4, 1, 40) and mla["v"].shape == (7, 4, 1, 32)
+    assert np.array_equal(mla["cu_seqlens_q"], [0, 2, 3, 6]) and np.array_equal(mla["seqused_k"], [6, 9, 5])
+    assert mla["is_causal"] and mla["scale"] == pytest.approx(0.2)
+    args = {k[4:] for k in mla["metadata"] if k.startswith("arg.")}
+    assert not args & {"q_nope", "q_pe", "ckv_cache", "kpe_cache", "kv_indptr", "kv_indices", "kv_len_arr"}, args
+    assert kernels_of(report["calls"][8])["torch-math"]["status"] == "not_verified"
 
 
 def test_the_reference_computes_what_each_entry_point_computed(replayed):

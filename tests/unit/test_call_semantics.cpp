@@ -38,6 +38,12 @@ TEST_CASE("unreplayable_arguments: FlashInfer's and flash_attn_with_kvcache's na
   CHECK(unreplayable_arguments(with_args({{"packed_custom_mask", "tensor Byte [12]"}})) ==
         std::vector<std::string>{"packed_custom_mask=tensor Byte [12] (a custom mask)"});
   CHECK(unreplayable_arguments(with_args({{"k_scale", "0.5"}})) == std::vector<std::string>{"k_scale=0.5 (FP8 scales)"});
+  // The MLA wrapper's.
+  CHECK(unreplayable_arguments(with_args({{"num_heads", "128"}, {"head_dim_ckv", "512"}, {"head_dim_kpe", "64"},
+                                          {"ckv_scale", "None"}, {"kpe_scale", "None"}, {"kv_len", "None"},
+                                          {"return_lse_base_on_e", "False"}, {"profiler_buffer", "None"}}))
+            .empty());
+  CHECK(unreplayable_arguments(with_args({{"ckv_scale", "0.02"}})) == std::vector<std::string>{"ckv_scale=0.02 (FP8 scales)"});
 }
 
 TEST_CASE("unreplayable_arguments: cu_seqlens_k_new counts only with k_new, as SGLang's FA3 prefill passes it") {

@@ -1,6 +1,6 @@
 """Attention entry points that are Python functions, not dispatcher ops, called as an LLM server
 calls them: FlashInfer's batch wrappers (plan once, run) and single-request functions, and
-flash-attn 2's flash_attn_with_kvcache, from the stand-ins of tests/e2e/stand_ins (which follow
+flash-attn 2's flash_attn_with_kvcache, and FlashInfer's MLA wrapper, from the stand-ins of tests/e2e/stand_ins (which follow
 those libraries' signatures and compute in fp64 on the CPU). Nothing here knows about capture.
 
 Each call's output is saved (--save) under its name, in call order. The paged prefill's plan
@@ -100,6 +100,19 @@ def main():
         q, k, v, cache_seqlens=torch.tensor([6, 9], dtype=torch.int32, device=DEVICE), block_table=table,
         window_size=(2, -1),
         softcap=10.0)
+
+    # DeepSeek's MLA, absorbed: 4 query heads of [32 compressed, 8 rope] channels over one shared
+    # key head, incremental prefill over pages of 4 tokens dealt out of 12.
+    generator = torch.Generator().manual_seed(18)
+    ckv, kpe = (torch.randn(12, PAGE, n, generator=generator).to(DEVICE, DTYPE) for n in (32, 8))
+    mla_q_lens, mla_kv_lens = [2, 1, 3], [6, 9, 5]
+    page_counts = [(n + PAGE - 1) // PAGE for n in mla_kv_lens]
+    mla_pages = torch.randperm(12, generator=generator)[:sum(page_counts)].to(DEVICE, torch.int32)
+    q_nope, q_pe = (torch.randn(sum(mla_q_lens), HEADS, n, generator=generator).to(DEVICE, DTYPE) for n in (32, 8))
+    mla = flashinfer.mla.BatchMLAPagedAttentionWrapper(workspace)
+    mla.plan(offsets(mla_q_lens), offsets(page_counts), mla_pages,
+             torch.tensor(mla_kv_lens, dtype=torch.int32, device=DEVICE), HEADS, 32, 8, PAGE, True, 0.2, DTYPE, DTYPE)
+    outputs["mla_paged_causal"] = mla.run(q_nope, q_pe, ckv, kpe)
 
     k, v, indptr, indices, last = paged(k_lens, seed=16)
     flagged = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace)

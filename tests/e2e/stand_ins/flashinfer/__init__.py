@@ -5,7 +5,8 @@ the real package finds them here.
 
 - prefill.py: single_prefill_with_kv_cache, BatchPrefillWithPagedKVCacheWrapper,
   BatchPrefillWithRaggedKVCacheWrapper; decode.py: single_decode_with_kv_cache,
-  BatchDecodeWithPagedKVCacheWrapper; quantization.py: packbits.
+  BatchDecodeWithPagedKVCacheWrapper; mla/_core.py: BatchMLAPagedAttentionWrapper (laid out as
+  FlashInfer's main branch lays it out); quantization.py: packbits.
 - The last single_prefill_with_kv_cache call's arguments are in LAST_CALL.
 """
 __version__ = "0.6.18"
@@ -13,6 +14,7 @@ __version__ = "0.6.18"
 import torch  # noqa: F401 - first, as the real package's first submodule (jit) imports it
 
 from .decode import BatchDecodeWithPagedKVCacheWrapper, single_decode_with_kv_cache
+from .mla import BatchMLAPagedAttentionWrapper
 from .prefill import (LAST_CALL, BatchPrefillWithPagedKVCacheWrapper, BatchPrefillWithRaggedKVCacheWrapper,
                       single_prefill_with_kv_cache)
 from .quantization import packbits
