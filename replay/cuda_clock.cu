@@ -54,12 +54,15 @@ struct EventClock::Resources {
   volatile int* host_flags = nullptr;
   int* device_flags = nullptr;
   cudaEvent_t start{}, stop{};
+  std::vector<cudaEvent_t> starts, stops;  // time_queued's, grown to its largest batch and reused
   ~Resources() {
     cudaFree(flush);
     cudaFree(probe);
     cudaFreeHost(const_cast<int*>(host_flags));
     cudaEventDestroy(start);
     cudaEventDestroy(stop);
+    for (cudaEvent_t event : starts) cudaEventDestroy(event);
+    for (cudaEvent_t event : stops) cudaEventDestroy(event);
   }
 };
 
@@ -81,10 +84,11 @@ int use_local_device(int local_rank) {
   return device;
 }
 
-EventClock::EventClock(bool cold_l2) : resources_(std::make_unique<Resources>()), cold_l2_(cold_l2) {
+EventClock::EventClock(bool cold_l2, size_t min_flush_bytes)
+    : resources_(std::make_unique<Resources>()), cold_l2_(cold_l2) {
   rated_mhz_ = attribute(cudaDevAttrClockRate) / 1000.0;
   // Twice the L2, as nvbench flushes: every line of the cache is evicted by the zeroing.
-  resources_->flush_bytes = 2 * static_cast<size_t>(attribute(cudaDevAttrL2CacheSize));
+  resources_->flush_bytes = std::max(min_flush_bytes, 2 * static_cast<size_t>(attribute(cudaDevAttrL2CacheSize)));
   if (cold_l2_) ATTNREPLAY_CUDA_CHECK(cudaMalloc(&resources_->flush, resources_->flush_bytes));
   ATTNREPLAY_CUDA_CHECK(cudaMalloc(&resources_->probe, 2 * sizeof(unsigned long long)));
   int* flags = nullptr;
@@ -158,33 +162,7 @@ double EventClock::probe_sm_mhz() {
   return read_probe(resources_->probe);
 }
 
-// do_bench zeroes 256 MB (its empty cache for benchmarks) before each run; a larger L2's twice, if
-// a GPU ever has one, as the event clock flushes.
-constexpr size_t kQueuedFlushBytes = size_t{256} << 20;
-
-struct QueuedEventClock::Resources {
-  void* flush = nullptr;
-  size_t flush_bytes = 0;
-  unsigned long long* probe = nullptr;
-  std::vector<cudaEvent_t> starts, stops;  // grown to the largest batch, reused
-  ~Resources() {
-    cudaFree(flush);
-    cudaFree(probe);
-    for (cudaEvent_t event : starts) cudaEventDestroy(event);
-    for (cudaEvent_t event : stops) cudaEventDestroy(event);
-  }
-};
-
-QueuedEventClock::QueuedEventClock(bool cold_l2) : resources_(std::make_unique<Resources>()), cold_l2_(cold_l2) {
-  rated_mhz_ = attribute(cudaDevAttrClockRate) / 1000.0;
-  resources_->flush_bytes = std::max(kQueuedFlushBytes, 2 * static_cast<size_t>(attribute(cudaDevAttrL2CacheSize)));
-  if (cold_l2_) ATTNREPLAY_CUDA_CHECK(cudaMalloc(&resources_->flush, resources_->flush_bytes));
-  ATTNREPLAY_CUDA_CHECK(cudaMalloc(&resources_->probe, 2 * sizeof(unsigned long long)));
-}
-
-QueuedEventClock::~QueuedEventClock() = default;
-
-QueuedEventClock::Batch QueuedEventClock::time_runs(int runs, const std::function<void()>& run) {
+EventClock::QueuedSamples EventClock::time_queued(int runs, const std::function<void()>& run) {
   Resources& r = *resources_;
   while (static_cast<int>(r.starts.size()) < runs) {
     cudaEvent_t start{}, stop{};
@@ -207,15 +185,15 @@ QueuedEventClock::Batch QueuedEventClock::time_runs(int runs, const std::functio
     ATTNREPLAY_CUDA_CHECK(cudaEventRecord(r.stops[i], 0));
   }
   launch_probe(r.probe);
-  Batch batch;
-  batch.sm_mhz = read_probe(r.probe);  // its copy waits for every run before the probe
-  batch.seconds.reserve(runs);
+  QueuedSamples samples;
+  samples.sm_mhz = read_probe(r.probe);  // its copy waits for every run before the probe
+  samples.seconds.reserve(runs);
   for (int i = 0; i < runs; ++i) {
     float milliseconds = 0;
     ATTNREPLAY_CUDA_CHECK(cudaEventElapsedTime(&milliseconds, r.starts[i], r.stops[i]));
-    batch.seconds.push_back(milliseconds * 1e-3);
+    samples.seconds.push_back(milliseconds * 1e-3);
   }
-  return batch;
+  return samples;
 }
 
 void device_synchronize() { ATTNREPLAY_CUDA_CHECK(cudaDeviceSynchronize()); }

@@ -26,7 +26,8 @@ struct Sample {
 
 class EventClock {
  public:
-  explicit EventClock(bool cold_l2);
+  // The flush (when cold) zeroes twice the L2, or `min_flush_bytes` where more.
+  explicit EventClock(bool cold_l2, std::size_t min_flush_bytes = 0);
   ~EventClock();
   EventClock(const EventClock&) = delete;
   EventClock& operator=(const EventClock&) = delete;
@@ -43,6 +44,18 @@ class EventClock {
   void flush_and_wait();
   // Probes the SM clock now, as end() does after its stop event, and waits for the reading.
   double probe_sm_mhz();
+
+  // triton's do_bench's way, for --timing queued: `runs` samples queued back to back on the
+  // default stream, each (when cold) the flush, a start event, run() and a stop event, with nothing
+  // holding the stream and no wait between them, so that each counts what a loop of launches sees:
+  // the run's own GPU time, and the host's launch latency where the GPU gets ahead of it. Then the
+  // clock probe, one wait, and the readings. When run() throws, waits for what was queued and
+  // rethrows.
+  struct QueuedSamples {
+    std::vector<double> seconds;  // each run's, in order
+    double sm_mhz = 0;            // SM clock measured right after the last
+  };
+  QueuedSamples time_queued(int runs, const std::function<void()>& run);
   double rated_sm_mhz() const { return rated_mhz_; }
 
  private:
@@ -50,34 +63,6 @@ class EventClock {
   std::unique_ptr<Resources> resources_;
   bool cold_l2_;
   bool blocked_ = false;
-  double rated_mhz_ = 0;
-};
-
-// triton's do_bench's way, for --timing queued: many samples queued back to back on the default
-// stream, each (when cold) a zeroing of a 256 MB buffer, a start event, the run and a stop event,
-// with nothing holding the stream and no wait between them, so that each sample counts what a
-// loop of launches sees: the run's own GPU time, and the host's launch latency where the GPU gets
-// ahead of it.
-class QueuedEventClock {
- public:
-  explicit QueuedEventClock(bool cold_l2);
-  ~QueuedEventClock();
-  QueuedEventClock(const QueuedEventClock&) = delete;
-  QueuedEventClock& operator=(const QueuedEventClock&) = delete;
-
-  struct Batch {
-    std::vector<double> seconds;  // each run's, in order
-    double sm_mhz = 0;            // SM clock measured right after the last
-  };
-  // Queues `runs` samples of `run`, then the clock probe, waits for all, and reads them. When run
-  // throws, waits for what was queued and rethrows.
-  Batch time_runs(int runs, const std::function<void()>& run);
-  double rated_sm_mhz() const { return rated_mhz_; }
-
- private:
-  struct Resources;
-  std::unique_ptr<Resources> resources_;
-  bool cold_l2_;
   double rated_mhz_ = 0;
 };
 

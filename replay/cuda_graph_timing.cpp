@@ -58,8 +58,8 @@ class CudaGraphTimer final : public SampleTimer {
     }
   }
 
-  std::optional<double> time_one(PreparedKernel& /*kernel*/) override {
-    if (!graph_) throw std::logic_error("CudaGraphTimer::time_one before begin_kernel");
+  std::vector<std::optional<double>> time_samples(PreparedKernel& /*kernel*/) override {
+    if (!graph_) throw std::logic_error("CudaGraphTimer::time_samples before begin_kernel");
     // Replayed on the default stream, where the clock's events and probe are.
     clock_.begin();
     try {
@@ -68,8 +68,8 @@ class CudaGraphTimer final : public SampleTimer {
       throw std::runtime_error(error.what_without_backtrace());
     }
     const cuda_clock::Sample sample = clock_.end();
-    if (!guard_.accept(sample.sm_mhz)) return std::nullopt;
-    return sample.seconds / runs_;
+    if (!guard_.accept(sample.sm_mhz)) return {std::nullopt};
+    return {sample.seconds / runs_};
   }
 
  private:

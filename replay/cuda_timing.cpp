@@ -20,7 +20,7 @@ class CudaEventTimer final : public SampleTimer {
 
   void begin_kernel(PreparedKernel&) override { blocking_ = true; }
 
-  std::optional<double> time_one(PreparedKernel& kernel) override {
+  std::vector<std::optional<double>> time_samples(PreparedKernel& kernel) override {
     clock_.begin(blocking_);
     try {
       kernel.run();
@@ -32,10 +32,10 @@ class CudaEventTimer final : public SampleTimer {
     if (sample.block_timed_out) {
       // run() waits for the GPU: it cannot be queued ahead, so its samples are taken unblocked.
       blocking_ = false;
-      return std::nullopt;
+      return {std::nullopt};
     }
-    if (!guard_.accept(sample.sm_mhz)) return std::nullopt;
-    return sample.seconds;
+    if (!guard_.accept(sample.sm_mhz)) return {std::nullopt};
+    return {sample.seconds};
   }
 
  private:

@@ -13,7 +13,6 @@
 #include <fmt/ranges.h>
 
 #include <cstdlib>
-#include <deque>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -207,7 +206,6 @@ class CuptiTimer final : public SampleTimer {
   }
 
   void end_kernel() noexcept override {
-    pending_.clear();
     if (!enabled_) return;
     enabled_ = false;
     // Tracing API calls costs host time: it is on only while a kernel is sampled.
@@ -219,20 +217,12 @@ class CuptiTimer final : public SampleTimer {
     }
   }
 
-  std::optional<double> time_one(PreparedKernel& kernel) override {
-    if (!enabled_) throw std::logic_error("CuptiTimer::time_one before begin_kernel");
-    if (pending_.empty()) time_batch(kernel);
-    const std::optional<double> sample = pending_.front();
-    pending_.pop_front();
-    return sample;
-  }
-
- private:
   // Runs `runs_per_batch_` samples, then reads CUPTI's records once for all of them: a forced flush
   // costs about 1 ms of host time, and with one a sample, sampling of 15 us calls ended at the
   // rule's timeout after 15,000 samples. A batch is sized from the first sample to about 20 ms of
   // runs, at most 64.
-  void time_batch(PreparedKernel& kernel) {
+  std::vector<std::optional<double>> time_samples(PreparedKernel& kernel) override {
+    if (!enabled_) throw std::logic_error("CuptiTimer::time_samples before begin_kernel");
     std::vector<std::pair<std::uint64_t, std::uint64_t>> windows;
     for (int i = 0; i < runs_per_batch_; ++i) {
       // The flush is done, and the device idle, before the window opens.
@@ -248,6 +238,7 @@ class CuptiTimer final : public SampleTimer {
     auto [records, dropped] = flush_records();
     // After the windows close: the probe's launch is outside them, so its kernel is not counted.
     const bool throttled = !guard_.accept(clock_.probe_sm_mhz());
+    std::vector<std::optional<double>> samples;
     for (const auto& [begin_ns, end_ns] : windows) {
       const RunGpuTime time = gpu_time_of_run(records, begin_ns, end_ns);
       if (time.device_records == 0) {
@@ -258,17 +249,18 @@ class CuptiTimer final : public SampleTimer {
       // A run CUPTI did not record in full cannot be timed; it is discarded, and counted. Dropped
       // records cannot be told apart by run: they discard the batch.
       const bool timed = dropped == 0 && time.untimed_records == 0 && !throttled;
-      pending_.push_back(timed ? std::optional<double>(time.busy_s) : std::nullopt);
+      samples.push_back(timed ? std::optional<double>(time.busy_s) : std::nullopt);
       if (runs_per_batch_ == 1 && timed) runs_per_batch_ = runs_filling(time.busy_s, /*target_s=*/0.02, /*max_runs=*/64);
     }
+    return samples;
   }
 
+ private:
   CudaTimerOptions options_;
   cuda_clock::EventClock clock_;
   ThrottleGuard guard_;
   bool enabled_ = false;
   int runs_per_batch_ = 1;
-  std::deque<std::optional<double>> pending_;
 };
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <numeric>
+#include <stdexcept>
 #include <utility>
 
 namespace attnreplay {
@@ -25,11 +26,11 @@ StoppingRule StoppingRule::gpu_default() {
   return rule;
 }
 
-std::optional<double> CpuClockTimer::time_one(PreparedKernel& kernel) {
+std::vector<std::optional<double>> CpuClockTimer::time_samples(PreparedKernel& kernel) {
   const auto start = std::chrono::steady_clock::now();
   kernel.run();
   kernel.synchronize();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return {std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()};
 }
 
 namespace {
@@ -121,8 +122,15 @@ TimingSummary measure(PreparedKernel& kernel, SampleTimer& timer, const Stopping
   // The noise is checked after every sample at first, then after every 1/32 more of them: the
   // checks cost linear time each, and a short kernel may take thousands of samples.
   std::size_t next_check = 0;
+  std::vector<std::optional<double>> batch;
+  std::size_t taken = 0;  // of the batch
   while (true) {
-    if (auto seconds = timer.time_one(kernel)) {
+    if (taken == batch.size()) {
+      batch = timer.time_samples(kernel);
+      taken = 0;
+      if (batch.empty()) throw std::logic_error(timer.method() + " timer: time_samples gave no sample");
+    }
+    if (const std::optional<double> seconds = batch[taken++]) {
       samples.push_back(*seconds);
       elapsed += *seconds * runs_per_sample;
     } else {

@@ -74,8 +74,10 @@ class SampleTimer {
   virtual ~SampleTimer() = default;
   virtual std::string method() const = 0;
   virtual std::string cache() const = 0;
-  // Seconds one run of `kernel` took, or nullopt when the sample must be discarded.
-  virtual std::optional<double> time_one(PreparedKernel& kernel) = 0;
+  // Samples of `kernel`, in the order taken: each the seconds one run took, or nullopt when it must
+  // be discarded. One sample, or a batch where a timer queues runs and reads them together (queued
+  // CUDA events, CUPTI's records); measure() takes them one by one, and may leave a batch's rest.
+  virtual std::vector<std::optional<double>> time_samples(PreparedKernel& kernel) = 0;
   // measure() calls these around the samples of one kernel, after its warm-up: a timer with state
   // per kernel (a CUDA graph of its runs, CUPTI activity) makes it here and drops it at the end,
   // even when a sample throws. begin_kernel() may throw when the kernel cannot be timed this way.
@@ -90,7 +92,7 @@ class CpuClockTimer final : public SampleTimer {
  public:
   std::string method() const override { return "cpu-steady-clock"; }
   std::string cache() const override { return "n/a"; }
-  std::optional<double> time_one(PreparedKernel& kernel) override;
+  std::vector<std::optional<double>> time_samples(PreparedKernel& kernel) override;
 };
 
 // Pure statistics of a sample set, shared by measure() and its tests.

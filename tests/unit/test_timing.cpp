@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <random>
+#include <stdexcept>
 #include <cmath>
 #include <functional>
 #include <thread>
@@ -40,10 +41,10 @@ class ScriptedTimer final : public SampleTimer {
   explicit ScriptedTimer(std::function<std::optional<double>(int)> script) : script_(std::move(script)) {}
   std::string method() const override { return "scripted"; }
   std::string cache() const override { return "n/a"; }
-  std::optional<double> time_one(PreparedKernel& kernel) override {
+  std::vector<std::optional<double>> time_samples(PreparedKernel& kernel) override {
     runs_at_first_call = runs_at_first_call < 0 ? static_cast<CountingKernel&>(kernel).runs : runs_at_first_call;
     kernel.run();
-    return script_(calls++);
+    return {script_(calls++)};
   }
   int calls = 0;
   int runs_at_first_call = -1;
@@ -185,6 +186,46 @@ TEST_CASE("timing: max_samples caps the count") {
   CHECK(t.samples == 40);
 }
 
+namespace {
+
+// Times runs in batches, as the queued-event and CUPTI timers do: four runs a call, the second of
+// each batch discarded; or, with `empty`, no sample at all.
+class BatchTimer final : public SampleTimer {
+ public:
+  std::string method() const override { return "batched"; }
+  std::string cache() const override { return "n/a"; }
+  std::vector<std::optional<double>> time_samples(PreparedKernel& kernel) override {
+    ++calls;
+    if (empty) return {};
+    for (int i = 0; i < 4; ++i) kernel.run();
+    return {0.001 * calls, std::nullopt, 0.001 * calls, 0.001 * calls};
+  }
+  int calls = 0;
+  bool empty = false;
+};
+
+}  // namespace
+
+TEST_CASE("timing: a timer's batch of samples is taken in order, and sampling may stop inside one") {
+  CountingKernel kernel;
+  BatchTimer timer;
+  StoppingRule rule;
+  rule.warmup_runs = 0;
+  rule.min_samples = 100000;
+  rule.max_samples = 5;
+  rule.timeout_s = 30;
+  const TimingSummary t = measure(kernel, timer, rule);
+  // Batch 1: three kept, one discarded; batch 2: one kept, one discarded, one kept (the fifth).
+  CHECK(t.stop_reason == "max-samples");
+  CHECK(timer.calls == 2);
+  CHECK(t.samples == 5);
+  CHECK(t.discarded == 2);
+  CHECK(t.min_s == 0.001);
+  CHECK(t.max_s == 0.002);
+  timer.empty = true;
+  CHECK_THROWS_AS(measure(kernel, timer, rule), std::logic_error);
+}
+
 TEST_CASE("timing: discarded samples are counted and left out of the statistics") {
   // Every third sample is rejected (e.g. taken while the clock throttled); those would read 1 s.
   CountingKernel kernel;
@@ -222,7 +263,9 @@ TEST_CASE("timing: a timer that discards everything still stops at the timeout")
 TEST_CASE("timing: the CPU clock timer measures a kernel that sleeps") {
   CountingKernel kernel(std::chrono::microseconds(3000));
   CpuClockTimer timer;
-  const auto seconds = timer.time_one(kernel);
+  const auto samples = timer.time_samples(kernel);
+  REQUIRE(samples.size() == 1);
+  const auto seconds = samples.front();
   REQUIRE(seconds.has_value());
   CHECK(*seconds >= 0.003);
   CHECK(*seconds < 1.0);
@@ -259,11 +302,11 @@ class KernelScopedTimer final : public SampleTimer {
     open = false;
   }
   int runs_per_sample() const override { return runs_; }
-  std::optional<double> time_one(PreparedKernel& kernel) override {
+  std::vector<std::optional<double>> time_samples(PreparedKernel& kernel) override {
     REQUIRE(open);
     if (throw_at == calls++) throw std::runtime_error("sample failed");
     for (int i = 0; i < runs_; ++i) kernel.run();
-    return 0.0625 / runs_;  // per run; each sample is 62.5 ms of GPU time
+    return {0.0625 / runs_};  // per run; each sample is 62.5 ms of GPU time
   }
   int begins = 0, ends = 0, calls = 0, runs_at_begin = -1, throw_at = -1;
   bool open = false, fail_begin = false;
