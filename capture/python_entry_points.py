@@ -207,16 +207,20 @@ def _window_and_softcap(plan, run):
                 softcap=float(plan.pop("logits_soft_cap", None) or 0.0))
 
 
+def _init_and_plan(wrapper):
+    """Copies of the arguments the wrapper's __init__ and last plan were given."""
+    kept = _arguments_of.get(wrapper, {})
+    if "plan" not in kept:
+        raise RuntimeError("run() without a plan() seen by capture")
+    return dict(kept.get("init", {})), dict(kept["plan"])
+
+
 def _wrapper_run(decode=False):
     """describe() of a wrapper's run: its arguments with those of its __init__ and last plan."""
 
     def describe(op, wrapper, run, result):
-        kept = _arguments_of.get(wrapper, {})
-        if "plan" not in kept:
-            raise RuntimeError("run() without a plan() seen by capture")
         q = run.pop("q")
-        init = dict(kept.get("init", {}))
-        plan = dict(kept["plan"])
+        init, plan = _init_and_plan(wrapper)
         layout = init.pop("kv_layout", "NHD")
         fields = _window_and_softcap(plan, run)
         fields["softmax_scale"] = _scale(plan.pop("sm_scale", None))
@@ -272,10 +276,7 @@ def _flashinfer_mla_run(op, wrapper, run, result):
     """BatchMLAPagedAttentionWrapper.run: DeepSeek's MLA with its matrices absorbed is attention of
     the queries [q_nope, q_pe] over one key head [ckv, kpe] and one value head ckv, paged: recorded
     so, with only the pages the call reads (the cache is a server's whole pool)."""
-    kept = _arguments_of.get(wrapper, {})
-    if "plan" not in kept:
-        raise RuntimeError("run() without a plan() seen by capture")
-    init, plan = dict(kept.get("init", {})), dict(kept["plan"])
+    init, plan = _init_and_plan(wrapper)
     for name in ("qo_indptr", "kv_indptr", "kv_indices", "kv_len_arr"):
         init.pop(name, None)  # CUDA-graph buffers that plan fills with what it was given
     q_nope, q_pe, ckv, kpe = (run.pop(name) for name in ("q_nope", "q_pe", "ckv_cache", "kpe_cache"))
