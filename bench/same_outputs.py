@@ -31,6 +31,8 @@ CASES = [
     "--shape 1,2,1,128 --s_kv 129",
     "--shape 1,2,65,64 --s_kv 12288 --dtype fp16",
     "--shape 16,32,512,64 --dtype fp16 --num_kv_heads 16",
+    "--shape 1,2,64,128 --s_kv 16384",
+    "--shape 1,2,64,64 --s_kv 131072",
 ]
 
 
@@ -52,7 +54,7 @@ def special_values(path):
 def outputs(binary, case, kernels, folder):
     command = [binary, "run", *shlex.split(case), "--kernels", kernels, "--save-outputs", str(folder),
                "--min-samples", "1", "--min-time", "0", "--no-ceilings", "-q"]
-    done = subprocess.run(command, capture_output=True, text=True)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     saved = {path.stem.split("_", 1)[1]: torch.load(path, weights_only=True)["out"] for path in folder.glob("*.pt")}
     if not saved:
         raise RuntimeError(f"{shlex.join(command)}: no outputs (exit {done.returncode})\n{done.stderr[-2000:]}")
