@@ -291,7 +291,21 @@ __device__ __forceinline__ void int8_block_codes(const InputView& in, const Int8
   if (!inside) amax = 0.0f;  // a row past the end belongs to no group
 #pragma unroll
   for (int offset = 1; offset < kThreadsPerRow; offset *= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
-  if (part == 0) row_amax[r] = amax;
+  // A block that is one group (K's per_block and per_warp, Q's per_block) takes its maximum over
+  // the warp by shuffles and then over the warps' maxima: every thread reading every row's maximum
+  // was 128 shared loads a thread for K, more shared-memory issue than the tile itself. A maximum is
+  // exact in any order.
+  constexpr int kWarps = kQuantThreads / 32;
+  const bool whole_block = int8_groups_per_block(kIsKey, job.granularity) == 1;
+  if (whole_block) {
+#pragma unroll
+    for (int offset = kThreadsPerRow; offset < 32; offset *= 2) {
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
+    }
+    if (threadIdx.x % 32 == 0) row_amax[threadIdx.x / 32] = amax;
+  } else if (part == 0) {
+    row_amax[r] = amax;
+  }
   __syncthreads();
 
   // This row's group's maximum, the loads eight ahead of the maxima: one by one, K's 128 rows were
@@ -299,8 +313,13 @@ __device__ __forceinline__ void int8_block_codes(const InputView& in, const Int8
   const int g = int8_group_of<kIsKey, kRows>(r, job.granularity);
   const Int8Group group = int8_group<kIsKey, kRows>(g, job.granularity);
   float group_amax = 0.0f;
+  if (whole_block) {
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) group_amax = fmaxf(group_amax, row_amax[w]);
+  } else {
 #pragma unroll 8
-  for (int k = 0; k < group.count; ++k) group_amax = fmaxf(group_amax, row_amax[group.first + k * group.stride]);
+    for (int k = 0; k < group.count; ++k) group_amax = fmaxf(group_amax, row_amax[group.first + k * group.stride]);
+  }
   const float inverse = group_amax == 0.0f ? 0.0f : __fdiv_rn(127.0f, group_amax);
   if (part == 0 && r == group.first) {
     job.out.scales[head * job.out.groups + block * job.groups_per_block + g] = __fdiv_rn(group_amax, 127.0f);
