@@ -30,9 +30,12 @@ inline void check_cuda(cudaError_t status, const char* call, const char* file, i
 
 // How a launch orders after the work before it in its stream. after_all: once all of it is done.
 // overlapping: its CTAs may start while the kernel just before it finishes (its last wave), and
-// wait for that kernel in wait_for_prior_kernel(). Every kernel here calls that before its first
-// global write and before reading anything a kernel wrote, and every one of its CTAs calls it, so
-// that a kernel's completion still implies that all work before it is complete.
+// wait for that kernel in wait_for_prior_kernel() before reading anything it wrote. A kernel's
+// completion must still imply that all work before it is complete, since the next kernel waits on
+// it alone: a kernel whose CTAs do not wait has its last CTA wait, at its end
+// (complete_after_prior_kernel). The first kernel of a chain is launched after_all, so that no
+// CTA of a later one starts before the work before the chain (the previous call's attention, which
+// reads what the chain writes) is complete.
 enum class Order { after_all, overlapping };
 
 // A bad configuration is reported here, naming `what`; a fault in the kernel at the next sync.
@@ -70,6 +73,14 @@ void launch_kernel(const char* what, void (*kernel)(Params...), dim3 grid, int t
 // Returns once the kernel before this one (launched overlapping) is complete and its writes are
 // visible; at once for a launch after_all.
 __device__ __forceinline__ void wait_for_prior_kernel() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+// For a kernel that reads nothing the kernels before it in its chain write: its CTAs need not wait
+// for the kernel before it, and go on while that one finishes; its grid's last CTA waits, at its
+// end, so that this launch completes after it.
+__device__ __forceinline__ void complete_after_prior_kernel() {
+  if (blockIdx.x == gridDim.x - 1 && blockIdx.y == gridDim.y - 1 && blockIdx.z == gridDim.z - 1) {
+    wait_for_prior_kernel();
+  }
+}
 // Lets the next kernel, if launched overlapping, start its CTAs once every CTA of this one has
 // started or called this: into the SMs this kernel's last wave leaves idle.
 __device__ __forceinline__ void let_next_kernel_start() { asm volatile("griddepcontrol.launch_dependents;\n" ::); }

@@ -103,7 +103,6 @@ __device__ __forceinline__ float channel_max(const float (&partial)[kRows][kDim]
 
 __global__ void copy_to_bhsd_kernel(const InputView in, uint4* out) {
   let_next_kernel_start();
-  wait_for_prior_kernel();
   const int vectors_per_row = in.head_dim * 2 / 16;
   const std::int64_t total = static_cast<std::int64_t>(in.batch) * in.heads * in.seq * vectors_per_row;
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < total;
@@ -114,6 +113,7 @@ __global__ void copy_to_bhsd_kernel(const InputView in, uint4* out) {
     const auto* src = reinterpret_cast<const uint4*>(row_pointer<std::uint16_t>(in, bh / in.heads, bh % in.heads, s));
     out[i] = src[vector];
   }
+  complete_after_prior_kernel();  // it reads the uploaded inputs only
 }
 
 // ---- K smoothing: channel means, block by block; V's maxima beside them ----
@@ -160,7 +160,6 @@ __global__ void __launch_bounds__(kQuantThreads) channel_mean_kernel(const Input
   cp_async_commit();
   if (values.amax) row_maxima<Elem, kDim>(values.in, b, h, first, min(values.in.seq, first + kBlockK), v_partial);
   cp_async_wait<0>();
-  wait_for_prior_kernel();  // the inputs are read before: no kernel writes them
   __syncthreads();
   const int c = static_cast<int>(threadIdx.x);
   if (c < kDim) {
@@ -174,6 +173,7 @@ __global__ void __launch_bounds__(kQuantThreads) channel_mean_kernel(const Input
   __syncthreads();
   if (threadIdx.x == 0) last = atomicAdd(job.finished + head, 1u) == blocks - 1;
   __syncthreads();
+  complete_after_prior_kernel();  // it reads the uploaded inputs only
   if (!last) return;
   if (c < kDim) {
     const float* sums = job.block_sums + head * blocks * kDim + c;
@@ -353,7 +353,9 @@ __device__ __forceinline__ void quantize_int8_block(const InputView& in, const I
   static_assert(kRows <= kBlockK, "the shared tile holds a K block");
   stage_int8_block<Elem, kDim, kRows>(in, block, head, shared.tile);
   cp_async_commit();
-  wait_for_prior_kernel();  // for K's means; the rows are the uploaded inputs, which no kernel writes
+  // K's means come from the kernel before; Q's and unsmoothed K's blocks read the uploaded inputs
+  // only, and go on while it finishes.
+  if (job.mean) wait_for_prior_kernel();
   if constexpr (kRows == kBlockK) {
     for (int c = static_cast<int>(threadIdx.x); c < kDim; c += kQuantThreads) {
       shared.mean[c] = job.mean ? job.mean[head * kDim + c] : 0.0f;  // x - 0 is x, -0 and NaN included
@@ -381,6 +383,7 @@ __global__ void __launch_bounds__(kQuantThreads, 6) quantize_int8_kernel(const L
   const std::int64_t blocks = t.out.rows / (t.is_key ? kBlockK : kBlockQ);
   if (t.is_key) quantize_int8_block<Elem, kDim, kBlockK>(t.in, job, local % blocks, local / blocks, shared);
   else quantize_int8_block<Elem, kDim, kBlockQ>(t.in, job, local % blocks, local / blocks, shared);
+  complete_after_prior_kernel();
 }
 
 // ---- max |x| ----
@@ -402,7 +405,7 @@ __global__ void __launch_bounds__(kQuantThreads) abs_max_kernel(const LaunchTarg
   const std::int64_t first = local % blocks * kMaxKeys;
   let_next_kernel_start();
   row_maxima<Elem, kDim>(in, b, h, first, min(in.seq, first + kMaxKeys), partial);
-  wait_for_prior_kernel();
+  complete_after_prior_kernel();  // it reads the uploaded inputs only
   __syncthreads();
   // max is exact in any order: atomics across CTAs change nothing.
   if (per_channel) {
@@ -600,7 +603,6 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_fp8_heads_kernel(const
                 valid);
   }
   cp_async_commit();
-  wait_for_prior_kernel();  // the inputs are read before: no kernel writes them
   cp_async_wait<0>();
   __syncthreads();
 
@@ -673,6 +675,7 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_fp8_heads_kernel(const
     }
   }
   cluster.barrier_wait(std::move(all_read));
+  complete_after_prior_kernel();  // it reads the uploaded inputs only
 }
 
 // ---- K's means and INT8 codes from one read: a cluster holds a head ----
@@ -693,7 +696,6 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_int8_key_heads_kernel(
   let_next_kernel_start();
   stage_int8_block<Elem, kDim, kBlockK>(in, block, head, shared.tile);
   cp_async_commit();
-  wait_for_prior_kernel();  // the inputs are read before: no kernel writes them
   cp_async_wait<0>();
   __syncthreads();
   const int c = static_cast<int>(threadIdx.x);
@@ -714,6 +716,7 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_int8_key_heads_kernel(
   __syncthreads();
   int8_block_codes<Elem, kDim, kBlockK>(in, job, block, head, shared.tile, shared.row_amax, shared.mean);
   cluster.barrier_wait(std::move(all_read));
+  complete_after_prior_kernel();  // it reads the uploaded inputs only
 }
 
 // Runs LAUNCH with Elem and kDim naming the view's element type and head dim (C++17: no
