@@ -405,7 +405,8 @@ __global__ void __launch_bounds__(kQuantThreads) abs_max_kernel(const LaunchTarg
   const std::int64_t first = local % blocks * kMaxKeys;
   let_next_kernel_start();
   row_maxima<Elem, kDim>(in, b, h, first, min(in.seq, first + kMaxKeys), partial);
-  complete_after_prior_kernel();  // it reads the uploaded inputs only
+  // It reads the uploaded inputs only; the maxima it adds into were zeroed before the chain began.
+  complete_after_prior_kernel();
   __syncthreads();
   // max is exact in any order: atomics across CTAs change nothing.
   if (per_channel) {
