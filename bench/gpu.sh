@@ -104,7 +104,8 @@ fi
 if wants same; then
 step "outputs bit for bit against the base build (bench/same_outputs.py)"
 if base_built; then
-  python3 "$ROOT/bench/same_outputs.py" --attnreplay "$BIN" --base "$BASE_BIN" | tee "$OUT/same_outputs.txt" || status=1
+  # SAME_ENV: variables for the change's runs only, e.g. a variant of bench/preparation_check.py.
+  env ${SAME_ENV:-} python3 "$ROOT/bench/same_outputs.py" --attnreplay "$BIN" --base "$BASE_BIN" | tee "$OUT/same_outputs.txt" || status=1
 else
   echo "no base: set BASE_TREE"; status=1
 fi

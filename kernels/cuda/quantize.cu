@@ -570,20 +570,20 @@ unsigned max_head_cluster() {
 
 // ---- FP8 from one read: a cluster holds a head ----
 
-// A cluster of CTAs holds one (b, h) of one input, `tiles_per_cta` tiles of kBlockK rows a CTA,
+// A cluster of CTAs holds one (b, h) of one input, `rows_per_cta` rows a CTA (a multiple of 16),
 // staged with swizzled(). Each CTA takes its rows' per-channel maxima, reads every other CTA's
 // through distributed shared memory, and codes its rows from the tiles: the input is read once.
 template <typename Elem, int kDim>
 __global__ void __launch_bounds__(kQuantThreads) quantize_fp8_heads_kernel(const LaunchTargets<HeadTarget, 3> targets,
-                                                                           int tiles_per_cta) {
+                                                                           int rows_per_cta) {
   namespace cg = cooperative_groups;
   constexpr int kVectors = kDim / 8;
   constexpr int kRowsAPass = kQuantThreads / kVectors;
-  constexpr int kWarps = kQuantThreads / 32;
   extern __shared__ uint4 dynamic_shared[];
   auto* rows_staged = reinterpret_cast<Elem (*)[kDim]>(dynamic_shared);
-  __shared__ float warp_max[kWarps][kDim];
-  __shared__ float cta_max[kDim];   // this CTA's, per channel: the cluster reads it
+  // This CTA's maxima, per channel, as bits: a non-negative float's bits order as it does. The
+  // cluster reads them. (Maxima per warp took 4 kB more: at Flux, three CTAs an SM would not fit.)
+  __shared__ unsigned cta_max[kDim];
   __shared__ float head_max[kDim];  // the head's, per channel
   __shared__ float inverse[kDim];   // what the codes multiply by, per channel (all equal per head)
   const cg::cluster_group cluster = cg::this_cluster();
@@ -594,8 +594,8 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_fp8_heads_kernel(const
   const InputView& in = t.in;
   const std::int64_t head = index - targets.first[which];
   const int h = static_cast<int>(head % in.heads), b = static_cast<int>(head / in.heads);
-  const std::int64_t row0 = static_cast<std::int64_t>(rank) * tiles_per_cta * kBlockK;
-  const int rows = static_cast<int>(max(std::int64_t{0}, min(std::int64_t{tiles_per_cta} * kBlockK, t.rows - row0)));
+  const std::int64_t row0 = static_cast<std::int64_t>(rank) * rows_per_cta;
+  const int rows = static_cast<int>(max(std::int64_t{0}, min(std::int64_t{rows_per_cta}, t.rows - row0)));
   let_next_kernel_start();
   for (int v = static_cast<int>(threadIdx.x); v < rows * kVectors; v += kQuantThreads) {
     const int row = v / kVectors, column = (v % kVectors) * 8;
@@ -604,6 +604,8 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_fp8_heads_kernel(const
                 valid);
   }
   cp_async_commit();
+  const int c = static_cast<int>(threadIdx.x);
+  if (c < kDim) cta_max[c] = 0;
   cp_async_wait<0>();
   __syncthreads();
 
@@ -625,21 +627,14 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_fp8_heads_kernel(const
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   if (lane < kVectors) {
 #pragma unroll
-    for (int k = 0; k < 8; ++k) warp_max[warp][vector * 8 + k] = m[k];
-  }
-  __syncthreads();
-  const int c = static_cast<int>(threadIdx.x);
-  if (c < kDim) {
-    float channel = 0.0f;
-    for (int w = 0; w < kWarps; ++w) channel = fmaxf(channel, warp_max[w][c]);
-    cta_max[c] = channel;
+    for (int k = 0; k < 8; ++k) atomicMax(&cta_max[vector * 8 + k], __float_as_uint(m[k]));  // m[k] >= +0
   }
   cluster.sync();  // every CTA's maxima written and visible
   if (c < kDim) {
     // max is exact in any order: the head's maxima are abs_max's, bit for bit.
-    float channel = 0.0f;
-    for (unsigned r = 0; r < cluster.num_blocks(); ++r) channel = fmaxf(channel, cluster.map_shared_rank(cta_max, r)[c]);
-    head_max[c] = channel;
+    unsigned channel = 0;
+    for (unsigned r = 0; r < cluster.num_blocks(); ++r) channel = max(channel, cluster.map_shared_rank(cta_max, r)[c]);
+    head_max[c] = __uint_as_float(channel);
   }
   // The cluster's CTAs may leave once all have read cta_max: the wait is at the end.
   auto all_read = cluster.barrier_arrive();
@@ -660,11 +655,15 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_fp8_heads_kernel(const
   __syncthreads();
 
   if (t.values) {
-    // Out: a channel's 128 keys of a tile are 8 vectors of 16 codes, as quantize_fp8_values_kernel.
-    for (int item = static_cast<int>(threadIdx.x); item < rows / kBlockK * kDim * 8; item += kQuantThreads) {
-      const int tile = item / (kDim * 8), channel = item / 8 % kDim, group = item % 8;
-      *reinterpret_cast<uint4*>(t.out + (head * kDim + channel) * t.rows + row0 + tile * kBlockK + group * 16) =
-          transposed_codes<Elem, kDim>(rows_staged + tile * kBlockK, group, channel, inverse[channel]);
+    // Out: a channel's 16-key groups are vectors of 16 codes, as quantize_fp8_values_kernel writes
+    // them. Items go channel by channel through runs of up to 8 groups, 128 keys, as that kernel's
+    // do: the run's reads then fall in different banks.
+    const int groups = rows / 16;
+    for (int item = static_cast<int>(threadIdx.x); item < groups * kDim; item += kQuantThreads) {
+      const int run = item / (kDim * 8), in_run = min(8, groups - run * 8), rest = item - run * kDim * 8;
+      const int channel = rest / in_run, group = run * 8 + rest % in_run;
+      *reinterpret_cast<uint4*>(t.out + (head * kDim + channel) * t.rows + row0 + group * 16) =
+          transposed_codes<Elem, kDim>(rows_staged, group, channel, inverse[channel]);
     }
   } else {
     // Out: rows as loaded, 16 codes a vector, as quantize_fp8_rows_kernel.
@@ -751,14 +750,17 @@ dim3 head_grid(std::int64_t blocks, const InputView& in) {
   return dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(in.heads), static_cast<unsigned>(in.batch));
 }
 
-// How quantize_fp8_heads_kernel splits a head of `rows` rows: the fewest tiles a CTA, in clusters
-// of at most max_head_cluster(). No plan (cluster 0) when a CTA would need more than
-// kHeadTileBytes: two CTAs an SM, so that one's loads overlap the other's writes. At one an SM
+// How quantize_fp8_heads_kernel splits a head of `rows` rows: a tile a CTA where the head's tiles
+// fit a cluster of max_head_cluster(), else the largest cluster, its CTAs' rows whole 16-key
+// groups. Flux's 4608 rows are 16 CTAs of 288 (72 kB, three an SM) rather than 12 of three tiles
+// (96 kB, two an SM): fa3-fp8's preparation 5-12 % faster (H100,
+// bench/results/2026-11-25-h100-finer-heads/). No plan (cluster 0) when a CTA would need more
+// than kHeadTileBytes: two CTAs an SM, so that one's loads overlap the other's writes. At one an SM
 // (CogVideoX's 144 kB), the kernel took 345 us where the two passes take 327 (ncu, H100); at two
 // (Flux) 65 against 76.
 constexpr std::size_t kHeadTileBytes = 96 * 1024;
 struct HeadPlan {
-  int tiles_per_cta = 0;
+  int rows_per_cta = 0;
   unsigned cluster = 0;
   std::size_t shared_bytes = 0;  // dynamic, for the tiles
 };
@@ -766,10 +768,12 @@ template <typename Elem, int kDim>
 HeadPlan fp8_head_plan(std::int64_t rows) {
   const std::int64_t tiles = std::max<std::int64_t>(1, ceil_div(rows, static_cast<std::int64_t>(kBlockK)));
   const auto largest = max_head_cluster<quantize_fp8_heads_kernel<Elem, kDim>, kHeadTileBytes>();
-  const std::int64_t per_cta = ceil_div(tiles, static_cast<std::int64_t>(largest));
-  const std::size_t bytes = static_cast<std::size_t>(per_cta) * kBlockK * kDim * sizeof(Elem);
+  const std::int64_t unit = tiles > largest ? 16 : kBlockK;
+  const std::int64_t units = ceil_div(tiles * kBlockK, unit);
+  const std::int64_t per_cta = ceil_div(units, static_cast<std::int64_t>(largest)) * unit;
+  const std::size_t bytes = static_cast<std::size_t>(per_cta) * kDim * sizeof(Elem);
   if (bytes > kHeadTileBytes) return {};
-  return {static_cast<int>(per_cta), static_cast<unsigned>(ceil_div(tiles, per_cta)), bytes};
+  return {static_cast<int>(per_cta), static_cast<unsigned>(ceil_div(tiles * kBlockK, per_cta)), bytes};
 }
 template <typename Elem, int kDim>
 bool launch_fp8_heads(const LaunchTargets<HeadTarget, 3>& targets, std::int64_t rows, Order order, cudaStream_t stream) {
@@ -778,7 +782,7 @@ bool launch_fp8_heads(const LaunchTargets<HeadTarget, 3>& targets, std::int64_t 
   const auto clusters = static_cast<unsigned>(targets.first[targets.count]);
   launch_kernel_in_clusters("quantize_fp8_heads_kernel", quantize_fp8_heads_kernel<Elem, kDim>,
                             dim3(clusters * plan.cluster), plan.cluster, kQuantThreads, plan.shared_bytes, order,
-                            stream, targets, plan.tiles_per_cta);
+                            stream, targets, plan.rows_per_cta);
   return true;
 }
 
