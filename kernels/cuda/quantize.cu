@@ -227,26 +227,26 @@ struct Int8Shared {
 // Where a block's row `row`, 16-byte vector `vector` lies in its staged tile: a row's vectors are
 // permuted by (row, thread), so that the 8 threads of a quarter warp, which read 8 rows' or parts'
 // vectors at once in int8_block_codes, hit 8 different bank groups.
-template <int kDim, int kRows>
+template <int kDim, int kRows, int kThreads = kQuantThreads>
 __device__ __forceinline__ int int8_slot(int row, int vector) {
-  constexpr int kThreadsPerRow = kQuantThreads / kRows;
+  constexpr int kThreadsPerRow = kThreads / kRows;
   constexpr int kVectorsPerRow = kDim / 8, kVectorsPerThread = kDim / kThreadsPerRow / 8;
   return row * kVectorsPerRow + (vector ^ ((row * kThreadsPerRow + vector / kVectorsPerThread) & 7));
 }
 
 // Starts the copy of block `block` of rows (64 of Q, 128 of K) of (b, h) `head` into `tile` (as
 // loaded, 16-bit, laid out by int8_slot); rows past the end are zeros. The caller commits and waits.
-template <typename Elem, int kDim, int kRows>
+template <typename Elem, int kDim, int kRows, int kThreads = kQuantThreads>
 __device__ __forceinline__ void stage_int8_block(const InputView& in, std::int64_t block, std::int64_t head,
                                                  uint4* tile) {
   constexpr int kVectorsPerRow = kDim / 8;
   const int h = static_cast<int>(head % in.heads), b = static_cast<int>(head / in.heads);
-  for (int v = static_cast<int>(threadIdx.x); v < kRows * kVectorsPerRow; v += kQuantThreads) {
+  for (int v = static_cast<int>(threadIdx.x); v < kRows * kVectorsPerRow; v += kThreads) {
     const int row = v / kVectorsPerRow, vector = v % kVectorsPerRow;
     const std::int64_t s = block * kRows + row;
     const bool valid = s < in.seq;
-    cp_async_16(&tile[int8_slot<kDim, kRows>(row, vector)], row_pointer<Elem>(in, b, h, valid ? s : 0) + vector * 8,
-                valid);
+    cp_async_16(&tile[int8_slot<kDim, kRows, kThreads>(row, vector)],
+                row_pointer<Elem>(in, b, h, valid ? s : 0) + vector * 8, valid);
   }
 }
 
@@ -257,11 +257,11 @@ __device__ __forceinline__ void stage_int8_block(const InputView& in, std::int64
 // one row: a row past the end (zeros as loaded, but K's less its mean) is left out of the maxima
 // and coded 0 as a whole, rather than element by element. `row_amax` (kRows floats) may be reused
 // once every thread has returned.
-template <typename Elem, int kDim, int kRows>
+template <typename Elem, int kDim, int kRows, int kThreads = kQuantThreads>
 __device__ __forceinline__ void int8_block_codes(const InputView& in, const Int8Job& job, std::int64_t block,
                                                  std::int64_t head, const uint4* tile, float* row_amax,
                                                  const float* mean) {
-  constexpr int kThreadsPerRow = kQuantThreads / kRows;
+  constexpr int kThreadsPerRow = kThreads / kRows;
   constexpr int kPerThread = kDim / kThreadsPerRow;
   constexpr int kVectorsPerThread = kPerThread / 8;
   static_assert(kPerThread % 16 == 0, "whole 16-byte vectors of codes");
@@ -272,7 +272,7 @@ __device__ __forceinline__ void int8_block_codes(const InputView& in, const Int8
   const int c0 = part * kPerThread;
   const bool inside = i < in.seq;
   auto vector_values = [&](int v, float (&x)[8]) {
-    const uint4 raw = tile[int8_slot<kDim, kRows>(r, part * kVectorsPerThread + v)];
+    const uint4 raw = tile[int8_slot<kDim, kRows, kThreads>(r, part * kVectorsPerThread + v)];
     const Elem* e = reinterpret_cast<const Elem*>(&raw);
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
@@ -295,7 +295,7 @@ __device__ __forceinline__ void int8_block_codes(const InputView& in, const Int8
   // the warp by shuffles and then over the warps' maxima: every thread reading every row's maximum
   // was 128 shared loads a thread for K, more shared-memory issue than the tile itself. A maximum is
   // exact in any order.
-  constexpr int kWarps = kQuantThreads / 32;
+  constexpr int kWarps = kThreads / 32;
   const bool whole_block = int8_groups_per_block(kIsKey, job.granularity) == 1;
   if (whole_block) {
 #pragma unroll
@@ -347,32 +347,33 @@ __device__ __forceinline__ void int8_block_codes(const InputView& in, const Int8
 }
 
 // A CTA quantizes one block of rows of one (b, h), K's means read from the global memory.
-template <typename Elem, int kDim, int kRows>
+template <typename Elem, int kDim, int kRows, int kThreads>
 __device__ __forceinline__ void quantize_int8_block(const InputView& in, const Int8Job& job, std::int64_t block,
                                                     std::int64_t head, Int8Shared<kDim>& shared) {
   static_assert(kRows <= kBlockK, "the shared tile holds a K block");
-  stage_int8_block<Elem, kDim, kRows>(in, block, head, shared.tile);
+  stage_int8_block<Elem, kDim, kRows, kThreads>(in, block, head, shared.tile);
   cp_async_commit();
   // K's means come from the kernel before; Q's and unsmoothed K's blocks read the uploaded inputs
   // only, and go on while it finishes.
   if (job.mean) wait_for_prior_kernel();
   if constexpr (kRows == kBlockK) {
-    for (int c = static_cast<int>(threadIdx.x); c < kDim; c += kQuantThreads) {
+    for (int c = static_cast<int>(threadIdx.x); c < kDim; c += kThreads) {
       shared.mean[c] = job.mean ? job.mean[head * kDim + c] : 0.0f;  // x - 0 is x, -0 and NaN included
     }
   }
   cp_async_wait<0>();
   __syncthreads();
-  int8_block_codes<Elem, kDim, kRows>(in, job, block, head, shared.tile, shared.row_amax, shared.mean);
+  int8_block_codes<Elem, kDim, kRows, kThreads>(in, job, block, head, shared.tile, shared.row_amax, shared.mean);
 }
 
 // One CTA a block of one target's (b, h), the targets' CTAs in their order.
-// Six CTAs an SM, as many as the shared tiles allow (40 registers, a few bytes spilled): faster
-// than the five that 48 registers allowed on 4x32x4096x128, within 1 µs of them on the short
-// shapes (H100).
-template <typename Elem, int kDim>
-__global__ void __launch_bounds__(kQuantThreads, 6) quantize_int8_kernel(const LaunchTargets<Int8Target, 2> targets,
-                                                                         Granularity granularity) {
+// Six CTAs of 256 threads an SM, as many as the shared tiles allow for K's blocks (40 registers, a
+// few bytes spilled): faster than the five that 48 registers allowed on 4x32x4096x128, within 1 µs
+// of them on the short shapes (H100). Q's blocks at d64 (8 kB) run in CTAs of 128 threads instead,
+// twelve an SM (quantize_int8 says why).
+template <typename Elem, int kDim, int kThreads>
+__global__ void __launch_bounds__(kThreads, 6 * kQuantThreads / kThreads)
+    quantize_int8_kernel(const LaunchTargets<Int8Target, 2> targets, Granularity granularity) {
   __shared__ Int8Shared<kDim> shared;
   let_next_kernel_start();
   const std::int64_t cta = blockIdx.x;
@@ -381,8 +382,8 @@ __global__ void __launch_bounds__(kQuantThreads, 6) quantize_int8_kernel(const L
   const Int8Job job{granularity, t.pre_scale, t.mean, t.out, int8_groups_per_block(t.is_key, granularity)};
   const std::int64_t local = cta - targets.first[target];
   const std::int64_t blocks = t.out.rows / (t.is_key ? kBlockK : kBlockQ);
-  if (t.is_key) quantize_int8_block<Elem, kDim, kBlockK>(t.in, job, local % blocks, local / blocks, shared);
-  else quantize_int8_block<Elem, kDim, kBlockQ>(t.in, job, local % blocks, local / blocks, shared);
+  if (t.is_key) quantize_int8_block<Elem, kDim, kBlockK, kThreads>(t.in, job, local % blocks, local / blocks, shared);
+  else quantize_int8_block<Elem, kDim, kBlockQ, kThreads>(t.in, job, local % blocks, local / blocks, shared);
   complete_after_prior_kernel();
 }
 
@@ -632,8 +633,15 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_fp8_heads_kernel(const
   cluster.sync();  // every CTA's maxima written and visible
   if (c < kDim) {
     // max is exact in any order: the head's maxima are abs_max's, bit for bit.
+    // All ranks' loads at once (a cluster is at most 16 CTAs, max_head_cluster): one after
+    // another, they were 16 distributed shared-memory latencies in a row; fa3-fp8's preparation
+    // 5-9 % faster (H100, bench/results/2026-11-25-h100-int8-d64-threads/).
+    unsigned rank_max[16];
+#pragma unroll
+    for (unsigned r = 0; r < 16; ++r) rank_max[r] = r < cluster.num_blocks() ? cluster.map_shared_rank(cta_max, r)[c] : 0u;
     unsigned channel = 0;
-    for (unsigned r = 0; r < cluster.num_blocks(); ++r) channel = max(channel, cluster.map_shared_rank(cta_max, r)[c]);
+#pragma unroll
+    for (unsigned r = 0; r < 16; ++r) channel = max(channel, rank_max[r]);
     head_max[c] = __uint_as_float(channel);
   }
   // The cluster's CTAs may leave once all have read cta_max: the wait is at the end.
@@ -845,10 +853,30 @@ void quantize_int8(std::initializer_list<Int8Target> inputs, Granularity granula
   const auto targets = launch_targets<2>(inputs, [](const Int8Target& t) {
     return t.out.rows / (t.is_key ? kBlockK : kBlockQ) * t.in.batch * t.in.heads;  // a CTA a block
   }, "quantize_int8");
+  // At head dim 64 each input has a launch: Q's blocks in CTAs of 128 threads, twice as many of
+  // them in flight, took sage1-int8's Q and K codes from 165 to 150 us at CogVideoX (ncu), while
+  // K's took 5 us longer in CTAs of 128 (H100, bench/results/2026-11-25-h100-int8-d64-threads/).
+  if (targets.target[0].in.head_dim == 64) {
+    for (int i = 0; i < targets.count; ++i) {
+      const Int8Target& t = targets.target[i];
+      const auto one = launch_targets<2>({t}, [&](const Int8Target&) { return targets.first[i + 1] - targets.first[i]; },
+                                         "quantize_int8");
+      const auto ctas = static_cast<unsigned>(one.first[1]);
+      const Order this_order = std::exchange(order, Order::overlapping);
+      ATTNREPLAY_FOR_ELEMENT_AND_DIM(t.in, if (t.is_key) {
+        launch_kernel("quantize_int8_kernel", quantize_int8_kernel<Elem, kDim, kQuantThreads>, dim3(ctas), kQuantThreads,
+                      0, this_order, stream, one, granularity);
+      } else {
+        launch_kernel("quantize_int8_kernel", quantize_int8_kernel<Elem, kDim, kQuantThreads / 2>, dim3(ctas),
+                      kQuantThreads / 2, 0, this_order, stream, one, granularity);
+      });
+    }
+    return;
+  }
   const auto ctas = static_cast<unsigned>(targets.first[targets.count]);
   ATTNREPLAY_FOR_ELEMENT_AND_DIM(targets.target[0].in,
-                                 launch_kernel("quantize_int8_kernel", quantize_int8_kernel<Elem, kDim>, dim3(ctas),
-                                               kQuantThreads, 0, order, stream, targets, granularity));
+                                 launch_kernel("quantize_int8_kernel", quantize_int8_kernel<Elem, kDim, kQuantThreads>,
+                                               dim3(ctas), kQuantThreads, 0, order, stream, targets, granularity));
 }
 
 void abs_max(std::initializer_list<MaxTarget> inputs, bool per_channel, bool per_tensor, Order order,

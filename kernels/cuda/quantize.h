@@ -52,7 +52,7 @@ struct Int8Target {
   Int8Output out;
 };
 // Q's and K's codes in one launch (of one element type and head dim): one launch fewer is what
-// the short calls' preparation is made of.
+// the short calls' preparation is made of. At head dim 64, a launch each, Q's in smaller CTAs.
 void quantize_int8(std::initializer_list<Int8Target> inputs, Granularity granularity, Order order,
                    cudaStream_t stream);
 // K smoothed and coded from one read: a thread block cluster holds one (b, h) of K in shared memory,
