@@ -761,7 +761,7 @@ dim3 head_grid(std::int64_t blocks, const InputView& in) {
 // How quantize_fp8_heads_kernel splits a head of `rows` rows: a tile a CTA where the head's tiles
 // fit a cluster of max_head_cluster(), else the largest cluster, its CTAs' rows whole 16-key
 // groups. Flux's 4608 rows are 16 CTAs of 288 (72 kB, three an SM) rather than 12 of three tiles
-// (96 kB, two an SM): fa3-fp8's preparation 5-12 % faster (H100,
+// (96 kB, two an SM): fa3-fp8's preparation 6 % faster (H100,
 // bench/results/2026-11-25-h100-finer-heads/). No plan (cluster 0) when a CTA would need more
 // than kHeadTileBytes: two CTAs an SM, so that one's loads overlap the other's writes. At one an SM
 // (CogVideoX's 144 kB), the kernel took 345 us where the two passes take 327 (ncu, H100); at two
