@@ -56,6 +56,21 @@ def run_python_job(script, *args, out=None, preload=True, timeout=240, check=Tru
     return run([PYTHON, path, *args], job_env(out, preload, **attncap), timeout=timeout, check=check)
 
 
+def capture_and_replay(job, folder, kernels):
+    """A stand-in job's end-to-end run: `job` (tests/e2e/jobs/) without capture and with it, each
+    saving its outputs (folder/plain.npz, folder/captured.npz), then its one capture replayed
+    through `kernels` into folder/r.json. Returns the captured job's result, the capture's calls,
+    the report and attnreplay's result."""
+    from conftest import FAST as REPLAY_FAST, load_json, run_attnreplay
+
+    run_python_job(job, "--save", folder / "plain.npz", preload=False)
+    captured = run_python_job(job, "--save", folder / "captured.npz", out=folder / "caps")
+    capture = the_capture(folder / "caps")
+    report = folder / "r.json"
+    replay = run_attnreplay("run", capture, "--kernels", kernels, "--json", report, *REPLAY_FAST, check=0)
+    return captured, read_calls(capture), load_json(report), replay
+
+
 def attncap_lines(stderr):
     return [line for line in stderr.splitlines() if line.startswith("[attncap]")]
 

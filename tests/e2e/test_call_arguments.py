@@ -8,19 +8,14 @@ test_call_semantics.cpp.)"""
 import numpy as np
 import pytest
 
-from capture_common import read_calls, run_python_job, the_capture
-from conftest import FAST, load_json, run_attnreplay
+from capture_common import capture_and_replay
 
 
 @pytest.fixture(scope="module")
 def replayed(tmp_path_factory):
     folder = tmp_path_factory.mktemp("flash_attn_op")
-    run_python_job("flash_attn_op_job.py", "--save", folder / "plain.npz", preload=False)
-    run_python_job("flash_attn_op_job.py", "--save", folder / "captured.npz", out=folder / "caps")
-    capture = the_capture(folder / "caps")
-    report = folder / "r.json"
-    result = run_attnreplay("run", capture, "--kernels", "reference,torch-math", "--json", report, *FAST, check=0)
-    return folder, read_calls(capture), load_json(report), result.stdout
+    _, calls, report, replay = capture_and_replay("flash_attn_op_job.py", folder, "reference,torch-math")
+    return folder, calls, report, replay.stdout
 
 
 def test_capture_changes_nothing_and_keeps_every_argument(replayed):

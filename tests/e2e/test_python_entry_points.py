@@ -8,8 +8,7 @@ flash-attn runs here: neither has a CPU build)."""
 import numpy as np
 import pytest
 
-from capture_common import attncap_lines, capture_files, read_calls, run_python_job, the_capture
-from conftest import FAST, load_json, run_attnreplay
+from capture_common import attncap_lines, capture_and_replay, capture_files, read_calls, run_python_job, the_capture
 
 CALLS = ["decode_softcap", "decode_hnd_window_sinks", "prefill_paged_causal", "prefill_ragged_window",
          "single_prefill", "single_decode", "kvcache_appended", "kvcache_paged_window", "mla_paged_causal",
@@ -25,13 +24,9 @@ FP16_ROUNDING = 2.0 ** -11  # the outputs are fp16: the reference can only match
 @pytest.fixture(scope="module")
 def replayed(tmp_path_factory):
     folder = tmp_path_factory.mktemp("entry_points")
-    run_python_job("python_entry_points_job.py", "--save", folder / "plain.npz", preload=False)
-    captured = run_python_job("python_entry_points_job.py", "--save", folder / "captured.npz", out=folder / "caps")
-    capture = the_capture(folder / "caps")
-    report = folder / "r.json"
-    run_attnreplay("run", capture, "--kernels", "reference,torch-math,torch-flash-cpu", "--json", report, *FAST,
-                   check=0)
-    return folder, read_calls(capture), load_json(report), captured.stderr
+    captured, calls, report, _ = capture_and_replay("python_entry_points_job.py", folder,
+                                                    "reference,torch-math,torch-flash-cpu")
+    return folder, calls, report, captured.stderr
 
 
 def kernels_of(call):

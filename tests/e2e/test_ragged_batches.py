@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pytest
 
-from capture_common import read_calls, run_python_job, the_capture
+from capture_common import capture_and_replay, read_calls, the_capture
 from conftest import FAST, load_json, run_attnreplay
 
 CALLS = ["varlen", "window_softcap_used", "paged", "fa3_paged_decode", "fa3_varlen_window", "fa3_dense_cache",
@@ -21,13 +21,9 @@ PLUGINS = os.path.join(os.path.dirname(__file__), "plugins", "varlen_plugins.py"
 @pytest.fixture(scope="module")
 def replayed(tmp_path_factory):
     folder = tmp_path_factory.mktemp("varlen")
-    run_python_job("flash_attn_varlen_job.py", "--save", folder / "plain.npz", preload=False)
-    run_python_job("flash_attn_varlen_job.py", "--save", folder / "captured.npz", out=folder / "caps")
-    capture = the_capture(folder / "caps")
-    report = folder / "r.json"
-    result = run_attnreplay("run", capture, "--kernels", "reference,torch-math,torch-flash-cpu", "--json", report,
-                            *FAST, check=0)
-    return folder, read_calls(capture), load_json(report), result.stdout
+    _, calls, report, replay = capture_and_replay("flash_attn_varlen_job.py", folder,
+                                                  "reference,torch-math,torch-flash-cpu")
+    return folder, calls, report, replay.stdout
 
 
 def test_capture_changes_nothing_and_stores_the_ragged_form(replayed):

@@ -5,8 +5,7 @@ k_new (every SGLang prefill) changes nothing, and keys the op appends are refuse
 import numpy as np
 import pytest
 
-from capture_common import read_calls, run_python_job, the_capture
-from conftest import FAST, load_json, run_attnreplay
+from capture_common import capture_and_replay
 
 CALLS = ["extend", "decode_window_softcap", "decode_sinks", "appended"]
 
@@ -14,12 +13,8 @@ CALLS = ["extend", "decode_window_softcap", "decode_sinks", "appended"]
 @pytest.fixture(scope="module")
 def replayed(tmp_path_factory):
     folder = tmp_path_factory.mktemp("sglang")
-    run_python_job("sglang_fa3_job.py", "--save", folder / "plain.npz", preload=False)
-    run_python_job("sglang_fa3_job.py", "--save", folder / "captured.npz", out=folder / "caps")
-    capture = the_capture(folder / "caps")
-    report = folder / "r.json"
-    run_attnreplay("run", capture, "--kernels", "reference,torch-math", "--json", report, *FAST, check=0)
-    return folder, read_calls(capture), load_json(report)
+    _, calls, report, _ = capture_and_replay("sglang_fa3_job.py", folder, "reference,torch-math")
+    return folder, calls, report
 
 
 def test_capture_changes_nothing_and_stores_each_call_in_thd(replayed):

@@ -6,8 +6,7 @@ unread cu_seqlens_k placeholder change nothing; keys fwd_kvcache appends are ref
 import numpy as np
 import pytest
 
-from capture_common import read_calls, run_python_job, the_capture
-from conftest import FAST, load_json, run_attnreplay
+from capture_common import capture_and_replay
 
 CALLS = ["fa2_paged", "fa2_kvcache_decode", "fa2_kvcache_appended", "fa3_sinks"]
 
@@ -15,12 +14,8 @@ CALLS = ["fa2_paged", "fa2_kvcache_decode", "fa2_kvcache_appended", "fa3_sinks"]
 @pytest.fixture(scope="module")
 def replayed(tmp_path_factory):
     folder = tmp_path_factory.mktemp("vllm")
-    run_python_job("vllm_flash_attn_job.py", "--save", folder / "plain.npz", preload=False)
-    run_python_job("vllm_flash_attn_job.py", "--save", folder / "captured.npz", out=folder / "caps")
-    capture = the_capture(folder / "caps")
-    report = folder / "r.json"
-    run_attnreplay("run", capture, "--kernels", "reference,torch-math", "--json", report, *FAST, check=0)
-    return folder, read_calls(capture), load_json(report)
+    _, calls, report, _ = capture_and_replay("vllm_flash_attn_job.py", folder, "reference,torch-math")
+    return folder, calls, report
 
 
 def test_capture_changes_nothing_and_stores_each_call_in_thd(replayed):
