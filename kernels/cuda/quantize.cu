@@ -850,17 +850,16 @@ void channel_means(const InputView& keys, float* mean, void* work, const MaxTarg
 
 void quantize_int8(std::initializer_list<Int8Target> inputs, Granularity granularity, Order order,
                    cudaStream_t stream) {
-  const auto targets = launch_targets<2>(inputs, [](const Int8Target& t) {
+  const auto blocks = [](const Int8Target& t) {
     return t.out.rows / (t.is_key ? kBlockK : kBlockQ) * t.in.batch * t.in.heads;  // a CTA a block
-  }, "quantize_int8");
+  };
+  const auto targets = launch_targets<2>(inputs, blocks, "quantize_int8");
   // At head dim 64 each input has a launch: Q's blocks in CTAs of 128 threads, twice as many of
   // them in flight, took sage1-int8's Q and K codes from 165 to 150 us at CogVideoX (ncu), while
   // K's took 5 us longer in CTAs of 128 (H100, bench/results/2026-11-25-h100-int8-d64-threads/).
   if (targets.target[0].in.head_dim == 64) {
-    for (int i = 0; i < targets.count; ++i) {
-      const Int8Target& t = targets.target[i];
-      const auto one = launch_targets<2>({t}, [&](const Int8Target&) { return targets.first[i + 1] - targets.first[i]; },
-                                         "quantize_int8");
+    for (const Int8Target& t : inputs) {
+      const auto one = launch_targets<2>({t}, blocks, "quantize_int8");
       const auto ctas = static_cast<unsigned>(one.first[1]);
       const Order this_order = std::exchange(order, Order::overlapping);
       ATTNREPLAY_FOR_ELEMENT_AND_DIM(t.in, if (t.is_key) {
