@@ -359,14 +359,15 @@ CallResult replay_call(const AttentionCall& captured, const ReplayOptions& optio
         k.timing_with_preparation = shared->with_preparation;
         k.timing_shared_from = shared_from = shared->timed_call;
       } else {
-        k.timing = measure(*prepared, timer, rule, monitor);
         if (prepared->has_preparation()) {
+          // In turns: the preparation's time is the difference of the two medians.
           WithPreparation with_preparation(*prepared);
-          try {
-            k.timing_with_preparation = measure(with_preparation, timer, rule, monitor);
-          } catch (const std::exception& error) {
-            throw std::runtime_error(fmt::format("timing with its input preparation: {}", error.what()));
-          }
+          const TimedKernel both[] = {{*prepared, {}}, {with_preparation, "timing with its input preparation"}};
+          auto timings = measure_interleaved(both, timer, rule, monitor);
+          k.timing = std::move(timings[0]);
+          k.timing_with_preparation = std::move(timings[1]);
+        } else {
+          k.timing = measure(*prepared, timer, rule, monitor);
         }
         if (options.timing_groups) options.timing_groups->record(group, k.kernel, {k.timing, k.timing_with_preparation, call.where()});
         measure_s += since(stage);

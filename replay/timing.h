@@ -3,7 +3,9 @@
 // interface so that CUDA-event, CUDA-graph or CUPTI timing replaces the CPU clock without
 // touching the stopping logic.
 #include <optional>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kernels/kernel.h"
@@ -108,5 +110,18 @@ bool noise_settled(const std::vector<double>& noise_history, std::size_t window 
 // `monitor`, when given, reads the clocks over the samples (after the warm-up).
 TimingSummary measure(PreparedKernel& kernel, SampleTimer& timer, const StoppingRule& rule,
                       ClockMonitor* monitor = nullptr);
+
+// One of the kernels measure_interleaved() times; `name`, where given, starts its errors' messages.
+struct TimedKernel {
+  PreparedKernel& kernel;
+  std::string_view name;
+};
+
+// measure() for several kernels in turns (each a tenth of the rule's min_time) until each meets the
+// rule, so that all see the same clocks: a difference of their medians (a kernel with and without
+// its input preparation) does not carry a clock that drifted between them. A kernel whose rule is
+// met goes on taking turns until all are done; each summary and its clocks are its own turns'.
+std::vector<TimingSummary> measure_interleaved(std::span<const TimedKernel> kernels, SampleTimer& timer,
+                                               const StoppingRule& rule, ClockMonitor* monitor = nullptr);
 
 }  // namespace attnreplay

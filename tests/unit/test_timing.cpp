@@ -470,3 +470,173 @@ TEST_CASE("timing: a spread above max_noise stops once the median is known") {
   CHECK(1.2533 * t.spread_rel / std::sqrt(t.samples) < 0.1 * rule.max_noise);
   CHECK_THAT(t.median_s, WithinRel(15e-6, 1e-3));
 }
+
+namespace {
+
+// Gives each kernel its own scripted durations, from the count of samples taken of all kernels so
+// far (a clock that drifts), and records whose turn each sample was.
+class TurnTimer final : public SampleTimer {
+ public:
+  using Script = std::function<std::optional<double>(const PreparedKernel&, int)>;
+  TurnTimer(std::string cache, Script script) : cache_(std::move(cache)), script_(std::move(script)) {}
+  std::string method() const override { return "turns"; }
+  std::string cache() const override { return cache_; }
+  void begin_kernel(PreparedKernel& kernel) override {
+    if (&kernel == fail_begin_of) throw std::runtime_error("not capturable in a CUDA graph: test");
+    ++begins;
+  }
+  void end_kernel() noexcept override { ++ends; }
+  std::vector<std::optional<double>> time_samples(PreparedKernel& kernel) override {
+    kernel.run();
+    order.push_back(&kernel);
+    if (&kernel == throw_in) throw std::runtime_error("sample failed");
+    return {script_(kernel, taken++)};
+  }
+  std::vector<const PreparedKernel*> order;
+  int begins = 0, ends = 0, taken = 0;
+  const PreparedKernel* fail_begin_of = nullptr;
+  const PreparedKernel* throw_in = nullptr;
+
+ private:
+  std::string cache_;
+  Script script_;
+};
+
+// The kernels in the order of their turns, each turn once: {a, b, a, b, ...}.
+std::vector<const PreparedKernel*> turns_of(const std::vector<const PreparedKernel*>& order) {
+  std::vector<const PreparedKernel*> turns;
+  for (const PreparedKernel* kernel : order) {
+    if (turns.empty() || turns.back() != kernel) turns.push_back(kernel);
+  }
+  return turns;
+}
+
+// A clock that reads 1000 MHz more each time it is started, so each turn's readings tell its turn.
+class CountingMonitor final : public ClockMonitor {
+ public:
+  void start() override { ++starts; }
+  ClockReadings stop() noexcept override { return {{1000.0 + starts}, {700.0}, 0}; }
+  int starts = 0;
+};
+
+}  // namespace
+
+TEST_CASE("timing: measure_interleaved takes turns of a tenth of min_time until every kernel meets the rule") {
+  CountingKernel a, b;
+  // a's samples are 1/64 s, b's 1/32 s: a turn of 0.05 s is 4 of a's and 2 of b's.
+  TurnTimer timer("cold-l2", [&a](const PreparedKernel& kernel, int) { return &kernel == &a ? 0.015625 : 0.03125; });
+  CountingMonitor monitor;
+  StoppingRule rule;
+  rule.warmup_runs = 2;
+  rule.min_time_s = 0.5;
+  rule.min_samples = 20;  // a meets the rule after 8 turns (32 samples), b after 10 (20 samples)
+  const TimedKernel kernels[] = {{a, {}}, {b, {}}};
+  const std::vector<TimingSummary> t = measure_interleaved(kernels, timer, rule, &monitor);
+  REQUIRE(t.size() == 2);
+  // a goes on taking turns after its rule is met, so that its samples span b's.
+  CHECK(t[0].samples == 40);
+  CHECK(t[1].samples == 20);
+  CHECK(t[0].stop_reason == "converged");
+  CHECK(t[1].stop_reason == "converged");
+  CHECK(t[0].median_s == 0.015625);
+  CHECK(t[1].median_s == 0.03125);
+  CHECK(t[0].measured_s == 0.625);
+  CHECK(t[1].measured_s == 0.625);
+  const auto turns = turns_of(timer.order);
+  REQUIRE(turns.size() == 20);
+  for (std::size_t i = 0; i < turns.size(); ++i) CHECK(turns[i] == (i % 2 ? &b : &a));
+  CHECK(timer.begins == 20);
+  CHECK(timer.ends == 20);
+  // Cold-L2 samples need no run before a turn: the warm-up, then the samples.
+  CHECK(a.runs == 2 + 40);
+  CHECK(b.runs == 2 + 20);
+  // Each kernel's clocks are its own turns' readings: a's the odd starts, b's the even ones.
+  CHECK(monitor.starts == 20);
+  CHECK(t[0].sm_clock_min_mhz == 1001.0);
+  CHECK(t[0].sm_clock_max_mhz == 1019.0);
+  CHECK(t[1].sm_clock_min_mhz == 1002.0);
+  CHECK(t[1].sm_clock_max_mhz == 1020.0);
+}
+
+TEST_CASE("timing: measure_interleaved runs a kernel once before each later turn where samples are hot-L2 ones") {
+  CountingKernel a, b;
+  TurnTimer timer("hot-l2", [](const PreparedKernel&, int) { return 0.03125; });
+  StoppingRule rule;
+  rule.warmup_runs = 1;
+  rule.min_time_s = 0.3125;  // turns of 1/32 s: one sample each, ten turns each
+  rule.min_samples = 2;
+  const TimedKernel kernels[] = {{a, {}}, {b, {}}};
+  const auto t = measure_interleaved(kernels, timer, rule);
+  CHECK(t[0].samples == 10);
+  CHECK(t[1].samples == 10);
+  CHECK(a.runs == 1 + 10 + 9);
+  CHECK(b.runs == 1 + 10 + 9);
+}
+
+TEST_CASE("timing: interleaved medians see the same drifting clock, where one kernel after the other do not") {
+  // Every sample taken makes the next 0.02 % slower (a clock sinking under a power cap); b's work is
+  // 1.1 times a's. Timed one after the other, b's samples come later and slower, and b - a is
+  // inflated; in turns, it is b - a at the clock both saw.
+  const auto make_script = [](const PreparedKernel* a) {
+    return [a](const PreparedKernel& kernel, int taken) -> std::optional<double> {
+      return (&kernel == a ? 1e-3 : 1.1e-3) * (1 + 2e-4 * taken);
+    };
+  };
+  StoppingRule rule;
+  rule.warmup_runs = 0;
+  rule.min_time_s = 0.2;
+  rule.max_noise = 0.5;  // stop as soon as min_time is met
+  CountingKernel a, b;
+  TurnTimer apart("cold-l2", make_script(&a));
+  const double apart_difference = measure(b, apart, rule).median_s - measure(a, apart, rule).median_s;
+  // b first (its samples are the earlier ones): measured apart, b - a is far under its 0.1 ms.
+  CHECK(apart_difference < 0.07e-3);
+
+  TurnTimer turns("cold-l2", make_script(&a));
+  const TimedKernel kernels[] = {{a, {}}, {b, {}}};
+  const auto t = measure_interleaved(kernels, turns, rule);
+  const double difference = t[1].median_s - t[0].median_s;
+  // b - a at the clock of the middle of the ~380 samples, 1.04 times the first one's, to within
+  // what half a turn between a's samples and b's drifts. Apart, it is 30 % off.
+  CHECK_THAT(difference, WithinRel(0.1e-3 * 1.04, 0.05));
+}
+
+TEST_CASE("timing: measure_interleaved names the kernel whose turn failed, and always closes the timer") {
+  CountingKernel a, b;
+  StoppingRule rule;
+  rule.warmup_runs = 0;
+  rule.min_time_s = 0.1;
+  rule.min_samples = 2;
+  const TimedKernel kernels[] = {{a, {}}, {b, "timing with its input preparation"}};
+
+  TurnTimer throwing("cold-l2", [](const PreparedKernel&, int) { return 0.01; });
+  throwing.throw_in = &b;
+  CHECK_THROWS_WITH(measure_interleaved(kernels, throwing, rule), "timing with its input preparation: sample failed");
+  CHECK(throwing.begins == 2);
+  CHECK(throwing.ends == 2);
+
+  TurnTimer refusing("cold-l2", [](const PreparedKernel&, int) { return 0.01; });
+  refusing.fail_begin_of = &b;
+  CHECK_THROWS_WITH(measure_interleaved(kernels, refusing, rule),
+                    "timing with its input preparation: not capturable in a CUDA graph: test");
+  CHECK(refusing.ends == 2);
+
+  // An unnamed kernel's error goes out as it came.
+  TurnTimer first("cold-l2", [](const PreparedKernel&, int) { return 0.01; });
+  first.throw_in = &a;
+  CHECK_THROWS_WITH(measure_interleaved(kernels, first, rule), "sample failed");
+}
+
+TEST_CASE("timing: with no min_time, interleaved turns are one sample each") {
+  CountingKernel a, b;
+  TurnTimer timer("cold-l2", [](const PreparedKernel&, int) { return 1e-3; });
+  StoppingRule rule;
+  rule.warmup_runs = 0;
+  rule.min_time_s = 0;
+  rule.min_samples = 3;
+  const TimedKernel kernels[] = {{a, {}}, {b, {}}};
+  const auto t = measure_interleaved(kernels, timer, rule);
+  CHECK(t[0].samples == 3);
+  CHECK(t[1].samples == 3);
+  CHECK(turns_of(timer.order).size() == 6);
+}
