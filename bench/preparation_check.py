@@ -4,7 +4,7 @@
 Runs `attnreplay run` on the shapes of bench/suite_quant.txt for sage1-int8, sage2-int8-fp8 and
 fa3-fp8, once per variant, and tabulates each kind's preparation time, its bound and their ratio,
 the attention alone and the whole call, with the preparation's standard error and the clocks of
-both timings. A variant is a set of environment variables: to compare a change with what it
+the three timings. A variant is a set of environment variables: to compare a change with what it
 replaces side by side, put both behind a variable for the measurement
 (bench/results/2026-11-25-h100-preparation-fusion/ did). Used by bench/gpu.sh's `prep` step.
 """
@@ -55,10 +55,12 @@ def run_case(binary, case_args, env_extra, timeout):
     for k in call["kernels"]:
         prep = k.get("preparation") or {}
         alone, whole = k["timing"], k.get("timing_with_preparation") or {}
+        preparation = k.get("timing_of_preparation")
         rows[k["kernel"]] = {
-            # The preparation is a difference of two medians: its standard error, from each
-            # median's (1.2533 sigma / sqrt(n), sigma from the robust spread), and their clocks.
-            "preparation_stderr_s": (median_stderr(alone) ** 2 + median_stderr(whole) ** 2) ** 0.5 if whole else None,
+            # The preparation alone: its median's standard error (1.2533 sigma / sqrt(n), sigma
+            # from the robust spread), and the clocks of the three timings, taken in turns.
+            "preparation_stderr_s": median_stderr(preparation) if preparation else None,
+            "preparation_mhz": (preparation or {}).get("sm_clock_median_mhz"),
             "kernel_mhz": alone.get("sm_clock_median_mhz"),
             "whole_mhz": whole.get("sm_clock_median_mhz"),
             "status": k["status"],
@@ -86,7 +88,7 @@ def main():
     wanted = set(filter(None, args.cases.split(",")))
     results = []
     failed = False
-    print(f"{'case':28} {'variant':10} {'kind':15} {'prep ms':>9} {'bound ms':>9} {'ratio':>6} {'kernel ms':>10} {'whole ms':>9} {'±2se ms':>8} {'MHz':>9}")
+    print(f"{'case':28} {'variant':10} {'kind':15} {'prep ms':>9} {'bound ms':>9} {'ratio':>6} {'kernel ms':>10} {'whole ms':>9} {'whole-kernel':>12} {'±2se ms':>8} {'MHz kernel/whole/prep':>21}")
     for tag, case_args in suite_cases(args.suite):
         if wanted and tag not in wanted:
             continue
@@ -106,7 +108,8 @@ def main():
                 whole = r["whole_s"]
                 print(f"{tag:28} {variant:10} {kind:15} {r['preparation_s'] * 1e3:9.4f} {r['bound_s'] * 1e3:9.4f} "
                       f"{r['ratio_to_bound']:6.2f} {r['kernel_s'] * 1e3:10.4f} {whole * 1e3:9.4f} "
-                      f"{2 * r['preparation_stderr_s'] * 1e3:8.4f} {r['kernel_mhz']:4.0f}/{r['whole_mhz']:4.0f}", flush=True)
+                      f"{(whole - r['kernel_s']) * 1e3:12.4f} {2 * r['preparation_stderr_s'] * 1e3:8.4f} "
+                      f"{r['kernel_mhz']:4.0f}/{r['whole_mhz']:4.0f}/{r['preparation_mhz']:4.0f}", flush=True)
     Path(args.out).write_text(json.dumps({"kinds": KINDS, "variants": {v: VARIANTS[v] for v in variants},
                                           "results": results}, indent=1))
     return 1 if failed else 0

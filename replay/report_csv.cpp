@@ -45,6 +45,7 @@ const std::vector<Column>& columns() {
       {"stdev_rel", "/timing/stdev_rel", true},
       {"spread_rel", "/timing/spread_rel", true},
       {"median_s_with_preparation", "/timing_with_preparation/median_s", true},
+      {"preparation_median_s", "/timing_of_preparation/median_s", true},
       {"preparation_ratio_to_bound", "/preparation/ratio_to_bound", true},
       {"samples", "/timing/samples", true},
       {"discarded_samples", "/timing/discarded_samples", true},

@@ -71,6 +71,7 @@ nlohmann::json kernel_json(const KernelResult& k) {
   if (k.source != "built-in") j["kernel_source"] = k.source;
   if (!k.timing_shared_from.empty()) j["timing_shared_from"] = k.timing_shared_from;
   if (k.timing_with_preparation) j["timing_with_preparation"] = timing_json(*k.timing_with_preparation);
+  if (k.timing_of_preparation) j["timing_of_preparation"] = timing_json(*k.timing_of_preparation);
   if (k.preparation) {
     const auto seconds = k.preparation_s();
     const auto ratio = k.preparation_ratio();

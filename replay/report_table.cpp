@@ -81,7 +81,7 @@ void print_call_table(const CallResult& call, std::ostream& out) {
       // The preparation's own time beside moving its bytes at the copy ceiling, where measured.
       std::string bound;
       if (const auto ratio = k.preparation_ratio()) {
-        bound = fmt::format(" (preparation {:.4g} ms, {:.2f}x its bound: {} at the copy ceiling, {:.4g} ms)",
+        bound = fmt::format(" (preparation alone {:.4g} ms, {:.2f}x its bound: {} at the copy ceiling, {:.4g} ms)",
                             *k.preparation_s() * 1e3, *ratio, si(k.preparation->bytes, "B"), k.preparation->bound_s * 1e3);
       }
       footnotes.push_back(fmt::format("{}: {:.4g} ms with its input preparation{}", k.kernel,

@@ -36,6 +36,8 @@ struct KernelResult {
   // The kernel with its input preparation (GQA expansion, mask conversion, quantization), for
   // kernels that need any: what a user pays, beside the kernel-only figure peers quote.
   std::optional<TimingSummary> timing_with_preparation;
+  // The preparation alone, timed in turns with the two above.
+  std::optional<TimingSummary> timing_of_preparation;
   std::optional<ErrorStats> error;
   std::vector<std::string> refcheck_failures;  // which thresholds were exceeded
   std::string rerun;                           // the command that reruns this row
@@ -50,8 +52,8 @@ struct KernelResult {
     double bound_s = 0;
   };
   std::optional<PreparationBound> preparation;
-  // The preparation's own time, timing_with_preparation's median less timing's, and that over its
-  // bound; set when both timings (and for the ratio, the bound) are.
+  // The preparation's own time, timing_of_preparation's median, and that over its bound; set when
+  // it was timed (and for the ratio, when the bound is known).
   std::optional<double> preparation_s() const;
   std::optional<double> preparation_ratio() const;
   double tflops() const { return timing ? work.tflops(timing->median_s) : 0.0; }

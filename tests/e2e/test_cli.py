@@ -28,7 +28,7 @@ CSV_HEADER = [
     "source", "call_index", "case_tag", "op", "backend", "batch", "heads_q", "heads_kv", "seq_q", "seq_kv",
     "head_dim_qk", "head_dim_vo", "dtype", "layout", "is_causal", "causal_alignment", "mask", "batching", "scale", "flops",
     "bytes", "arithmetic_intensity", "kernel", "status", "reason", "time_method", "cache", "median_s", "min_s",
-    "max_s", "stdev_rel", "spread_rel", "median_s_with_preparation", "preparation_ratio_to_bound", "samples", "discarded_samples", "sm_clock_mhz", "power_w",
+    "max_s", "stdev_rel", "spread_rel", "median_s_with_preparation", "preparation_median_s", "preparation_ratio_to_bound", "samples", "discarded_samples", "sm_clock_mhz", "power_w",
     "tflops", "gbytes_per_s", "matrix_ceiling_fraction",
     "copy_ceiling_fraction", "max_abs", "mean_abs", "mse",
     "rmse", "std_abs", "rel_l1", "rel_l2", "cosine", "nan_count", "inf_count", "rows_compared", "sampled", "rerun",
@@ -287,12 +287,14 @@ def test_input_preparation_is_timed_beside_the_kernel_when_there_is_any(tmp_path
     kernels = {k["kernel"]: k for k in load_json(tmp_path / "gqa.json")["calls"][0]["kernels"]}
     prepared = kernels["torch-flash-cpu"]["timing_with_preparation"]
     assert prepared["samples"] > 0 and prepared["median_s"] > 0
+    alone = kernels["torch-flash-cpu"]["timing_of_preparation"]  # the expansion by itself
+    assert alone["samples"] > 0 and 0 < alone["median_s"] < prepared["median_s"]
     assert "timing_with_preparation" not in kernels["torch-math"]  # math broadcasts kv heads itself
     # Nothing to prepare: one figure only.
     run_attnreplay("run", "--shape", "1,2,64,32", "--kernels", "torch-flash-cpu", "--json", tmp_path / "plain.json",
                    *FAST, check=0)
     (kernel,) = load_json(tmp_path / "plain.json")["calls"][0]["kernels"]
-    assert "timing_with_preparation" not in kernel
+    assert "timing_with_preparation" not in kernel and "timing_of_preparation" not in kernel
 
 
 def test_save_inputs_writes_the_replayed_calls_only(tmp_path):
