@@ -14,7 +14,8 @@ status=0
 step() { echo; echo "== $* ($(date -u +%H:%M:%S))"; }
 # GPU_STEPS picks a subset, e.g. GPU_STEPS="tests dobench" (the build always runs); "peer",
 # "plugins", "groups", "pipeline", "shard", "reference", "batches", "short", "gap", "prep" and
-# "prepkernels" run only when asked for (PREP_TESTS=0 leaves out prep's GPU tests, PREP_VARIANTS
+# "prepkernels" run only when asked for (PREP_TESTS=0 leaves out prep's GPU tests, PREP_BASE=0 the
+# base build's preparation where BASE_TREE is set for `same` alone, PREP_VARIANTS
 # and PREP_CASES pick its runs; PEER_SHAPES picks the peer step's shapes; GPU_TESTS, pytest's
 # arguments, picks the GPU tests; "same" compares outputs with BASE_TREE's build, below).
 STEPS="${GPU_STEPS:-tests dobench suite quant capture}"
@@ -94,7 +95,7 @@ if [ "${PREP_TESTS:-1}" = 1 ]; then
 fi
 python3 "$ROOT/bench/preparation_check.py" --attnreplay "$BIN" --out "$OUT/preparation.json" \
   --variants "${PREP_VARIANTS:-default}" --cases "${PREP_CASES:-}" | tee "$OUT/preparation.txt" || status=1
-if base_built; then
+if [ "${PREP_BASE:-1}" = 1 ] && base_built; then
   echo "-- the base ($BASE_TREE), in the same call"
   python3 "$ROOT/bench/preparation_check.py" --attnreplay "$BASE_BIN" --out "$OUT/preparation-base.json" \
     --cases "${PREP_CASES:-}" | tee "$OUT/preparation-base.txt" || status=1

@@ -33,6 +33,7 @@ CASES = [
     "--shape 16,32,512,64 --dtype fp16 --num_kv_heads 16",
     "--shape 1,2,64,128 --s_kv 16384",
     "--shape 1,2,64,64 --s_kv 131072",
+    "--shape 2,4,100,128 --s_kv 9000 --num_kv_heads 2",
 ]
 
 

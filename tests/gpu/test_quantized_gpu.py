@@ -88,6 +88,8 @@ SHAPES = {
     "more-queries-top-left": ["--shape", "1,2,450,64", "--s_kv", "200", "--causal", "--causal_alignment", "top_left"],
     # Heads too long for a cluster's shared memory: the FP8 codes take two passes over the input.
     "long-keys-two-pass": ["--shape", "1,2,64,128", "--s_kv", "16384"],
+    # The same over batches and shared K/V heads, keys not a whole number of 64-key items.
+    "long-keys-two-pass-gqa": ["--shape", "2,4,100,128", "--s_kv", "9000", "--num_kv_heads", "2"],
 }
 
 
