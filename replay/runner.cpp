@@ -161,10 +161,10 @@ std::string safe_file_part(std::string text) {
   return text;
 }
 
-// Times a kernel's input preparation together with the kernel, or alone.
-class WithPreparation final : public PreparedKernel {
+// A kernel's input preparation as a run of its own, followed by the kernel or alone.
+class PreparationRun final : public PreparedKernel {
  public:
-  WithPreparation(PreparedKernel& kernel, bool with_kernel) : kernel_(kernel), with_kernel_(with_kernel) {}
+  PreparationRun(PreparedKernel& kernel, bool with_kernel) : kernel_(kernel), with_kernel_(with_kernel) {}
   void run() override {
     kernel_.prepare_inputs();
     if (with_kernel_) kernel_.run();
@@ -365,7 +365,7 @@ CallResult replay_call(const AttentionCall& captured, const ReplayOptions& optio
           // In turns, so that the three see the same clocks. The preparation alone is its own
           // figure: the whole call's median less the kernel's is lost in their noise where the
           // preparation is a few percent of the call (0.92x its bound, once, at 4x32x16384x128).
-          WithPreparation with_preparation(*prepared, true), preparation_alone(*prepared, false);
+          PreparationRun with_preparation(*prepared, true), preparation_alone(*prepared, false);
           const TimedKernel three[] = {{*prepared, {}},
                                        {with_preparation, "timing with its input preparation"},
                                        {preparation_alone, "timing its input preparation alone"}};

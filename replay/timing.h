@@ -120,7 +120,8 @@ struct TimedKernel {
 // measure() for several kernels in turns (each a tenth of the rule's min_time) until each meets the
 // rule, so that all see the same clocks: a difference of their medians (a kernel with and without
 // its input preparation) does not carry a clock that drifted between them. A kernel whose rule is
-// met goes on taking turns until all are done; each summary and its clocks are its own turns'.
+// met goes on taking turns until all are done; each summary and its clocks are its own turns'. The
+// timeout is the rule's times the number of kernels.
 std::vector<TimingSummary> measure_interleaved(std::span<const TimedKernel> kernels, SampleTimer& timer,
                                                const StoppingRule& rule, ClockMonitor* monitor = nullptr);
 
