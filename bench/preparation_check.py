@@ -58,7 +58,8 @@ def run_case(binary, case_args, env_extra, timeout):
         preparation = k.get("timing_of_preparation")
         rows[k["kernel"]] = {
             # The preparation alone: its median's standard error (1.2533 sigma / sqrt(n), sigma
-            # from the robust spread), and the clocks of the three timings, taken in turns.
+            # from the robust spread), and the clocks of the three timings: the kernel and the
+            # whole call in turns, the preparation alone after them.
             "preparation_stderr_s": median_stderr(preparation) if preparation else None,
             "preparation_mhz": (preparation or {}).get("sm_clock_median_mhz"),
             "kernel_mhz": alone.get("sm_clock_median_mhz"),
