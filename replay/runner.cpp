@@ -363,12 +363,9 @@ CallResult replay_call(const AttentionCall& captured, const ReplayOptions& optio
       } else {
         if (prepared->has_preparation()) {
           // The kernel and the whole call in turns, so that the two see the same clocks; the
-          // preparation alone after them, on its own. In their turns it drew far less power, and
-          // under the power cap the kernel's turn after it ran at a higher clock: on an H100 at
-          // 4x32x16384x128, 1725 against 1620 MHz, the kernel 5 % fast, and the whole call less
-          // the kernel 2.5 ms against 0.96 ms of preparation (bench/results/2026-11-26-h100-turns).
-          // Alone, the preparation is its own figure: the whole call's median less the kernel's
-          // is lost in their noise where it is a few percent of the call.
+          // preparation alone after them: in their turns its low power left the kernel's next turn
+          // at a higher clock under a power cap (docs/metrics.md). Alone, it is its own figure: the
+          // whole call's median less the kernel's is lost in their noise on long calls.
           PreparationRun with_preparation(*prepared, true), preparation_alone(*prepared, false);
           const TimedKernel pair[] = {{*prepared, {}}, {with_preparation, "timing with its input preparation"}};
           auto timings = measure_interleaved(pair, timer, rule, monitor);
