@@ -109,11 +109,19 @@ struct Attention::State {
   DeviceBuffer q_scale, k_scale, v_scale, k_mean;
   DeviceBuffer k_mean_work;  // block sums and counters of channel_means, zeroed once
   DeviceBuffer amax;  // the FP8 maxima of every input, zeroed at once (two-pass FP8 only)
-  bool fp8_one_read = false;  // FP8 codes by quantize_fp8_heads, where the heads fit a cluster
+  DeviceBuffer fp8_heads_work;  // where quantize_fp8_heads' groups meet, zeroed once (heads past a cluster)
+  bool fp8_one_read = false;  // FP8 codes by quantize_fp8_heads, where the heads fit a cluster or group
   bool k_one_read = false;    // K's means and INT8 codes by quantize_int8_key_heads, likewise
   DeviceBuffer out;
   AttentionArgs args;
   Order attention_order = Order::after_all;  // overlapping right after prepare_inputs
+
+  void allocate_fp8_heads_work(std::int64_t rows, const InputView& in, std::size_t heads) {
+    const std::size_t bytes = fp8_heads_work_bytes(rows, in, static_cast<std::int64_t>(heads));
+    if (bytes == 0) return;
+    fp8_heads_work.allocate(bytes, "FP8 head groups");
+    ATTNREPLAY_CUDA_CHECK(cudaMemset(fp8_heads_work.as(), 0, bytes));
+  }
 
   InputView view(const DeviceBuffer& buffer, std::int64_t heads, std::int64_t seq) const {
     InputView v;
@@ -214,7 +222,8 @@ Attention::Attention(Kind kind, const Problem& p, const Options& options, const 
         a.v_length = k_rows;
         s.v_work.allocate(bkv * d * static_cast<std::size_t>(k_rows), "V (e4m3)");
         s.fp8_one_read = fp8_heads_fit(k_rows, s.v_view());
-        if (!s.fp8_one_read) s.amax.allocate(bkv * d * sizeof(unsigned), "V amax");
+        if (s.fp8_one_read) s.allocate_fp8_heads_work(k_rows, s.v_view(), bkv);
+        else s.amax.allocate(bkv * d * sizeof(unsigned), "V amax");
         s.v_scale.allocate(bkv * d * sizeof(float), "V scales");
         a.v = s.v_work.as();
         a.v_scale = s.v_scale.as<float>();
@@ -228,7 +237,8 @@ Attention::Attention(Kind kind, const Problem& p, const Options& options, const 
       s.v_work.allocate(bkv * d * static_cast<std::size_t>(k_rows), "V (e4m3)");
       s.fp8_one_read = options.fp8_scale == Fp8ScaleGranularity::per_head &&
                        fp8_heads_fit(std::max(q_rows, k_rows), s.q_view());
-      if (!s.fp8_one_read) s.amax.allocate((bq + 2 * bkv) * sizeof(unsigned), "Q, K and V amax");
+      if (s.fp8_one_read) s.allocate_fp8_heads_work(std::max(q_rows, k_rows), s.q_view(), bq + 2 * bkv);
+      else s.amax.allocate((bq + 2 * bkv) * sizeof(unsigned), "Q, K and V amax");
       s.q_scale.allocate(bq * sizeof(float), "Q scales");
       s.k_scale.allocate(bkv * sizeof(float), "K scales");
       s.v_scale.allocate(bkv * sizeof(float), "V scales");
@@ -282,7 +292,7 @@ void Attention::prepare_inputs(cudaStream_t stream) {
       auto quantize_v_one_read = [&] {
         quantize_fp8_heads({{s.v_view(), true, true, v_target, s.v_scale.as<float>(), s.v_work.as<std::uint8_t>(),
                              a.v_length}},
-                           next(), stream);
+                           s.fp8_heads_work.as(), next(), stream);
       };
       // V first where K is not read by clusters of its own: the next kernel's CTAs (K's means, or
       // the INT8 codes when K is not smoothed) fill the SMs that V's last wave of clusters leaves
@@ -338,7 +348,7 @@ void Attention::prepare_inputs(cudaStream_t stream) {
                              a.k_rows},
                             {s.v_view(), true, false, 448.0f, s.v_scale.as<float>(), s.v_work.as<std::uint8_t>(),
                              a.v_length}},
-                           next(), stream);
+                           s.fp8_heads_work.as(), next(), stream);
         break;
       }
       const bool per_tensor = s.options.fp8_scale == Fp8ScaleGranularity::per_tensor;

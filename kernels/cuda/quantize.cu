@@ -569,14 +569,30 @@ unsigned max_head_cluster() {
   return largest;
 }
 
-// ---- FP8 from one read: a cluster holds a head ----
+// ---- FP8 from one read: a cluster or a group of CTAs holds a head ----
 
-// A cluster of CTAs holds one (b, h) of one input, `rows_per_cta` rows a CTA (a multiple of 16),
-// staged with swizzled(). Each CTA takes its rows' per-channel maxima, reads every other CTA's
-// through distributed shared memory, and codes its rows from the tiles: the input is read once.
-template <typename Elem, int kDim>
+// Where the CTAs of a head longer than a cluster holds meet: the global memory, zeroed before the
+// first launch; each launch leaves it zeroed (fp8_heads_work_bytes).
+struct HeadGroups {
+  unsigned* amax = nullptr;      // per (target, head) and channel, as bits
+  unsigned* arrived = nullptr;   // per (target, head): CTAs whose maxima are in
+  unsigned* departed = nullptr;  // per (target, head): CTAs that have read the head's maxima
+  unsigned* places = nullptr;    // [0]: the next CTA's place in the launch, [1]: CTAs finished
+  unsigned ctas_per_head = 0;
+};
+
+// A cluster of CTAs (kInCluster), or a group of CTAs that meet in the global memory, holds one
+// (b, h) of one input, `rows_per_cta` rows a CTA (a multiple of 16), staged with swizzled(). Each
+// CTA takes its rows' per-channel maxima, reads the head's, and codes its rows from the tiles:
+// the input is read once.
+//
+// A group's CTAs take their places from a counter in the order they start, and a head's places
+// are consecutive, so a CTA only waits on CTAs that have started or that start in the slots the
+// heads before it free: no deadlock while a head's CTAs fit in the GPU at once (fp8_group_plan
+// asks for half). Cluster or group, the maxima and codes are the same, bit for bit.
+template <typename Elem, int kDim, bool kInCluster>
 __global__ void __launch_bounds__(kQuantThreads) quantize_fp8_heads_kernel(const LaunchTargets<HeadTarget, 3> targets,
-                                                                           int rows_per_cta) {
+                                                                           int rows_per_cta, const HeadGroups groups) {
   namespace cg = cooperative_groups;
   constexpr int kVectors = kDim / 8;
   constexpr int kRowsAPass = kQuantThreads / kVectors;
@@ -587,9 +603,18 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_fp8_heads_kernel(const
   __shared__ unsigned cta_max[kDim];
   __shared__ float head_max[kDim];  // the head's, per channel
   __shared__ float inverse[kDim];   // what the codes multiply by, per channel (all equal per head)
-  const cg::cluster_group cluster = cg::this_cluster();
-  const int rank = static_cast<int>(cluster.block_rank());
-  const std::int64_t index = blockIdx.x / cluster.num_blocks();  // of the (target, head)
+  __shared__ unsigned shared_word;  // a group's place, then whether the CTA is its head's last reader
+  std::int64_t place = blockIdx.x;
+  unsigned ctas_per_head = groups.ctas_per_head;
+  if constexpr (kInCluster) {
+    ctas_per_head = cg::this_cluster().num_blocks();
+  } else {
+    if (threadIdx.x == 0) shared_word = atomicAdd(groups.places, 1u);
+    __syncthreads();
+    place = shared_word;
+  }
+  const int rank = static_cast<int>(place % ctas_per_head);
+  const std::int64_t index = place / ctas_per_head;  // of the (target, head)
   const int which = targets.of(index);
   const HeadTarget& t = targets.target[which];
   const InputView& in = t.in;
@@ -630,22 +655,49 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_fp8_heads_kernel(const
 #pragma unroll
     for (int k = 0; k < 8; ++k) atomicMax(&cta_max[vector * 8 + k], __float_as_uint(m[k]));  // m[k] >= +0
   }
-  cluster.sync();  // every CTA's maxima written and visible
-  if (c < kDim) {
-    // max is exact in any order: the head's maxima are abs_max's, bit for bit.
-    // All ranks' loads at once (a cluster is at most 16 CTAs, max_head_cluster): one after
-    // another, they were 16 distributed shared-memory latencies in a row; fa3-fp8's preparation
-    // 5-9 % faster (H100, bench/results/2026-11-25-h100-int8-d64-threads/).
-    unsigned rank_max[16];
+  // max is exact in any order: the head's maxima are abs_max's, bit for bit.
+  [[maybe_unused]] cg::cluster_group::arrival_token all_read;
+  if constexpr (kInCluster) {
+    const cg::cluster_group cluster = cg::this_cluster();
+    cluster.sync();  // every CTA's maxima written and visible
+    if (c < kDim) {
+      // All ranks' loads at once (a cluster is at most 16 CTAs, max_head_cluster): one after
+      // another, they were 16 distributed shared-memory latencies in a row; fa3-fp8's preparation
+      // 5-9 % faster (H100, bench/results/2026-11-25-h100-int8-d64-threads/).
+      unsigned rank_max[16];
 #pragma unroll
-    for (unsigned r = 0; r < 16; ++r) rank_max[r] = r < cluster.num_blocks() ? cluster.map_shared_rank(cta_max, r)[c] : 0u;
-    unsigned channel = 0;
+      for (unsigned r = 0; r < 16; ++r) rank_max[r] = r < cluster.num_blocks() ? cluster.map_shared_rank(cta_max, r)[c] : 0u;
+      unsigned channel = 0;
 #pragma unroll
-    for (unsigned r = 0; r < 16; ++r) channel = max(channel, rank_max[r]);
-    head_max[c] = __uint_as_float(channel);
+      for (unsigned r = 0; r < 16; ++r) channel = max(channel, rank_max[r]);
+      head_max[c] = __uint_as_float(channel);
+    }
+    // The cluster's CTAs may leave once all have read cta_max: the wait is at the end.
+    all_read = cluster.barrier_arrive();
+  } else {
+    // The threadfence reduction of CUDA's samples, with a wait: each CTA adds its maxima, counts
+    // itself in, and reads the head's once every CTA of the head has.
+    unsigned* head_amax = groups.amax + index * kDim;
+    __syncthreads();  // cta_max complete
+    if (c < kDim) atomicMax(head_amax + c, cta_max[c]);
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      atomicAdd(groups.arrived + index, 1u);
+      while (*reinterpret_cast<volatile unsigned*>(groups.arrived + index) < ctas_per_head) __nanosleep(128);
+      __threadfence();
+    }
+    __syncthreads();
+    if (c < kDim) head_max[c] = __uint_as_float(__ldcg(head_amax + c));  // from L2: other CTAs' atomics
+    __syncthreads();
+    // The head's last reader leaves its words zeroed for the next launch.
+    if (threadIdx.x == 0) shared_word = atomicAdd(groups.departed + index, 1u) == ctas_per_head - 1;
+    __syncthreads();
+    if (shared_word) {
+      if (c < kDim) head_amax[c] = 0;
+      if (threadIdx.x == 0) groups.arrived[index] = 0, groups.departed[index] = 0;
+    }
   }
-  // The cluster's CTAs may leave once all have read cta_max: the wait is at the end.
-  auto all_read = cluster.barrier_arrive();
   __syncthreads();
   if (!t.per_channel && warp == 0) {
     float all = 0.0f;
@@ -682,7 +734,11 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_fp8_heads_kernel(const
       *reinterpret_cast<uint4*>(t.out + (head * t.rows + row0 + row) * kDim + c0) = row_codes<Elem>(raw, inverse[0]);
     }
   }
-  cluster.barrier_wait(std::move(all_read));
+  if constexpr (kInCluster) {
+    cg::this_cluster().barrier_wait(std::move(all_read));
+  } else if (threadIdx.x == 0 && atomicAdd(groups.places + 1, 1u) == gridDim.x - 1) {
+    groups.places[0] = 0, groups.places[1] = 0;  // every CTA has its place: the counters are free
+  }
   complete_after_prior_kernel();  // it reads the uploaded inputs only
 }
 
@@ -769,28 +825,84 @@ dim3 head_grid(std::int64_t blocks, const InputView& in) {
 constexpr std::size_t kHeadTileBytes = 96 * 1024;
 struct HeadPlan {
   int rows_per_cta = 0;
-  unsigned cluster = 0;
-  std::size_t shared_bytes = 0;  // dynamic, for the tiles
+  unsigned ctas_per_head = 0;     // 0: no plan
+  bool in_cluster = false;        // the head's CTAs are a cluster, else a group (quantize_fp8_heads_kernel)
+  std::size_t shared_bytes = 0;   // dynamic, for the tiles
 };
 template <typename Elem, int kDim>
-HeadPlan fp8_head_plan(std::int64_t rows) {
+HeadPlan fp8_cluster_plan(std::int64_t rows) {
   const std::int64_t tiles = std::max<std::int64_t>(1, ceil_div(rows, static_cast<std::int64_t>(kBlockK)));
-  const auto largest = max_head_cluster<quantize_fp8_heads_kernel<Elem, kDim>, kHeadTileBytes>();
+  const auto largest = max_head_cluster<quantize_fp8_heads_kernel<Elem, kDim, true>, kHeadTileBytes>();
   const std::int64_t unit = tiles > largest ? 16 : kBlockK;
   const std::int64_t units = ceil_div(tiles * kBlockK, unit);
   const std::int64_t per_cta = ceil_div(units, static_cast<std::int64_t>(largest)) * unit;
   const std::size_t bytes = static_cast<std::size_t>(per_cta) * kDim * sizeof(Elem);
   if (bytes > kHeadTileBytes) return {};
-  return {static_cast<int>(per_cta), static_cast<unsigned>(ceil_div(tiles * kBlockK, per_cta)), bytes};
+  return {static_cast<int>(per_cta), static_cast<unsigned>(ceil_div(tiles * kBlockK, per_cta)), true, bytes};
+}
+
+// Heads longer than a cluster holds: a group of CTAs of at most kGroupTileBytes of rows each,
+// meeting in the global memory, where the group fits in half the CTAs the GPU holds at once. 72 kB
+// is three CTAs an SM: fa3-fp8's preparation at 4x32x16384x128 took 1.04 ms against 1.11 at 96 kB
+// (two an SM), 1.10 at 54 kB and 1.14 at 35 kB (H100, bench/results/2026-11-26-h100-head-groups/).
+constexpr std::size_t kGroupTileBytes = 72 * 1024;
+
+// CTAs of the group kernel the GPU holds at once with the largest tiles: fewer tiles hold more.
+template <typename Elem, int kDim>
+std::int64_t resident_group_ctas() {
+  static const std::int64_t resident = [] {
+    auto* kernel = quantize_fp8_heads_kernel<Elem, kDim, false>;
+    ATTNREPLAY_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(kGroupTileBytes)));
+    int device = 0, sms = 0, per_sm = 0;
+    ATTNREPLAY_CUDA_CHECK(cudaGetDevice(&device));
+    ATTNREPLAY_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    ATTNREPLAY_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kQuantThreads, kGroupTileBytes));
+    return static_cast<std::int64_t>(sms) * per_sm;
+  }();
+  return resident;
 }
 template <typename Elem, int kDim>
-bool launch_fp8_heads(const LaunchTargets<HeadTarget, 3>& targets, std::int64_t rows, Order order, cudaStream_t stream) {
+HeadPlan fp8_group_plan(std::int64_t rows) {
+  const std::int64_t most_rows = static_cast<std::int64_t>(kGroupTileBytes / (kDim * sizeof(Elem))) / 16 * 16;
+  const std::int64_t ctas = ceil_div(rows, most_rows);
+  const std::int64_t per_cta = ceil_div(ceil_div(rows, ctas), std::int64_t{16}) * 16;
+  const std::int64_t ctas_per_head = ceil_div(rows, per_cta);
+  const std::size_t bytes = static_cast<std::size_t>(per_cta) * kDim * sizeof(Elem);
+  if (2 * ctas_per_head > resident_group_ctas<Elem, kDim>()) return {};
+  return {static_cast<int>(per_cta), static_cast<unsigned>(ctas_per_head), false, bytes};
+}
+
+template <typename Elem, int kDim>
+HeadPlan fp8_head_plan(std::int64_t rows) {
+  const HeadPlan cluster = fp8_cluster_plan<Elem, kDim>(rows);
+  return cluster.ctas_per_head > 0 ? cluster : fp8_group_plan<Elem, kDim>(rows);
+}
+
+template <typename Elem, int kDim>
+bool launch_fp8_heads(const LaunchTargets<HeadTarget, 3>& targets, std::int64_t rows, void* work, Order order,
+                      cudaStream_t stream) {
   const HeadPlan plan = fp8_head_plan<Elem, kDim>(rows);
-  if (plan.cluster == 0) return false;
-  const auto clusters = static_cast<unsigned>(targets.first[targets.count]);
-  launch_kernel_in_clusters("quantize_fp8_heads_kernel", quantize_fp8_heads_kernel<Elem, kDim>,
-                            dim3(clusters * plan.cluster), plan.cluster, kQuantThreads, plan.shared_bytes, order,
-                            stream, targets, plan.rows_per_cta);
+  if (plan.ctas_per_head == 0) return false;
+  const std::int64_t heads = targets.first[targets.count];
+  if (heads * plan.ctas_per_head > INT_MAX) {
+    throw std::invalid_argument("quantize_fp8_heads: " + std::to_string(heads) + " heads of " + std::to_string(rows) +
+                                " rows are more CTAs than a grid holds");
+  }
+  const dim3 grid(static_cast<unsigned>(heads * plan.ctas_per_head));
+  if (plan.in_cluster) {
+    launch_kernel_in_clusters("quantize_fp8_heads_kernel", quantize_fp8_heads_kernel<Elem, kDim, true>, grid,
+                              plan.ctas_per_head, kQuantThreads, plan.shared_bytes, order, stream, targets,
+                              plan.rows_per_cta, HeadGroups{});
+    return true;
+  }
+  if (work == nullptr) throw std::invalid_argument("quantize_fp8_heads: heads longer than a cluster need its work");
+  auto* words = static_cast<unsigned*>(work);
+  const HeadGroups groups{words, words + heads * kDim, words + heads * (kDim + 1), words + heads * (kDim + 2),
+                          plan.ctas_per_head};
+  launch_kernel("quantize_fp8_heads_kernel", quantize_fp8_heads_kernel<Elem, kDim, false>, grid, kQuantThreads,
+                plan.shared_bytes, order, stream, targets, plan.rows_per_cta, groups);
   return true;
 }
 
@@ -908,11 +1020,18 @@ void quantize_fp8_values(const InputView& in, const Fp8Scales& scales, std::uint
 
 bool fp8_heads_fit(std::int64_t rows, const InputView& in) {
   bool fit = false;
-  ATTNREPLAY_FOR_ELEMENT_AND_DIM(in, fit = (fp8_head_plan<Elem, kDim>(rows).cluster > 0));
+  ATTNREPLAY_FOR_ELEMENT_AND_DIM(in, fit = (fp8_head_plan<Elem, kDim>(rows).ctas_per_head > 0));
   return fit;
 }
 
-void quantize_fp8_heads(std::initializer_list<HeadTarget> inputs, Order order, cudaStream_t stream) {
+std::size_t fp8_heads_work_bytes(std::int64_t rows, const InputView& in, std::int64_t heads) {
+  bool in_cluster = true;
+  ATTNREPLAY_FOR_ELEMENT_AND_DIM(in, in_cluster = (fp8_cluster_plan<Elem, kDim>(rows).ctas_per_head > 0));
+  if (in_cluster) return 0;
+  return (static_cast<std::size_t>(heads) * static_cast<std::size_t>(in.head_dim + 2) + 2) * sizeof(unsigned);
+}
+
+void quantize_fp8_heads(std::initializer_list<HeadTarget> inputs, void* work, Order order, cudaStream_t stream) {
   std::int64_t rows = 0;
   for (const HeadTarget& t : inputs) {
     if (t.rows < t.in.seq || (t.values && t.rows % kBlockK != 0) || (t.per_channel && !t.values)) {
@@ -926,9 +1045,9 @@ void quantize_fp8_heads(std::initializer_list<HeadTarget> inputs, Order order, c
   }, "quantize_fp8_heads");
   bool launched = false;
   ATTNREPLAY_FOR_ELEMENT_AND_DIM(targets.target[0].in,
-                                 launched = (launch_fp8_heads<Elem, kDim>(targets, rows, order, stream)));
+                                 launched = (launch_fp8_heads<Elem, kDim>(targets, rows, work, order, stream)));
   if (!launched) {
-    throw std::invalid_argument("quantize_fp8_heads: heads of " + std::to_string(rows) + " rows do not fit a cluster");
+    throw std::invalid_argument("quantize_fp8_heads: heads of " + std::to_string(rows) + " rows fit no cluster or group");
   }
 }
 

@@ -116,8 +116,10 @@ void quantize_fp8_values(const InputView& in, const Fp8Scales& scales, std::uint
 
 // FP8 codes of whole heads from one read of the input: a cluster of CTAs holds one (b, h) of one
 // input in shared memory, so that the head's maxima are known before any code is written, where
-// abs_max followed by quantize_fp8_rows / quantize_fp8_values reads the input twice. Codes and
-// scales are theirs, byte for byte. Only for heads that fit a cluster: fp8_heads_fit() says.
+// abs_max followed by quantize_fp8_rows / quantize_fp8_values reads the input twice. A head longer
+// than a cluster holds is held by a group of CTAs that share their maxima in `work`. Codes and
+// scales are the two passes', byte for byte. Only for heads that fit a cluster or a group:
+// fp8_heads_fit() says.
 struct HeadTarget {
   InputView in;
   bool values = false;       // V: transposed and permuted as quantize_fp8_values writes it; else rows
@@ -129,7 +131,10 @@ struct HeadTarget {
 };
 // Whether heads of `rows` rows (the most of a launch's inputs) of `in`'s element type and head dim do.
 bool fp8_heads_fit(std::int64_t rows, const InputView& in);
+// The bytes of `work` for a launch of `heads` heads (all its inputs') of `rows` rows: 0 where they
+// fit a cluster. Zeroed once before the first launch; each launch leaves it zeroed.
+std::size_t fp8_heads_work_bytes(std::int64_t rows, const InputView& in, std::int64_t heads);
 // Up to three inputs of one element type and head dim in one launch.
-void quantize_fp8_heads(std::initializer_list<HeadTarget> inputs, Order order, cudaStream_t stream);
+void quantize_fp8_heads(std::initializer_list<HeadTarget> inputs, void* work, Order order, cudaStream_t stream);
 
 }  // namespace attnreplay::cuda_attention

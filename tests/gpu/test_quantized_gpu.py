@@ -86,10 +86,13 @@ SHAPES = {
     # More queries than keys, bottom-right: the first 250 rows see no key and must be 0.
     "rows-without-keys": ["--shape", "1,2,450,128", "--s_kv", "200", "--causal", "--causal_alignment", "bottom_right"],
     "more-queries-top-left": ["--shape", "1,2,450,64", "--s_kv", "200", "--causal", "--causal_alignment", "top_left"],
-    # Heads too long for a cluster's shared memory: the FP8 codes take two passes over the input.
-    "long-keys-two-pass": ["--shape", "1,2,64,128", "--s_kv", "16384"],
+    # Heads too long for a cluster's shared memory: the FP8 codes by groups of CTAs that meet in the
+    # global memory.
+    "long-keys-head-groups": ["--shape", "1,2,64,128", "--s_kv", "16384"],
     # The same over batches and shared K/V heads, keys not a whole number of 64-key items.
-    "long-keys-two-pass-gqa": ["--shape", "2,4,100,128", "--s_kv", "9000", "--num_kv_heads", "2"],
+    "long-keys-head-groups-gqa": ["--shape", "2,4,100,128", "--s_kv", "9000", "--num_kv_heads", "2"],
+    # Heads too long for a group (over half the CTAs an H100 or H200 holds): two passes.
+    "long-keys-two-pass": ["--shape", "1,2,64,64", "--s_kv", "131072"],
 }
 
 
