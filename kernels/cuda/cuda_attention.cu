@@ -107,7 +107,7 @@ struct Attention::State {
   DeviceBuffer q_in, k_in, v_in;        // as uploaded, in the call's layout
   DeviceBuffer q_work, k_work, v_work;  // what the attention reads, when not the uploads
   DeviceBuffer q_scale, k_scale, v_scale, k_mean;
-  DeviceBuffer k_mean_work;  // block sums and counters of channel_means, zeroed once
+  DeviceBuffer k_mean_work;  // block sums and counters of channel_means or K's head groups, zeroed once
   DeviceBuffer amax;  // the FP8 maxima of every input, zeroed at once (two-pass FP8 only)
   DeviceBuffer fp8_heads_work;  // where quantize_fp8_heads' groups meet, zeroed once (heads past a cluster)
   bool fp8_one_read = false;  // FP8 codes by quantize_fp8_heads, where the heads fit a cluster or group
@@ -208,7 +208,12 @@ Attention::Attention(Kind kind, const Problem& p, const Options& options, const 
         a.q = s.q_in.as(), a.q_stride_s = q.stride_s, a.q_stride_h = q.stride_h, a.q_stride_b = q.stride_b;
       }
       s.k_one_read = options.k_smooth && p.seq_kv > 0 && int8_key_heads_fit(k_rows, s.k_view());
-      if (options.k_smooth && !s.k_one_read) {
+      if (s.k_one_read) {
+        if (const std::size_t bytes = int8_key_heads_work_bytes(k_rows, s.k_view()); bytes > 0) {
+          s.k_mean_work.allocate(bytes, "K block sums");
+          ATTNREPLAY_CUDA_CHECK(cudaMemset(s.k_mean_work.as(), 0, bytes));
+        }
+      } else if (options.k_smooth) {
         s.k_mean.allocate(bkv * d * sizeof(float), "K channel means");
         s.k_mean_work.allocate(channel_means_work_bytes(s.k_view()), "K block sums");
         ATTNREPLAY_CUDA_CHECK(cudaMemset(s.k_mean_work.as(), 0, s.k_mean_work.bytes()));
@@ -319,7 +324,7 @@ void Attention::prepare_inputs(cudaStream_t stream) {
                          {s.k_work.as<std::int8_t>(), a.k_rows, s.k_scale.as<float>(), a.k_groups}};
       // sage2's Q is quantized by the attention kernel.
       if (s.k_one_read) {
-        quantize_int8_key_heads(k, s.options.granularity, next(), stream);
+        quantize_int8_key_heads(k, s.options.granularity, s.k_mean_work.as(), next(), stream);
         if (!sage2) quantize_int8({q}, s.options.granularity, next(), stream);
       } else if (sage2) {
         quantize_int8({k}, s.options.granularity, next(), stream);

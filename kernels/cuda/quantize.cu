@@ -571,25 +571,67 @@ unsigned max_head_cluster() {
 
 // ---- FP8 from one read: a cluster or a group of CTAs holds a head ----
 
-// Where the CTAs of a head longer than a cluster holds meet: the global memory, zeroed before the
-// first launch; each launch leaves it zeroed (fp8_heads_work_bytes).
-struct HeadGroups {
-  unsigned* amax = nullptr;      // per (target, head) and channel, as bits
-  unsigned* arrived = nullptr;   // per (target, head): CTAs whose maxima are in
-  unsigned* departed = nullptr;  // per (target, head): CTAs that have read the head's maxima
+// ---- Groups of CTAs that hold a head and meet in the global memory ----
+
+// Where a cluster cannot hold a head, a group of CTAs does: consecutive places of a launch, taken
+// from a counter in the order the CTAs start. A CTA only waits on CTAs that have started, or that
+// start in the slots the heads before it free: no deadlock while a head's CTAs fit in the GPU at
+// once (the plans ask for half). The counters are zeroed before the first launch; each launch
+// leaves them zeroed.
+struct GroupCounters {
+  unsigned* arrived = nullptr;   // per head: CTAs whose share is in
+  unsigned* departed = nullptr;  // per head: CTAs that have read the head's
   unsigned* places = nullptr;    // [0]: the next CTA's place in the launch, [1]: CTAs finished
   unsigned ctas_per_head = 0;
+};
+// The words of `heads` heads' counters at `words`, the places after them: 2 * heads + 2.
+__host__ __device__ inline GroupCounters group_counters(unsigned* words, std::int64_t heads, unsigned ctas_per_head) {
+  return {words, words + heads, words + 2 * heads, ctas_per_head};
+}
+// This CTA's place. All threads call it; `word` is a shared word.
+__device__ __forceinline__ std::int64_t take_group_place(const GroupCounters& g, unsigned& word) {
+  if (threadIdx.x == 0) word = atomicAdd(g.places, 1u);
+  __syncthreads();
+  return word;
+}
+// After the CTA's share is written: counts it in and returns once the head's CTAs all have (the
+// threadfence reduction of CUDA's samples, with a wait). All threads call it.
+__device__ __forceinline__ void meet_group(const GroupCounters& g, std::int64_t head) {
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    atomicAdd(g.arrived + head, 1u);
+    while (*reinterpret_cast<volatile unsigned*>(g.arrived + head) < g.ctas_per_head) __nanosleep(128);
+    __threadfence();
+  }
+  __syncthreads();
+}
+// After the CTA has read the head's shares: true, in all threads, for the head's last reader, which
+// zeroes the head's counters and may clear its shares. `word` is a shared word.
+__device__ __forceinline__ bool leave_group(const GroupCounters& g, std::int64_t head, unsigned& word) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    word = atomicAdd(g.departed + head, 1u) == g.ctas_per_head - 1;
+    if (word) g.arrived[head] = 0, g.departed[head] = 0;
+  }
+  __syncthreads();
+  return word != 0;
+}
+// At the CTA's end: the launch's last CTA frees the places for the next launch.
+__device__ __forceinline__ void release_group_place(const GroupCounters& g) {
+  if (threadIdx.x == 0 && atomicAdd(g.places + 1, 1u) == gridDim.x - 1) g.places[0] = 0, g.places[1] = 0;
+}
+
+// FP8 heads' groups: the maxima, per head and channel, as bits; zeroed like the counters.
+struct HeadGroups {
+  unsigned* amax = nullptr;
+  GroupCounters counters;
 };
 
 // A cluster of CTAs (kInCluster), or a group of CTAs that meet in the global memory, holds one
 // (b, h) of one input, `rows_per_cta` rows a CTA (a multiple of 16), staged with swizzled(). Each
 // CTA takes its rows' per-channel maxima, reads the head's, and codes its rows from the tiles:
-// the input is read once.
-//
-// A group's CTAs take their places from a counter in the order they start, and a head's places
-// are consecutive, so a CTA only waits on CTAs that have started or that start in the slots the
-// heads before it free: no deadlock while a head's CTAs fit in the GPU at once (fp8_group_plan
-// asks for half). Cluster or group, the maxima and codes are the same, bit for bit.
+// the input is read once. Cluster or group, the maxima and codes are the same, bit for bit.
 template <typename Elem, int kDim, bool kInCluster>
 __global__ void __launch_bounds__(kQuantThreads) quantize_fp8_heads_kernel(const LaunchTargets<HeadTarget, 3> targets,
                                                                            int rows_per_cta, const HeadGroups groups) {
@@ -605,14 +647,9 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_fp8_heads_kernel(const
   __shared__ float inverse[kDim];   // what the codes multiply by, per channel (all equal per head)
   __shared__ unsigned shared_word;  // a group's place, then whether the CTA is its head's last reader
   std::int64_t place = blockIdx.x;
-  unsigned ctas_per_head = groups.ctas_per_head;
-  if constexpr (kInCluster) {
-    ctas_per_head = cg::this_cluster().num_blocks();
-  } else {
-    if (threadIdx.x == 0) shared_word = atomicAdd(groups.places, 1u);
-    __syncthreads();
-    place = shared_word;
-  }
+  unsigned ctas_per_head = groups.counters.ctas_per_head;
+  if constexpr (kInCluster) ctas_per_head = cg::this_cluster().num_blocks();
+  else place = take_group_place(groups.counters, shared_word);
   const int rank = static_cast<int>(place % ctas_per_head);
   const std::int64_t index = place / ctas_per_head;  // of the (target, head)
   const int which = targets.of(index);
@@ -675,28 +712,12 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_fp8_heads_kernel(const
     // The cluster's CTAs may leave once all have read cta_max: the wait is at the end.
     all_read = cluster.barrier_arrive();
   } else {
-    // The threadfence reduction of CUDA's samples, with a wait: each CTA adds its maxima, counts
-    // itself in, and reads the head's once every CTA of the head has.
     unsigned* head_amax = groups.amax + index * kDim;
     __syncthreads();  // cta_max complete
     if (c < kDim) atomicMax(head_amax + c, cta_max[c]);
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      atomicAdd(groups.arrived + index, 1u);
-      while (*reinterpret_cast<volatile unsigned*>(groups.arrived + index) < ctas_per_head) __nanosleep(128);
-      __threadfence();
-    }
-    __syncthreads();
+    meet_group(groups.counters, index);
     if (c < kDim) head_max[c] = __uint_as_float(__ldcg(head_amax + c));  // from L2: other CTAs' atomics
-    __syncthreads();
-    // The head's last reader leaves its words zeroed for the next launch.
-    if (threadIdx.x == 0) shared_word = atomicAdd(groups.departed + index, 1u) == ctas_per_head - 1;
-    __syncthreads();
-    if (shared_word) {
-      if (c < kDim) head_amax[c] = 0;
-      if (threadIdx.x == 0) groups.arrived[index] = 0, groups.departed[index] = 0;
-    }
+    if (leave_group(groups.counters, index, shared_word) && c < kDim) head_amax[c] = 0;  // for the next launch
   }
   __syncthreads();
   if (!t.per_channel && warp == 0) {
@@ -734,52 +755,77 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_fp8_heads_kernel(const
       *reinterpret_cast<uint4*>(t.out + (head * t.rows + row0 + row) * kDim + c0) = row_codes<Elem>(raw, inverse[0]);
     }
   }
-  if constexpr (kInCluster) {
-    cg::this_cluster().barrier_wait(std::move(all_read));
-  } else if (threadIdx.x == 0 && atomicAdd(groups.places + 1, 1u) == gridDim.x - 1) {
-    groups.places[0] = 0, groups.places[1] = 0;  // every CTA has its place: the counters are free
-  }
+  if constexpr (kInCluster) cg::this_cluster().barrier_wait(std::move(all_read));
+  else release_group_place(groups.counters);
   complete_after_prior_kernel();  // it reads the uploaded inputs only
 }
 
-// ---- K's means and INT8 codes from one read: a cluster holds a head ----
+// ---- K's means and INT8 codes from one read: a cluster or a group of CTAs holds a head ----
 
-// A cluster of CTAs holds one (b, h) of K, a block of kBlockK keys a CTA, staged as
-// quantize_int8_kernel stages one. Each CTA sums its block's keys per channel as
-// channel_mean_kernel does and adds the blocks' sums in block order from the cluster's shared
-// memory (distributed): each has the head's means, bit for bit channel_means', and codes its block
-// with them. K is read once, where channel_means and quantize_int8 read it twice.
-template <typename Elem, int kDim>
-__global__ void __launch_bounds__(kQuantThreads) quantize_int8_key_heads_kernel(const InputView in, const Int8Job job) {
+// K's heads' groups: each block's sums, per (head, block) and channel.
+struct KeyGroups {
+  float* block_sums = nullptr;
+  GroupCounters counters;
+};
+
+// A cluster of CTAs (kInCluster), or a group of CTAs that meet in the global memory, holds one
+// (b, h) of K, a block of kBlockK keys a CTA, staged as quantize_int8_kernel stages one. Each CTA
+// sums its block's keys per channel as channel_mean_kernel does and adds the blocks' sums in block
+// order, from the cluster's shared memory (distributed) or the global memory: each has the head's
+// means, bit for bit channel_means', and codes its block with them. K is read once, where
+// channel_means and quantize_int8 read it twice.
+template <typename Elem, int kDim, bool kInCluster>
+__global__ void __launch_bounds__(kQuantThreads) quantize_int8_key_heads_kernel(const InputView in, const Int8Job job,
+                                                                                const KeyGroups groups) {
   namespace cg = cooperative_groups;
   __shared__ Int8Shared<kDim> shared;
   __shared__ float block_sums[kDim];  // the cluster reads them
-  const cg::cluster_group cluster = cg::this_cluster();
-  const std::int64_t block = cluster.block_rank();
-  const std::int64_t head = blockIdx.x / cluster.num_blocks();
+  __shared__ unsigned shared_word;
+  std::int64_t place = blockIdx.x;
+  unsigned blocks = groups.counters.ctas_per_head;
+  if constexpr (kInCluster) blocks = cg::this_cluster().num_blocks();
+  else place = take_group_place(groups.counters, shared_word);
+  const std::int64_t block = place % blocks;
+  const std::int64_t head = place / blocks;
   let_next_kernel_start();
   stage_int8_block<Elem, kDim, kBlockK>(in, block, head, shared.tile);
   cp_async_commit();
   cp_async_wait<0>();
   __syncthreads();
   const int c = static_cast<int>(threadIdx.x);
+  float sum = 0.0f;
   if (c < kDim) {
     const int keys = static_cast<int>(min(static_cast<std::int64_t>(kBlockK), in.seq - block * kBlockK));
-    block_sums[c] = sum_in_order(keys, [&](int j) {
+    sum = sum_in_order(keys, [&](int j) {
       return to_float(reinterpret_cast<const Elem*>(&shared.tile[int8_slot<kDim, kBlockK>(j, c / 8)])[c % 8]);
     });
   }
-  cluster.sync();  // every CTA's block sums written and visible
-  if (c < kDim) {
-    const float total =
-        sum_in_order(cluster.num_blocks(), [&](unsigned j) { return cluster.map_shared_rank(block_sums, j)[c]; });
-    shared.mean[c] = __fdiv_rn(total, static_cast<float>(in.seq));
+  [[maybe_unused]] cg::cluster_group::arrival_token all_read;
+  if constexpr (kInCluster) {
+    const cg::cluster_group cluster = cg::this_cluster();
+    if (c < kDim) block_sums[c] = sum;
+    cluster.sync();  // every CTA's block sums written and visible
+    if (c < kDim) {
+      const float total = sum_in_order(blocks, [&](unsigned j) { return cluster.map_shared_rank(block_sums, j)[c]; });
+      shared.mean[c] = __fdiv_rn(total, static_cast<float>(in.seq));
+    }
+    // The cluster's CTAs may leave once all have read block_sums: the wait is at the end.
+    all_read = cluster.barrier_arrive();
+  } else {
+    float* head_sums = groups.block_sums + head * blocks * kDim;
+    if (c < kDim) head_sums[block * kDim + c] = sum;
+    meet_group(groups.counters, head);
+    if (c < kDim) {
+      // From L2 (__ldcg): other CTAs wrote them.
+      const float total = sum_in_order(blocks, [&](unsigned j) { return __ldcg(head_sums + j * kDim + c); });
+      shared.mean[c] = __fdiv_rn(total, static_cast<float>(in.seq));
+    }
+    leave_group(groups.counters, head, shared_word);  // the sums are written anew by each launch
   }
-  // The cluster's CTAs may leave once all have read block_sums: the wait is at the end.
-  auto all_read = cluster.barrier_arrive();
   __syncthreads();
   int8_block_codes<Elem, kDim, kBlockK>(in, job, block, head, shared.tile, shared.row_amax, shared.mean);
-  cluster.barrier_wait(std::move(all_read));
+  if constexpr (kInCluster) cg::this_cluster().barrier_wait(std::move(all_read));
+  else release_group_place(groups.counters);
   complete_after_prior_kernel();  // it reads the uploaded inputs only
 }
 
@@ -899,8 +945,7 @@ bool launch_fp8_heads(const LaunchTargets<HeadTarget, 3>& targets, std::int64_t 
   }
   if (work == nullptr) throw std::invalid_argument("quantize_fp8_heads: heads longer than a cluster need its work");
   auto* words = static_cast<unsigned*>(work);
-  const HeadGroups groups{words, words + heads * kDim, words + heads * (kDim + 1), words + heads * (kDim + 2),
-                          plan.ctas_per_head};
+  const HeadGroups groups{words, group_counters(words + heads * kDim, heads, plan.ctas_per_head)};
   launch_kernel("quantize_fp8_heads_kernel", quantize_fp8_heads_kernel<Elem, kDim, false>, grid, kQuantThreads,
                 plan.shared_bytes, order, stream, targets, plan.rows_per_cta, groups);
   return true;
@@ -913,17 +958,53 @@ bool launch_fp8_heads(const LaunchTargets<HeadTarget, 3>& targets, std::int64_t 
 template <typename Elem, int kDim>
 unsigned int8_key_cluster(std::int64_t rows) {
   const std::int64_t blocks = rows / kBlockK;
-  const auto largest = max_head_cluster<quantize_int8_key_heads_kernel<Elem, kDim>, 0>();
+  const auto largest = max_head_cluster<quantize_int8_key_heads_kernel<Elem, kDim, true>, 0>();
   return rows % kBlockK == 0 && blocks >= 1 && blocks <= largest ? static_cast<unsigned>(blocks) : 0;
 }
+// Longer heads at head dim 128: a group of a CTA a block, where it takes at most half the CTAs the
+// GPU holds. Against the two passes, sage1-int8's preparation took 10 % less at 4x32x4096x128, 5 %
+// at Flux and 2 % at 4x32x16384x128 (sage2-int8-fp8's 8 %, +1.6 % and 1 %; its whole call 0.9 % and
+// 0.3 % faster at 4k and Flux, level at 16k). At head dim 64 a block is 16 kB, and the meeting cost more than the read it saved:
+// 10-31 % slower at 2x24x4250x64 and CogVideoX (H100, bench/results/2026-11-26-h100-head-groups/).
 template <typename Elem, int kDim>
-bool launch_int8_key_heads(const Int8Target& keys, Granularity granularity, Order order, cudaStream_t stream) {
-  const unsigned cluster = int8_key_cluster<Elem, kDim>(keys.out.rows);
-  if (cluster == 0) return false;
+unsigned int8_key_group(std::int64_t rows) {
+  if constexpr (kDim != 128) {
+    return 0;
+  } else {
+    static const std::int64_t resident = [] {
+      int device = 0, sms = 0, per_sm = 0;
+      ATTNREPLAY_CUDA_CHECK(cudaGetDevice(&device));
+      ATTNREPLAY_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+      ATTNREPLAY_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+          &per_sm, quantize_int8_key_heads_kernel<Elem, kDim, false>, kQuantThreads, 0));
+      return static_cast<std::int64_t>(sms) * per_sm;
+    }();
+    const std::int64_t blocks = rows / kBlockK;
+    return rows % kBlockK == 0 && blocks >= 1 && 2 * blocks <= resident ? static_cast<unsigned>(blocks) : 0;
+  }
+}
+template <typename Elem, int kDim>
+bool launch_int8_key_heads(const Int8Target& keys, Granularity granularity, void* work, Order order,
+                           cudaStream_t stream) {
   const Int8Job job{granularity, 1.0f, nullptr, keys.out, int8_groups_per_block(true, granularity)};
-  const auto heads = static_cast<unsigned>(keys.in.batch * keys.in.heads);
-  launch_kernel_in_clusters("quantize_int8_key_heads_kernel", quantize_int8_key_heads_kernel<Elem, kDim>,
-                            dim3(heads * cluster), cluster, kQuantThreads, 0, order, stream, keys.in, job);
+  const std::int64_t heads = static_cast<std::int64_t>(keys.in.batch) * keys.in.heads;
+  if (const unsigned cluster = int8_key_cluster<Elem, kDim>(keys.out.rows); cluster > 0) {
+    launch_kernel_in_clusters("quantize_int8_key_heads_kernel", quantize_int8_key_heads_kernel<Elem, kDim, true>,
+                              dim3(static_cast<unsigned>(heads * cluster)), cluster, kQuantThreads, 0, order, stream,
+                              keys.in, job, KeyGroups{});
+    return true;
+  }
+  const unsigned blocks = int8_key_group<Elem, kDim>(keys.out.rows);
+  if (blocks == 0) return false;
+  if (work == nullptr) throw std::invalid_argument("quantize_int8_key_heads: heads longer than a cluster need its work");
+  if (heads * blocks > INT_MAX) {
+    throw std::invalid_argument("quantize_int8_key_heads: " + std::to_string(heads) + " heads of " +
+                                std::to_string(blocks) + " blocks are more CTAs than a grid holds");
+  }
+  auto* sums = static_cast<float*>(work);
+  const KeyGroups groups{sums, group_counters(reinterpret_cast<unsigned*>(sums + heads * blocks * kDim), heads, blocks)};
+  launch_kernel("quantize_int8_key_heads_kernel", quantize_int8_key_heads_kernel<Elem, kDim, false>,
+                dim3(static_cast<unsigned>(heads * blocks)), kQuantThreads, 0, order, stream, keys.in, job, groups);
   return true;
 }
 
@@ -1053,20 +1134,30 @@ void quantize_fp8_heads(std::initializer_list<HeadTarget> inputs, void* work, Or
 
 bool int8_key_heads_fit(std::int64_t rows, const InputView& keys) {
   bool fit = false;
-  ATTNREPLAY_FOR_ELEMENT_AND_DIM(keys, fit = (int8_key_cluster<Elem, kDim>(rows) > 0));
+  ATTNREPLAY_FOR_ELEMENT_AND_DIM(keys, fit = (int8_key_cluster<Elem, kDim>(rows) > 0 || int8_key_group<Elem, kDim>(rows) > 0));
   return fit;
 }
 
-void quantize_int8_key_heads(const Int8Target& keys, Granularity granularity, Order order, cudaStream_t stream) {
+std::size_t int8_key_heads_work_bytes(std::int64_t rows, const InputView& keys) {
+  bool in_cluster = true;
+  ATTNREPLAY_FOR_ELEMENT_AND_DIM(keys, in_cluster = (int8_key_cluster<Elem, kDim>(rows) > 0));
+  if (in_cluster) return 0;
+  const auto heads = static_cast<std::size_t>(keys.batch) * static_cast<std::size_t>(keys.heads);
+  const auto blocks = static_cast<std::size_t>(ceil_div(rows, kBlockK));
+  return heads * blocks * static_cast<std::size_t>(keys.head_dim) * sizeof(float) + (2 * heads + 2) * sizeof(unsigned);
+}
+
+void quantize_int8_key_heads(const Int8Target& keys, Granularity granularity, void* work, Order order,
+                             cudaStream_t stream) {
   if (!keys.is_key || keys.in.seq == 0 || keys.out.rows != ceil_div(keys.in.seq, kBlockK) * kBlockK) {
     throw std::invalid_argument("quantize_int8_key_heads: K with keys, its codes padded to whole blocks of keys");
   }
   bool launched = false;
   ATTNREPLAY_FOR_ELEMENT_AND_DIM(keys.in,
-                                 launched = (launch_int8_key_heads<Elem, kDim>(keys, granularity, order, stream)));
+                                 launched = (launch_int8_key_heads<Elem, kDim>(keys, granularity, work, order, stream)));
   if (!launched) {
     throw std::invalid_argument("quantize_int8_key_heads: heads of " + std::to_string(keys.out.rows) +
-                                " keys do not fit a cluster");
+                                " keys fit no cluster or group");
   }
 }
 

@@ -58,11 +58,16 @@ void quantize_int8(std::initializer_list<Int8Target> inputs, Granularity granula
 // K smoothed and coded from one read: a thread block cluster holds one (b, h) of K in shared memory,
 // a 128-key block a CTA, takes the head's channel means as channel_means does, bit for bit, and
 // codes its blocks with them as quantize_int8 does, where channel_means followed by quantize_int8
-// reads K twice. The means stay on chip (`keys.mean` is not read). For K with at least one key, its
-// codes padded to whole blocks, in heads of at most 16 blocks (8 where the GPU schedules no larger
-// cluster): int8_key_heads_fit() says.
+// reads K twice. The means stay on chip (`keys.mean` is not read). Heads of more than 16 blocks (8
+// where the GPU schedules no larger cluster) are held by a group of CTAs that share their block
+// sums in `work`, at head dim 128 only. For K with at least one key, its codes padded to whole
+// blocks, in heads that fit a cluster or a group: int8_key_heads_fit() says.
 bool int8_key_heads_fit(std::int64_t rows, const InputView& keys);
-void quantize_int8_key_heads(const Int8Target& keys, Granularity granularity, Order order, cudaStream_t stream);
+// The bytes of `work` for K's heads of `rows` keys: 0 where they fit a cluster. Zeroed once before
+// the first launch; each launch leaves its counters zeroed.
+std::size_t int8_key_heads_work_bytes(std::int64_t rows, const InputView& keys);
+void quantize_int8_key_heads(const Int8Target& keys, Granularity granularity, void* work, Order order,
+                             cudaStream_t stream);
 
 // max |x| as float bits (non-negative floats order as unsigned ints) into `amax`, which the caller
 // zeroes: one per (b, h, channel) when per_channel, one per (b, h), or one for all when per_tensor.
