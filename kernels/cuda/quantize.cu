@@ -569,8 +569,6 @@ unsigned max_head_cluster() {
   return largest;
 }
 
-// ---- FP8 from one read: a cluster or a group of CTAs holds a head ----
-
 // ---- Groups of CTAs that hold a head and meet in the global memory ----
 
 // Where a cluster cannot hold a head, a group of CTAs does: consecutive places of a launch, taken
@@ -621,6 +619,8 @@ __device__ __forceinline__ bool leave_group(const GroupCounters& g, std::int64_t
 __device__ __forceinline__ void release_group_place(const GroupCounters& g) {
   if (threadIdx.x == 0 && atomicAdd(g.places + 1, 1u) == gridDim.x - 1) g.places[0] = 0, g.places[1] = 0;
 }
+
+// ---- FP8 from one read: a cluster or a group of CTAs holds a head ----
 
 // FP8 heads' groups: the maxima, per head and channel, as bits; zeroed like the counters.
 struct HeadGroups {
@@ -860,14 +860,14 @@ dim3 head_grid(std::int64_t blocks, const InputView& in) {
   return dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(in.heads), static_cast<unsigned>(in.batch));
 }
 
-// How quantize_fp8_heads_kernel splits a head of `rows` rows: a tile a CTA where the head's tiles
-// fit a cluster of max_head_cluster(), else the largest cluster, its CTAs' rows whole 16-key
-// groups. Flux's 4608 rows are 16 CTAs of 288 (72 kB, three an SM) rather than 12 of three tiles
-// (96 kB, two an SM): fa3-fp8's preparation 6 % faster (H100,
-// bench/results/2026-11-25-h100-finer-heads/). No plan (cluster 0) when a CTA would need more
-// than kHeadTileBytes: two CTAs an SM, so that one's loads overlap the other's writes. At one an SM
+// How quantize_fp8_heads_kernel splits a head of `rows` rows in a cluster: a tile a CTA where the
+// head's tiles fit a cluster of max_head_cluster(), else the largest cluster, its CTAs' rows whole
+// 16-key groups. Flux's 4608 rows are 16 CTAs of 288 (72 kB, three an SM) rather than 12 of three
+// tiles (96 kB, two an SM): fa3-fp8's preparation 6 % faster (H100,
+// bench/results/2026-11-25-h100-finer-heads/). No cluster plan when a CTA would need more than
+// kHeadTileBytes: two CTAs an SM, so that one's loads overlap the other's writes. At one an SM
 // (CogVideoX's 144 kB), the kernel took 345 us where the two passes take 327 (ncu, H100); at two
-// (Flux) 65 against 76.
+// (Flux) 65 against 76. Such heads go to a group (fp8_group_plan).
 constexpr std::size_t kHeadTileBytes = 96 * 1024;
 struct HeadPlan {
   int rows_per_cta = 0;
@@ -963,9 +963,10 @@ unsigned int8_key_cluster(std::int64_t rows) {
 }
 // Longer heads at head dim 128: a group of a CTA a block, where it takes at most half the CTAs the
 // GPU holds. Against the two passes, sage1-int8's preparation took 10 % less at 4x32x4096x128, 5 %
-// at Flux and 2 % at 4x32x16384x128 (sage2-int8-fp8's 8 %, +1.6 % and 1 %; its whole call 0.9 % and
-// 0.3 % faster at 4k and Flux, level at 16k). At head dim 64 a block is 16 kB, and the meeting cost more than the read it saved:
-// 10-31 % slower at 2x24x4250x64 and CogVideoX (H100, bench/results/2026-11-26-h100-head-groups/).
+// at Flux and 2 % at 4x32x16384x128 (sage2-int8-fp8's 8 %, +1.6 % and 1 %; its whole call 0.9 %
+// and 0.3 % faster at 4k and Flux, level at 16k). At head dim 64 a block is 16 kB, and the
+// meeting cost more than the read it saved: 10-31 % slower at 2x24x4250x64 and CogVideoX (H100,
+// bench/results/2026-11-26-h100-head-groups/).
 template <typename Elem, int kDim>
 unsigned int8_key_group(std::int64_t rows) {
   if constexpr (kDim != 128) {
@@ -996,13 +997,16 @@ bool launch_int8_key_heads(const Int8Target& keys, Granularity granularity, void
   }
   const unsigned blocks = int8_key_group<Elem, kDim>(keys.out.rows);
   if (blocks == 0) return false;
-  if (work == nullptr) throw std::invalid_argument("quantize_int8_key_heads: heads longer than a cluster need its work");
+  if (work == nullptr) {
+    throw std::invalid_argument("quantize_int8_key_heads: heads longer than a cluster need its work");
+  }
   if (heads * blocks > INT_MAX) {
     throw std::invalid_argument("quantize_int8_key_heads: " + std::to_string(heads) + " heads of " +
                                 std::to_string(blocks) + " blocks are more CTAs than a grid holds");
   }
   auto* sums = static_cast<float*>(work);
-  const KeyGroups groups{sums, group_counters(reinterpret_cast<unsigned*>(sums + heads * blocks * kDim), heads, blocks)};
+  auto* counters = reinterpret_cast<unsigned*>(sums + heads * blocks * kDim);
+  const KeyGroups groups{sums, group_counters(counters, heads, blocks)};
   launch_kernel("quantize_int8_key_heads_kernel", quantize_int8_key_heads_kernel<Elem, kDim, false>,
                 dim3(static_cast<unsigned>(heads * blocks)), kQuantThreads, 0, order, stream, keys.in, job, groups);
   return true;
@@ -1128,13 +1132,15 @@ void quantize_fp8_heads(std::initializer_list<HeadTarget> inputs, void* work, Or
   ATTNREPLAY_FOR_ELEMENT_AND_DIM(targets.target[0].in,
                                  launched = (launch_fp8_heads<Elem, kDim>(targets, rows, work, order, stream)));
   if (!launched) {
-    throw std::invalid_argument("quantize_fp8_heads: heads of " + std::to_string(rows) + " rows fit no cluster or group");
+    throw std::invalid_argument("quantize_fp8_heads: heads of " + std::to_string(rows) +
+                                " rows fit no cluster or group");
   }
 }
 
 bool int8_key_heads_fit(std::int64_t rows, const InputView& keys) {
   bool fit = false;
-  ATTNREPLAY_FOR_ELEMENT_AND_DIM(keys, fit = (int8_key_cluster<Elem, kDim>(rows) > 0 || int8_key_group<Elem, kDim>(rows) > 0));
+  ATTNREPLAY_FOR_ELEMENT_AND_DIM(
+      keys, fit = (int8_key_cluster<Elem, kDim>(rows) > 0 || int8_key_group<Elem, kDim>(rows) > 0));
   return fit;
 }
 
