@@ -186,11 +186,14 @@ def test_masks_are_declined(tmp_path):
 
 
 @pytest.mark.parametrize("timing", ["graph", "cupti"])
-def test_kernels_time_under_graphs_and_cupti(tmp_path, timing):
+@pytest.mark.parametrize("flags", [["--shape", "1,8,1024,128", "--causal"],
+                                   # Heads past a cluster: the preparation's groups of CTAs, whose
+                                   # counters each launch must leave zeroed for the next replay.
+                                   ["--shape", "1,2,256,128", "--s_kv", "9000"]], ids=["clusters", "groups"])
+def test_kernels_time_under_graphs_and_cupti(tmp_path, timing, flags):
     # The kernels queue on torch's current stream, so a CUDA graph captures them; the graph's
     # replays must still leave the right output behind.
-    rows, result = replay(tmp_path, "--shape", "1,8,1024,128", "--causal", "--kernels", ",".join(KERNELS),
-                          "--timing", timing)
+    rows, result = replay(tmp_path, *flags, "--kernels", ",".join(KERNELS), "--timing", timing)
     for kernel in KERNELS:
         assert rows[kernel]["status"] == "not_verified", (rows[kernel], result.stderr)
         assert rows[kernel]["timing"]["method"] == {"graph": "cuda-graph", "cupti": "cupti"}[timing]
