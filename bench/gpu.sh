@@ -16,7 +16,7 @@ step() { echo; echo "== $* ($(date -u +%H:%M:%S))"; }
 # "plugins", "groups", "pipeline", "shard", "reference", "batches", "short", "gap", "prep" and
 # "prepkernels" run only when asked for (PREP_TESTS=0 leaves out prep's GPU tests, PREP_BASE=0 the
 # base build's preparation where BASE_TREE is set for `same` alone, PREP_VARIANTS
-# and PREP_CASES pick its runs; PEER_SHAPES picks the peer step's shapes; GPU_TESTS, pytest's
+# and PREP_CASES pick its runs, PREP_KINDS its kinds; PEER_SHAPES picks the peer step's shapes; GPU_TESTS, pytest's
 # arguments, picks the GPU tests; "same" compares outputs with BASE_TREE's build, below).
 STEPS="${GPU_STEPS:-tests dobench suite quant capture}"
 wants() { [[ " $STEPS " == *" $1 "* ]]; }
@@ -94,7 +94,7 @@ if [ "${PREP_TESTS:-1}" = 1 ]; then
   grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest-quant.txt" | tail -20
 fi
 python3 "$ROOT/bench/preparation_check.py" --attnreplay "$BIN" --out "$OUT/preparation.json" \
-  --variants "${PREP_VARIANTS:-default}" --cases "${PREP_CASES:-}" | tee "$OUT/preparation.txt" || status=1
+  --variants "${PREP_VARIANTS:-default}" --cases "${PREP_CASES:-}" ${PREP_KINDS:+--kinds "$PREP_KINDS"} | tee "$OUT/preparation.txt" || status=1
 if [ "${PREP_BASE:-1}" = 1 ] && base_built; then
   echo "-- the base ($BASE_TREE), in the same call"
   python3 "$ROOT/bench/preparation_check.py" --attnreplay "$BASE_BIN" --out "$OUT/preparation-base.json" \

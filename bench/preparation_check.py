@@ -42,10 +42,10 @@ def median_stderr(timing):
     return 1.2533 * timing["spread_rel"] * timing["median_s"] / max(1, timing["samples"]) ** 0.5
 
 
-def run_case(binary, case_args, env_extra, timeout):
+def run_case(binary, case_args, kinds, env_extra, timeout):
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out.json"
-        command = [binary, "run", *case_args, "--kernels", ",".join(KINDS), "--ref-sample-rows", "64", "--json", str(out)]
+        command = [binary, "run", *case_args, "--kernels", ",".join(kinds), "--ref-sample-rows", "64", "--json", str(out)]
         env = dict(os.environ, **env_extra)
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
         if done.returncode != 0 or not out.exists():
@@ -81,11 +81,13 @@ def main():
     parser.add_argument("--suite", default=str(ROOT / "bench" / "suite_quant.txt"))
     parser.add_argument("--variants", default="default", help="comma-separated: " + ",".join(VARIANTS))
     parser.add_argument("--cases", default="", help="comma-separated case tags (default: all)")
+    parser.add_argument("--kinds", default=",".join(KINDS), help="comma-separated kinds (default: all three)")
     parser.add_argument("--timeout", type=float, default=180)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
 
     variants = args.variants.split(",")
+    kinds = args.kinds.split(",")
     wanted = set(filter(None, args.cases.split(",")))
     results = []
     failed = False
@@ -95,12 +97,12 @@ def main():
             continue
         for variant in variants:
             try:
-                rows = run_case(args.attnreplay, case_args, VARIANTS[variant], args.timeout)
+                rows = run_case(args.attnreplay, case_args, kinds, VARIANTS[variant], args.timeout)
             except (RuntimeError, subprocess.TimeoutExpired) as error:
                 print(f"{tag:28} {variant:10} FAILED: {error}", flush=True)
                 failed = True
                 continue
-            for kind in KINDS:
+            for kind in kinds:
                 r = rows[kind]
                 results.append({"case": tag, "variant": variant, "kind": kind, **r})
                 if r["preparation_s"] is None:
@@ -111,7 +113,7 @@ def main():
                       f"{r['ratio_to_bound']:6.2f} {r['kernel_s'] * 1e3:10.4f} {whole * 1e3:9.4f} "
                       f"{(whole - r['kernel_s']) * 1e3:12.4f} {2 * r['preparation_stderr_s'] * 1e3:8.4f} "
                       f"{r['kernel_mhz']:4.0f}/{r['whole_mhz']:4.0f}/{r['preparation_mhz']:4.0f}", flush=True)
-    Path(args.out).write_text(json.dumps({"kinds": KINDS, "variants": {v: VARIANTS[v] for v in variants},
+    Path(args.out).write_text(json.dumps({"kinds": kinds, "variants": {v: VARIANTS[v] for v in variants},
                                           "results": results}, indent=1))
     return 1 if failed else 0
 
