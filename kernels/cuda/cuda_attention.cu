@@ -44,6 +44,11 @@ class DeviceBuffer {
     }
     bytes_ = bytes;
   }
+  // For work the kernels leave as they found it (counters, maxima): zeroed once, here.
+  void allocate_zeroed(std::size_t bytes, const std::string& what) {
+    allocate(bytes, what);
+    ATTNREPLAY_CUDA_CHECK(cudaMemset(pointer_, 0, bytes));
+  }
   template <typename T = void>
   T* as() const {
     return static_cast<T*>(pointer_);
@@ -115,13 +120,6 @@ struct Attention::State {
   DeviceBuffer out;
   AttentionArgs args;
   Order attention_order = Order::after_all;  // overlapping right after prepare_inputs
-
-  void allocate_fp8_heads_work(std::int64_t rows, const InputView& in, std::size_t heads) {
-    const std::size_t bytes = fp8_heads_work_bytes(rows, in, static_cast<std::int64_t>(heads));
-    if (bytes == 0) return;
-    fp8_heads_work.allocate(bytes, "FP8 head groups");
-    ATTNREPLAY_CUDA_CHECK(cudaMemset(fp8_heads_work.as(), 0, bytes));
-  }
 
   InputView view(const DeviceBuffer& buffer, std::int64_t heads, std::int64_t seq) const {
     InputView v;
@@ -210,13 +208,11 @@ Attention::Attention(Kind kind, const Problem& p, const Options& options, const 
       s.k_one_read = options.k_smooth && p.seq_kv > 0 && int8_key_heads_fit(k_rows, s.k_view());
       if (s.k_one_read) {
         if (const std::size_t bytes = int8_key_heads_work_bytes(k_rows, s.k_view()); bytes > 0) {
-          s.k_mean_work.allocate(bytes, "K block sums");
-          ATTNREPLAY_CUDA_CHECK(cudaMemset(s.k_mean_work.as(), 0, bytes));
+          s.k_mean_work.allocate_zeroed(bytes, "K block sums");
         }
       } else if (options.k_smooth) {
         s.k_mean.allocate(bkv * d * sizeof(float), "K channel means");
-        s.k_mean_work.allocate(channel_means_work_bytes(s.k_view()), "K block sums");
-        ATTNREPLAY_CUDA_CHECK(cudaMemset(s.k_mean_work.as(), 0, s.k_mean_work.bytes()));
+        s.k_mean_work.allocate_zeroed(channel_means_work_bytes(s.k_view()), "K block sums");
       }
       a.k = s.k_work.as(), a.k_scale = s.k_scale.as<float>();
       if (kind == Kind::sage1_int8) {
@@ -227,8 +223,11 @@ Attention::Attention(Kind kind, const Problem& p, const Options& options, const 
         a.v_length = k_rows;
         s.v_work.allocate(bkv * d * static_cast<std::size_t>(k_rows), "V (e4m3)");
         s.fp8_one_read = fp8_heads_fit(k_rows, s.v_view());
-        if (s.fp8_one_read) s.allocate_fp8_heads_work(k_rows, s.v_view(), bkv);
-        else s.amax.allocate(bkv * d * sizeof(unsigned), "V amax");
+        if (!s.fp8_one_read) {
+          s.amax.allocate(bkv * d * sizeof(unsigned), "V amax");
+        } else if (const std::size_t bytes = fp8_heads_work_bytes(k_rows, s.v_view(), bkv); bytes > 0) {
+          s.fp8_heads_work.allocate_zeroed(bytes, "FP8 head groups");
+        }
         s.v_scale.allocate(bkv * d * sizeof(float), "V scales");
         a.v = s.v_work.as();
         a.v_scale = s.v_scale.as<float>();
@@ -242,8 +241,12 @@ Attention::Attention(Kind kind, const Problem& p, const Options& options, const 
       s.v_work.allocate(bkv * d * static_cast<std::size_t>(k_rows), "V (e4m3)");
       s.fp8_one_read = options.fp8_scale == Fp8ScaleGranularity::per_head &&
                        fp8_heads_fit(std::max(q_rows, k_rows), s.q_view());
-      if (s.fp8_one_read) s.allocate_fp8_heads_work(std::max(q_rows, k_rows), s.q_view(), bq + 2 * bkv);
-      else s.amax.allocate((bq + 2 * bkv) * sizeof(unsigned), "Q, K and V amax");
+      if (!s.fp8_one_read) {
+        s.amax.allocate((bq + 2 * bkv) * sizeof(unsigned), "Q, K and V amax");
+      } else if (const std::size_t bytes = fp8_heads_work_bytes(std::max(q_rows, k_rows), s.q_view(), bq + 2 * bkv);
+                 bytes > 0) {
+        s.fp8_heads_work.allocate_zeroed(bytes, "FP8 head groups");
+      }
       s.q_scale.allocate(bq * sizeof(float), "Q scales");
       s.k_scale.allocate(bkv * sizeof(float), "K scales");
       s.v_scale.allocate(bkv * sizeof(float), "V scales");

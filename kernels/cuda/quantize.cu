@@ -893,18 +893,21 @@ HeadPlan fp8_cluster_plan(std::int64_t rows) {
 // (two an SM), 1.10 at 54 kB and 1.14 at 35 kB (H100, bench/results/2026-11-26-h100-head-groups/).
 constexpr std::size_t kGroupTileBytes = 72 * 1024;
 
-// CTAs of the group kernel the GPU holds at once with the largest tiles: fewer tiles hold more.
-template <typename Elem, int kDim>
-std::int64_t resident_group_ctas() {
+// CTAs of `kKernel` (kQuantThreads threads, `kDynamicBytes` of dynamic shared memory) that the GPU
+// holds at once: how large a head's group may be (half that). Each kernel is allowed its dynamic
+// shared memory as it is first asked.
+template <auto kKernel, std::size_t kDynamicBytes>
+std::int64_t resident_ctas() {
   static const std::int64_t resident = [] {
-    auto* kernel = quantize_fp8_heads_kernel<Elem, kDim, false>;
-    ATTNREPLAY_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               static_cast<int>(kGroupTileBytes)));
+    if constexpr (kDynamicBytes > 0) {
+      ATTNREPLAY_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 static_cast<int>(kDynamicBytes)));
+    }
     int device = 0, sms = 0, per_sm = 0;
     ATTNREPLAY_CUDA_CHECK(cudaGetDevice(&device));
     ATTNREPLAY_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
     ATTNREPLAY_CUDA_CHECK(
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kQuantThreads, kGroupTileBytes));
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kKernel, kQuantThreads, kDynamicBytes));
     return static_cast<std::int64_t>(sms) * per_sm;
   }();
   return resident;
@@ -916,7 +919,8 @@ HeadPlan fp8_group_plan(std::int64_t rows) {
   const std::int64_t per_cta = ceil_div(ceil_div(rows, ctas), std::int64_t{16}) * 16;
   const std::int64_t ctas_per_head = ceil_div(rows, per_cta);
   const std::size_t bytes = static_cast<std::size_t>(per_cta) * kDim * sizeof(Elem);
-  if (2 * ctas_per_head > resident_group_ctas<Elem, kDim>()) return {};
+  // With the largest tiles: fewer tiles hold more.
+  if (2 * ctas_per_head > resident_ctas<quantize_fp8_heads_kernel<Elem, kDim, false>, kGroupTileBytes>()) return {};
   return {static_cast<int>(per_cta), static_cast<unsigned>(ctas_per_head), false, bytes};
 }
 
@@ -972,14 +976,7 @@ unsigned int8_key_group(std::int64_t rows) {
   if constexpr (kDim != 128) {
     return 0;
   } else {
-    static const std::int64_t resident = [] {
-      int device = 0, sms = 0, per_sm = 0;
-      ATTNREPLAY_CUDA_CHECK(cudaGetDevice(&device));
-      ATTNREPLAY_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-      ATTNREPLAY_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-          &per_sm, quantize_int8_key_heads_kernel<Elem, kDim, false>, kQuantThreads, 0));
-      return static_cast<std::int64_t>(sms) * per_sm;
-    }();
+    const std::int64_t resident = resident_ctas<quantize_int8_key_heads_kernel<Elem, kDim, false>, 0>();
     const std::int64_t blocks = rows / kBlockK;
     return rows % kBlockK == 0 && blocks >= 1 && 2 * blocks <= resident ? static_cast<unsigned>(blocks) : 0;
   }
