@@ -118,20 +118,28 @@ __global__ void copy_to_bhsd_kernel(const InputView in, uint4* out) {
 
 // ---- K smoothing: channel means, block by block; V's maxima beside them ----
 
-// load(0) + load(1) + ... + load(n - 1) in fp32, added in that order, the loads eight ahead of the
-// adds: a load's latency is then paid once for eight of them rather than for each.
-template <typename Index, typename Load>
+// load(0) + load(1) + ... + load(n - 1) in fp32, added in that order, the loads kAhead ahead of the
+// adds: a load's latency is then paid once for kAhead of them rather than for each.
+template <int kAhead = 8, typename Index, typename Load>
 __device__ __forceinline__ float sum_in_order(Index n, Load load) {
   float sum = 0.0f;
   Index j = 0;
-  for (; j + 8 <= n; j += 8) {
-    float value[8];
+  for (; j + kAhead <= n; j += kAhead) {
+    float value[kAhead];
 #pragma unroll
-    for (int u = 0; u < 8; ++u) value[u] = load(j + u);
+    for (int u = 0; u < kAhead; ++u) value[u] = load(j + u);
 #pragma unroll
-    for (int u = 0; u < 8; ++u) sum = __fadd_rn(sum, value[u]);
+    for (int u = 0; u < kAhead; ++u) sum = __fadd_rn(sum, value[u]);
   }
-  for (; j < n; ++j) sum = __fadd_rn(sum, load(j));
+  if (j < n) {  // the rest, loaded together too
+    float value[kAhead];
+#pragma unroll
+    for (int u = 0; u < kAhead; ++u) value[u] = j + u < n ? load(j + u) : 0.0f;
+#pragma unroll
+    for (int u = 0; u < kAhead; ++u) {
+      if (j + u < n) sum = __fadd_rn(sum, value[u]);
+    }
+  }
   return sum;
 }
 
@@ -816,8 +824,10 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_int8_key_heads_kernel(
     if (c < kDim) head_sums[block * kDim + c] = sum;
     meet_group(groups.counters, head);
     if (c < kDim) {
-      // From L2 (__ldcg): other CTAs wrote them.
-      const float total = sum_in_order(blocks, [&](unsigned j) { return __ldcg(head_sums + j * kDim + c); });
+      // From L2 (__ldcg): other CTAs wrote them. 32 loads in flight rather than 8: a round trip to
+      // L2 for every 32 of the head's blocks. At 4x32x16384x128 (128 blocks) that took 11-13 %
+      // off the Sage kinds' preparation (H100, bench/results/2026-11-26-h100-key-sums-ahead/).
+      const float total = sum_in_order<32>(blocks, [&](unsigned j) { return __ldcg(head_sums + j * kDim + c); });
       shared.mean[c] = __fdiv_rn(total, static_cast<float>(in.seq));
     }
     leave_group(groups.counters, head, shared_word);  // the sums are written anew by each launch
