@@ -4,11 +4,14 @@
 Runs `attnreplay run` on the shapes of bench/suite_quant.txt for sage1-int8, sage2-int8-fp8 and
 fa3-fp8, once per variant, and tabulates each kind's preparation time, its bound and their ratio,
 the attention alone and the whole call, with the preparation's standard error and the clocks of
-the three timings. A variant is a set of environment variables: to compare a change with what it
-replaces side by side, put both behind a variable for the measurement
-(bench/results/2026-11-25-h100-preparation-fusion/ did). Used by bench/gpu.sh's `prep` step.
+the three timings. Beside them, a plain copy of the bytes a one-read preparation moves: what a
+launch of that size reaches, where the bound takes the rate of a 1 GiB copy. A variant is a set of
+environment variables: to compare a change with what it replaces side by side, put both behind a
+variable for the measurement (bench/results/2026-11-25-h100-preparation-fusion/ did). Used by
+bench/gpu.sh's `prep` step.
 """
 import argparse
+import functools
 import json
 import os
 import shlex
@@ -36,6 +39,44 @@ def suite_cases(path):
         tag = args[args.index("--case_tag") + 1]
         cases.append((tag, ["--shape", shape, "--dtype", "bf16"] + (["--causal"] if "--causal" in args else [])))
     return cases
+
+
+# The inputs each kind prepares (sage2-int8-fp8 codes Q inside its attention kernel).
+PREPARED_INPUTS = {"sage1-int8": 2, "sage2-int8-fp8": 2, "fa3-fp8": 3}
+
+
+@functools.lru_cache(maxsize=None)
+def copy_floor_s(elements):
+    """A device-to-device copy (torch's copy_, as the copy ceiling is measured) of the bytes a
+    one-read preparation of `elements` bf16 values moves: 2 read and 1 written an element, so 1.5
+    each way. Cold L2, the median of CUDA event timings. What a launch of that size reaches, where
+    the bound takes the ceiling of a 1 GiB copy."""
+    import torch
+    src = torch.empty(elements * 3 // 2, device="cuda", dtype=torch.uint8).random_(0, 255)
+    dst = torch.empty_like(src)
+    flush = torch.empty(256 << 20, device="cuda", dtype=torch.int8)  # over L2's 50 MB
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for i in range(110):
+        flush.zero_()
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        if i >= 10:
+            times.append(start.elapsed_time(end) / 1e3)
+    del src, dst, flush
+    torch.cuda.empty_cache()  # the attnreplay runs after it need the memory
+    return sorted(times)[len(times) // 2]
+
+
+def shape_elements(case_args):
+    b, h, s, d = (int(x) for x in case_args[case_args.index("--shape") + 1].split(","))
+    return b * h * s * d
+
+
+def mhz(value):
+    return f"{value:4.0f}" if value is not None else "   -"
 
 
 def median_stderr(timing):
@@ -91,7 +132,7 @@ def main():
     wanted = set(filter(None, args.cases.split(",")))
     results = []
     failed = False
-    print(f"{'case':28} {'variant':10} {'kind':15} {'prep ms':>9} {'bound ms':>9} {'ratio':>6} {'kernel ms':>10} {'whole ms':>9} {'whole-kernel':>12} {'±2se ms':>8} {'MHz kernel/whole/prep':>21}")
+    print(f"{'case':28} {'variant':10} {'kind':15} {'prep ms':>9} {'bound ms':>9} {'ratio':>6} {'kernel ms':>10} {'whole ms':>9} {'whole-kernel':>12} {'±2se ms':>8} {'MHz kernel/whole/prep':>21} {'copy ms':>8} {'/copy':>6}")
     for tag, case_args in suite_cases(args.suite):
         if wanted and tag not in wanted:
             continue
@@ -104,6 +145,7 @@ def main():
                 continue
             for kind in kinds:
                 r = rows[kind]
+                r["copy_s"] = copy_floor_s(PREPARED_INPUTS[kind] * shape_elements(case_args))
                 results.append({"case": tag, "variant": variant, "kind": kind, **r})
                 if r["preparation_s"] is None:
                     print(f"{tag:28} {variant:10} {kind:15} {r['status']}", flush=True)
@@ -112,7 +154,8 @@ def main():
                 print(f"{tag:28} {variant:10} {kind:15} {r['preparation_s'] * 1e3:9.4f} {r['bound_s'] * 1e3:9.4f} "
                       f"{r['ratio_to_bound']:6.2f} {r['kernel_s'] * 1e3:10.4f} {whole * 1e3:9.4f} "
                       f"{(whole - r['kernel_s']) * 1e3:12.4f} {2 * r['preparation_stderr_s'] * 1e3:8.4f} "
-                      f"{r['kernel_mhz']:4.0f}/{r['whole_mhz']:4.0f}/{r['preparation_mhz']:4.0f}", flush=True)
+                      f"{mhz(r['kernel_mhz'])}/{mhz(r['whole_mhz'])}/{mhz(r['preparation_mhz'])} "
+                      f"{r['copy_s'] * 1e3:8.4f} {r['preparation_s'] / r['copy_s']:6.2f}", flush=True)
     Path(args.out).write_text(json.dumps({"kinds": kinds, "variants": {v: VARIANTS[v] for v in variants},
                                           "results": results}, indent=1))
     return 1 if failed else 0
