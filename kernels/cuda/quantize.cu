@@ -590,8 +590,15 @@ struct GroupCounters {
   unsigned* places = nullptr;    // [0]: the next CTA's place in the launch, [1]: CTAs finished
   unsigned ctas_per_head = 0;
 };
-// The words of `heads` heads' counters at `words`, the places after them: 2 * heads + 2.
-__host__ __device__ inline GroupCounters group_counters(unsigned* words, std::int64_t heads, unsigned ctas_per_head) {
+// A group launch's work, in 4-byte words: the heads' shares (`share_words` a head: the FP8 maxima as
+// bits, or K's block sums as floats), then each head's two counters, then the two places.
+static_assert(sizeof(float) == sizeof(unsigned));
+inline std::size_t group_work_bytes(std::int64_t heads, std::int64_t share_words) {
+  return static_cast<std::size_t>(heads * (share_words + 2) + 2) * sizeof(unsigned);
+}
+// The counters of such a work.
+inline GroupCounters group_counters(void* work, std::int64_t heads, std::int64_t share_words, unsigned ctas_per_head) {
+  unsigned* words = static_cast<unsigned*>(work) + heads * share_words;
   return {words, words + heads, words + 2 * heads, ctas_per_head};
 }
 // This CTA's place. All threads call it; `word` is a shared word.
@@ -958,8 +965,7 @@ bool launch_fp8_heads(const LaunchTargets<HeadTarget, 3>& targets, std::int64_t 
     return true;
   }
   if (work == nullptr) throw std::invalid_argument("quantize_fp8_heads: heads longer than a cluster need its work");
-  auto* words = static_cast<unsigned*>(work);
-  const HeadGroups groups{words, group_counters(words + heads * kDim, heads, plan.ctas_per_head)};
+  const HeadGroups groups{static_cast<unsigned*>(work), group_counters(work, heads, kDim, plan.ctas_per_head)};
   launch_kernel("quantize_fp8_heads_kernel", quantize_fp8_heads_kernel<Elem, kDim, false>, grid, kQuantThreads,
                 plan.shared_bytes, order, stream, targets, plan.rows_per_cta, groups);
   return true;
@@ -1011,9 +1017,7 @@ bool launch_int8_key_heads(const Int8Target& keys, Granularity granularity, void
     throw std::invalid_argument("quantize_int8_key_heads: " + std::to_string(heads) + " heads of " +
                                 std::to_string(blocks) + " blocks are more CTAs than a grid holds");
   }
-  auto* sums = static_cast<float*>(work);
-  auto* counters = reinterpret_cast<unsigned*>(sums + heads * blocks * kDim);
-  const KeyGroups groups{sums, group_counters(counters, heads, blocks)};
+  const KeyGroups groups{static_cast<float*>(work), group_counters(work, heads, std::int64_t{blocks} * kDim, blocks)};
   launch_kernel("quantize_int8_key_heads_kernel", quantize_int8_key_heads_kernel<Elem, kDim, false>,
                 dim3(static_cast<unsigned>(heads * blocks)), kQuantThreads, 0, order, stream, keys.in, job, groups);
   return true;
@@ -1120,7 +1124,7 @@ std::size_t fp8_heads_work_bytes(std::int64_t rows, const InputView& in, std::in
   bool in_cluster = true;
   ATTNREPLAY_FOR_ELEMENT_AND_DIM(in, in_cluster = (fp8_cluster_plan<Elem, kDim>(rows).ctas_per_head > 0));
   if (in_cluster) return 0;
-  return (static_cast<std::size_t>(heads) * static_cast<std::size_t>(in.head_dim + 2) + 2) * sizeof(unsigned);
+  return group_work_bytes(heads, in.head_dim);
 }
 
 void quantize_fp8_heads(std::initializer_list<HeadTarget> inputs, void* work, Order order, cudaStream_t stream) {
@@ -1155,9 +1159,8 @@ std::size_t int8_key_heads_work_bytes(std::int64_t rows, const InputView& keys) 
   bool in_cluster = true;
   ATTNREPLAY_FOR_ELEMENT_AND_DIM(keys, in_cluster = (int8_key_cluster<Elem, kDim>(rows) > 0));
   if (in_cluster) return 0;
-  const auto heads = static_cast<std::size_t>(keys.batch) * static_cast<std::size_t>(keys.heads);
-  const auto blocks = static_cast<std::size_t>(ceil_div(rows, kBlockK));
-  return heads * blocks * static_cast<std::size_t>(keys.head_dim) * sizeof(float) + (2 * heads + 2) * sizeof(unsigned);
+  const std::int64_t heads = static_cast<std::int64_t>(keys.batch) * keys.heads;
+  return group_work_bytes(heads, ceil_div(rows, kBlockK) * keys.head_dim);
 }
 
 void quantize_int8_key_heads(const Int8Target& keys, Granularity granularity, void* work, Order order,
