@@ -327,8 +327,9 @@ void Attention::prepare_inputs(cudaStream_t stream) {
                          {s.k_work.as<std::int8_t>(), a.k_rows, s.k_scale.as<float>(), a.k_groups}};
       // sage2's Q is quantized by the attention kernel.
       if (s.k_one_read) {
-        quantize_int8_key_heads(k, s.options.granularity, s.k_mean_work.as(), next(), stream);
-        if (!sage2) quantize_int8({q}, s.options.granularity, next(), stream);
+        const bool q_done = quantize_int8_key_heads(k, s.options.granularity, s.k_mean_work.as(), next(), stream,
+                                                    sage2 ? nullptr : &q);
+        if (!sage2 && !q_done) quantize_int8({q}, s.options.granularity, next(), stream);
       } else if (sage2) {
         quantize_int8({k}, s.options.granularity, next(), stream);
       } else {

@@ -777,6 +777,12 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_fp8_heads_kernel(const
 
 // ---- K's means and INT8 codes from one read: a cluster or a group of CTAs holds a head ----
 
+// sage1-int8's Q blocks, coded in the launch of K's groups by CTAs of their own (`ctas` of them).
+struct QueryBlocks {
+  Int8Target target;
+  std::int64_t ctas = 0;
+};
+
 // K's heads' groups: each block's sums, per (head, block) and channel.
 struct KeyGroups {
   float* block_sums = nullptr;
@@ -788,18 +794,43 @@ struct KeyGroups {
 // sums its block's keys per channel as channel_mean_kernel does and adds the blocks' sums in block
 // order, from the cluster's shared memory (distributed) or the global memory: each has the head's
 // means, bit for bit channel_means', and codes its block with them. K is read once, where
-// channel_means and quantize_int8 read it twice.
+// channel_means and quantize_int8 read it twice. A group launch may also code Q's blocks
+// (`queries`), as quantize_int8_kernel does, in CTAs between K's: against Q in a launch after K's,
+// sage1-int8's preparation took 6 % less at Flux, 9 % at 4x32x4096x128 and 1 % at 4x32x16384x128
+// (H100, bench/results/2026-11-26-h100-queries-between-keys/).
 template <typename Elem, int kDim, bool kInCluster>
 __global__ void __launch_bounds__(kQuantThreads) quantize_int8_key_heads_kernel(const InputView in, const Int8Job job,
-                                                                                const KeyGroups groups) {
+                                                                                const KeyGroups groups,
+                                                                                const QueryBlocks queries) {
   namespace cg = cooperative_groups;
   __shared__ Int8Shared<kDim> shared;
   __shared__ float block_sums[kDim];  // the cluster reads them
   __shared__ unsigned shared_word;
   std::int64_t place = blockIdx.x;
   unsigned blocks = groups.counters.ctas_per_head;
-  if constexpr (kInCluster) blocks = cg::this_cluster().num_blocks();
-  else place = take_group_place(groups.counters, shared_word);
+  if constexpr (kInCluster) {
+    blocks = cg::this_cluster().num_blocks();
+  } else {
+    place = take_group_place(groups.counters, shared_word);
+    // Q's blocks take places spread evenly between K's, so that they stream while K's CTAs wait
+    // for their heads: a place is K's where the count of K's places up to it steps. K's places
+    // stay in start order, so the groups still cannot deadlock, and Q's CTAs never wait.
+    if (queries.ctas > 0) {
+      const std::int64_t all = gridDim.x, key_ctas = all - queries.ctas;
+      const std::int64_t keys_before = place * key_ctas / all;
+      if ((place + 1) * key_ctas / all == keys_before) {
+        let_next_kernel_start();
+        const Int8Target& q = queries.target;
+        const Int8Job q_job{job.granularity, q.pre_scale, nullptr, q.out, int8_groups_per_block(false, job.granularity)};
+        const std::int64_t local = place - keys_before, q_blocks = q.out.rows / kBlockQ;
+        quantize_int8_block<Elem, kDim, kBlockQ, kQuantThreads>(q.in, q_job, local % q_blocks, local / q_blocks, shared);
+        release_group_place(groups.counters);
+        complete_after_prior_kernel();
+        return;
+      }
+      place = keys_before;
+    }
+  }
   const std::int64_t block = place % blocks;
   const std::int64_t head = place / blocks;
   let_next_kernel_start();
@@ -999,13 +1030,13 @@ unsigned int8_key_group(std::int64_t rows) {
 }
 template <typename Elem, int kDim>
 bool launch_int8_key_heads(const Int8Target& keys, Granularity granularity, void* work, Order order,
-                           cudaStream_t stream) {
+                           cudaStream_t stream, const Int8Target* queries, bool& queries_done) {
   const Int8Job job{granularity, 1.0f, nullptr, keys.out, int8_groups_per_block(true, granularity)};
   const std::int64_t heads = static_cast<std::int64_t>(keys.in.batch) * keys.in.heads;
   if (const unsigned cluster = int8_key_cluster<Elem, kDim>(keys.out.rows); cluster > 0) {
     launch_kernel_in_clusters("quantize_int8_key_heads_kernel", quantize_int8_key_heads_kernel<Elem, kDim, true>,
                               dim3(static_cast<unsigned>(heads * cluster)), cluster, kQuantThreads, 0, order, stream,
-                              keys.in, job, KeyGroups{});
+                              keys.in, job, KeyGroups{}, QueryBlocks{});
     return true;
   }
   const unsigned blocks = int8_key_group<Elem, kDim>(keys.out.rows);
@@ -1013,13 +1044,22 @@ bool launch_int8_key_heads(const Int8Target& keys, Granularity granularity, void
   if (work == nullptr) {
     throw std::invalid_argument("quantize_int8_key_heads: heads longer than a cluster need its work");
   }
-  if (heads * blocks > INT_MAX) {
-    throw std::invalid_argument("quantize_int8_key_heads: " + std::to_string(heads) + " heads of " +
-                                std::to_string(blocks) + " blocks are more CTAs than a grid holds");
+  QueryBlocks with;
+  if (queries != nullptr) {
+    if (queries->in.head_dim != keys.in.head_dim || queries->in.element != keys.in.element) {
+      throw std::invalid_argument("quantize_int8_key_heads: Q's head dim and element type differ from K's");
+    }
+    with = {*queries, queries->out.rows / kBlockQ * queries->in.batch * queries->in.heads};
   }
+  if (heads * blocks + with.ctas > INT_MAX) {
+    throw std::invalid_argument("quantize_int8_key_heads: " + std::to_string(heads) + " heads of " +
+                                std::to_string(blocks) + " blocks (and Q's blocks) are more CTAs than a grid holds");
+  }
+  queries_done = queries != nullptr;
   const KeyGroups groups{static_cast<float*>(work), group_counters(work, heads, std::int64_t{blocks} * kDim, blocks)};
   launch_kernel("quantize_int8_key_heads_kernel", quantize_int8_key_heads_kernel<Elem, kDim, false>,
-                dim3(static_cast<unsigned>(heads * blocks)), kQuantThreads, 0, order, stream, keys.in, job, groups);
+                dim3(static_cast<unsigned>(heads * blocks + with.ctas)), kQuantThreads, 0, order, stream, keys.in,
+                job, groups, with);
   return true;
 }
 
@@ -1163,18 +1203,19 @@ std::size_t int8_key_heads_work_bytes(std::int64_t rows, const InputView& keys) 
   return group_work_bytes(heads, ceil_div(rows, kBlockK) * keys.head_dim);
 }
 
-void quantize_int8_key_heads(const Int8Target& keys, Granularity granularity, void* work, Order order,
-                             cudaStream_t stream) {
+bool quantize_int8_key_heads(const Int8Target& keys, Granularity granularity, void* work, Order order,
+                             cudaStream_t stream, const Int8Target* queries) {
   if (!keys.is_key || keys.in.seq == 0 || keys.out.rows != ceil_div(keys.in.seq, kBlockK) * kBlockK) {
     throw std::invalid_argument("quantize_int8_key_heads: K with keys, its codes padded to whole blocks of keys");
   }
-  bool launched = false;
-  ATTNREPLAY_FOR_ELEMENT_AND_DIM(keys.in,
-                                 launched = (launch_int8_key_heads<Elem, kDim>(keys, granularity, work, order, stream)));
+  bool launched = false, queries_done = false;
+  ATTNREPLAY_FOR_ELEMENT_AND_DIM(keys.in, launched = (launch_int8_key_heads<Elem, kDim>(keys, granularity, work, order,
+                                                                                       stream, queries, queries_done)));
   if (!launched) {
     throw std::invalid_argument("quantize_int8_key_heads: heads of " + std::to_string(keys.out.rows) +
                                 " keys fit no cluster or group");
   }
+  return queries_done;
 }
 
 }  // namespace attnreplay::cuda_attention
