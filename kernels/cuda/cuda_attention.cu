@@ -225,8 +225,13 @@ Attention::Attention(Kind kind, const Problem& p, const Options& options, const 
         s.fp8_one_read = fp8_heads_fit(k_rows, s.v_view());
         if (!s.fp8_one_read) {
           s.amax.allocate(bkv * d * sizeof(unsigned), "V amax");
-        } else if (const std::size_t bytes = fp8_heads_work_bytes(k_rows, s.v_view(), bkv); bytes > 0) {
-          s.fp8_heads_work.allocate_zeroed(bytes, "FP8 head groups");
+        } else {
+          // Where V's groups meet: in a launch of their own where V's heads pass a cluster, or in
+          // K's where K's heads are held by groups (quantize_int8_key_heads).
+          const bool beside_key_groups = s.k_one_read && s.k_mean_work.bytes() > 0;
+          const std::size_t bytes = beside_key_groups ? int8_key_heads_values_work_bytes(s.v_view())
+                                                      : fp8_heads_work_bytes(k_rows, s.v_view(), bkv);
+          if (bytes > 0) s.fp8_heads_work.allocate_zeroed(bytes, "FP8 head groups");
         }
         s.v_scale.allocate(bkv * d * sizeof(float), "V scales");
         a.v = s.v_work.as();
@@ -308,6 +313,7 @@ void Attention::prepare_inputs(cudaStream_t stream) {
       // H100, smoothed). Where K is read once, its clusters would wait on V's instead (5 % slower at
       // 4x32x1024x128).
       const bool v_first = sage2 && s.fp8_one_read && !s.k_one_read;
+      bool v_done = false;  // by K's groups' launch
       if (v_first) quantize_v_one_read();
       // sage2's V maxima, in two passes: beside K's means where they take a pass of their own (one
       // launch fewer), else alone.
@@ -325,11 +331,17 @@ void Attention::prepare_inputs(cudaStream_t stream) {
                          {s.q_work.as<std::int8_t>(), a.q_rows, s.q_scale.as<float>(), a.q_groups}};
       const Int8Target k{s.k_view(), true, 1.0f, mean,
                          {s.k_work.as<std::int8_t>(), a.k_rows, s.k_scale.as<float>(), a.k_groups}};
-      // sage2's Q is quantized by the attention kernel.
+      // sage2's Q is quantized by the attention kernel. Where K's heads are held by groups, sage1's Q
+      // or sage2's V is coded in their launch.
       if (s.k_one_read) {
-        const bool q_done = quantize_int8_key_heads(k, s.options.granularity, s.k_mean_work.as(), next(), stream,
-                                                    sage2 ? nullptr : &q);
-        if (!sage2 && !q_done) quantize_int8({q}, s.options.granularity, next(), stream);
+        const HeadTarget v_head{s.v_view(), true, true, v_target, s.v_scale.as<float>(), s.v_work.as<std::uint8_t>(),
+                                a.v_length};
+        const bool beside_keys = quantize_int8_key_heads(k, s.options.granularity, s.k_mean_work.as(), next(), stream,
+                                                         sage2 ? nullptr : &q,
+                                                         sage2 && s.fp8_one_read ? &v_head : nullptr,
+                                                         s.fp8_heads_work.as());
+        if (!sage2 && !beside_keys) quantize_int8({q}, s.options.granularity, next(), stream);
+        v_done = sage2 && beside_keys;
       } else if (sage2) {
         quantize_int8({k}, s.options.granularity, next(), stream);
       } else {
@@ -344,7 +356,7 @@ void Attention::prepare_inputs(cudaStream_t stream) {
       } else if (v_two_pass) {
         quantize_fp8_values(s.v_view(), {s.amax.as<unsigned>(), true, false, v_target, s.v_scale.as<float>()},
                             s.v_work.as<std::uint8_t>(), a.v_length, next(), stream);
-      } else if (!v_first) {
+      } else if (!v_first && !v_done) {
         quantize_v_one_read();
       }
       break;

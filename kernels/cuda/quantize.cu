@@ -643,28 +643,33 @@ struct HeadGroups {
   GroupCounters counters;
 };
 
+// The small shared arrays of a CTA of FP8 heads. `cta_max`: this CTA's maxima, per channel, as bits
+// (a non-negative float's bits order as it does); the cluster reads them. (Maxima per warp took
+// 4 kB more: at Flux, three CTAs an SM would not fit.)
+template <int kDim>
+struct Fp8HeadShared {
+  unsigned cta_max[kDim];
+  float head_max[kDim];  // the head's, per channel
+  float inverse[kDim];   // what the codes multiply by, per channel (all equal per head)
+  unsigned word;         // a group's place, then whether the CTA is its head's last reader
+};
+
 // A cluster of CTAs (kInCluster), or a group of CTAs that meet in the global memory, holds one
 // (b, h) of one input, `rows_per_cta` rows a CTA (a multiple of 16), staged with swizzled(). Each
 // CTA takes its rows' per-channel maxima, reads the head's, and codes its rows from the tiles:
 // the input is read once. Cluster or group, the maxima and codes are the same, bit for bit.
+// `place`: the CTA's, in the cluster's or group's order.
 template <typename Elem, int kDim, bool kInCluster>
-__global__ void __launch_bounds__(kQuantThreads) quantize_fp8_heads_kernel(const LaunchTargets<HeadTarget, 3> targets,
-                                                                           int rows_per_cta, const HeadGroups groups) {
+__device__ __forceinline__ void fp8_head_rows(const LaunchTargets<HeadTarget, 3>& targets, int rows_per_cta,
+                                              const HeadGroups& groups, std::int64_t place, unsigned ctas_per_head,
+                                              Elem (*rows_staged)[kDim], Fp8HeadShared<kDim>& shared) {
   namespace cg = cooperative_groups;
   constexpr int kVectors = kDim / 8;
   constexpr int kRowsAPass = kQuantThreads / kVectors;
-  extern __shared__ uint4 dynamic_shared[];
-  auto* rows_staged = reinterpret_cast<Elem (*)[kDim]>(dynamic_shared);
-  // This CTA's maxima, per channel, as bits: a non-negative float's bits order as it does. The
-  // cluster reads them. (Maxima per warp took 4 kB more: at Flux, three CTAs an SM would not fit.)
-  __shared__ unsigned cta_max[kDim];
-  __shared__ float head_max[kDim];  // the head's, per channel
-  __shared__ float inverse[kDim];   // what the codes multiply by, per channel (all equal per head)
-  __shared__ unsigned shared_word;  // a group's place, then whether the CTA is its head's last reader
-  std::int64_t place = blockIdx.x;
-  unsigned ctas_per_head = groups.counters.ctas_per_head;
-  if constexpr (kInCluster) ctas_per_head = cg::this_cluster().num_blocks();
-  else place = take_group_place(groups.counters, shared_word);
+  unsigned* cta_max = shared.cta_max;
+  float* head_max = shared.head_max;
+  float* inverse = shared.inverse;
+  unsigned& shared_word = shared.word;
   const int rank = static_cast<int>(place % ctas_per_head);
   const std::int64_t index = place / ctas_per_head;  // of the (target, head)
   const int which = targets.of(index);
@@ -771,7 +776,20 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_fp8_heads_kernel(const
     }
   }
   if constexpr (kInCluster) cg::this_cluster().barrier_wait(std::move(all_read));
-  else release_group_place(groups.counters);
+}
+
+template <typename Elem, int kDim, bool kInCluster>
+__global__ void __launch_bounds__(kQuantThreads) quantize_fp8_heads_kernel(const LaunchTargets<HeadTarget, 3> targets,
+                                                                           int rows_per_cta, const HeadGroups groups) {
+  extern __shared__ uint4 dynamic_shared[];
+  __shared__ Fp8HeadShared<kDim> shared;
+  std::int64_t place = blockIdx.x;
+  unsigned ctas_per_head = groups.counters.ctas_per_head;
+  if constexpr (kInCluster) ctas_per_head = cooperative_groups::this_cluster().num_blocks();
+  else place = take_group_place(groups.counters, shared.word);
+  fp8_head_rows<Elem, kDim, kInCluster>(targets, rows_per_cta, groups, place, ctas_per_head,
+                                        reinterpret_cast<Elem (*)[kDim]>(dynamic_shared), shared);
+  if constexpr (!kInCluster) release_group_place(groups.counters);
   complete_after_prior_kernel();  // it reads the uploaded inputs only
 }
 
@@ -780,6 +798,14 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_fp8_heads_kernel(const
 // sage1-int8's Q blocks, coded in the launch of K's groups by CTAs of their own (`ctas` of them).
 struct QueryBlocks {
   Int8Target target;
+  std::int64_t ctas = 0;
+};
+
+// sage2-int8-fp8's V heads, coded in the launch of K's groups by groups of their own, as
+// quantize_fp8_heads_kernel's groups code them, a 128-key block a CTA (`ctas` of them).
+struct ValueHeads {
+  LaunchTargets<HeadTarget, 3> targets;
+  HeadGroups groups;
   std::int64_t ctas = 0;
 };
 
@@ -795,15 +821,17 @@ struct KeyGroups {
 // order, from the cluster's shared memory (distributed) or the global memory: each has the head's
 // means, bit for bit channel_means', and codes its block with them. K is read once, where
 // channel_means and quantize_int8 read it twice. A group launch may also code Q's blocks
-// (`queries`), as quantize_int8_kernel does, in CTAs between K's: against Q in a launch after K's,
-// sage1-int8's preparation took 6 % less at Flux, 9 % at 4x32x4096x128 and 1 % at 4x32x16384x128
-// (H100, bench/results/2026-11-26-h100-queries-between-keys/).
+// (`queries`) or V's heads (`values`) in CTAs between K's. Against a launch after K's, that took
+// sage1-int8's preparation 6 % less at Flux, 9 % at 4x32x4096x128 and 1 % at 4x32x16384x128, and
+// sage2-int8-fp8's 9 %, 7 % and 3 % (H100, bench/results/2026-11-26-h100-between-key-groups/).
 template <typename Elem, int kDim, bool kInCluster>
 __global__ void __launch_bounds__(kQuantThreads) quantize_int8_key_heads_kernel(const InputView in, const Int8Job job,
                                                                                 const KeyGroups groups,
-                                                                                const QueryBlocks queries) {
+                                                                                const QueryBlocks queries,
+                                                                                const ValueHeads values) {
   namespace cg = cooperative_groups;
   __shared__ Int8Shared<kDim> shared;
+  __shared__ Fp8HeadShared<kDim> value_shared;
   __shared__ float block_sums[kDim];  // the cluster reads them
   __shared__ unsigned shared_word;
   std::int64_t place = blockIdx.x;
@@ -812,18 +840,29 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_int8_key_heads_kernel(
     blocks = cg::this_cluster().num_blocks();
   } else {
     place = take_group_place(groups.counters, shared_word);
-    // Q's blocks take places spread evenly between K's, so that they stream while K's CTAs wait
-    // for their heads: a place is K's where the count of K's places up to it steps. K's places
-    // stay in start order, so the groups still cannot deadlock, and Q's CTAs never wait.
-    if (queries.ctas > 0) {
-      const std::int64_t all = gridDim.x, key_ctas = all - queries.ctas;
+    // Q's blocks or V's heads take places spread evenly between K's, so that they work while K's
+    // CTAs wait for their heads: a place is K's where the count of K's places up to it steps.
+    // K's places and V's stay in start order, so at most one head of each waits for CTAs that
+    // have not started, and the launch cannot deadlock while two heads fit in the GPU at once
+    // (int8_key_group asks for that). Q's CTAs never wait.
+    if (queries.ctas + values.ctas > 0) {
+      const std::int64_t all = gridDim.x, key_ctas = all - queries.ctas - values.ctas;
       const std::int64_t keys_before = place * key_ctas / all;
       if ((place + 1) * key_ctas / all == keys_before) {
-        let_next_kernel_start();
-        const Int8Target& q = queries.target;
-        const Int8Job q_job{job.granularity, q.pre_scale, nullptr, q.out, int8_groups_per_block(false, job.granularity)};
-        const std::int64_t local = place - keys_before, q_blocks = q.out.rows / kBlockQ;
-        quantize_int8_block<Elem, kDim, kBlockQ, kQuantThreads>(q.in, q_job, local % q_blocks, local / q_blocks, shared);
+        const std::int64_t local = place - keys_before;
+        if (queries.ctas > 0) {
+          let_next_kernel_start();
+          const Int8Target& q = queries.target;
+          const Int8Job q_job{job.granularity, q.pre_scale, nullptr, q.out,
+                              int8_groups_per_block(false, job.granularity)};
+          const std::int64_t q_blocks = q.out.rows / kBlockQ;
+          quantize_int8_block<Elem, kDim, kBlockQ, kQuantThreads>(q.in, q_job, local % q_blocks, local / q_blocks,
+                                                                  shared);
+        } else {
+          fp8_head_rows<Elem, kDim, false>(values.targets, kBlockK, values.groups, local,
+                                           values.groups.counters.ctas_per_head,
+                                           reinterpret_cast<Elem (*)[kDim]>(shared.tile), value_shared);
+        }
         release_group_place(groups.counters);
         complete_after_prior_kernel();
         return;
@@ -1030,13 +1069,14 @@ unsigned int8_key_group(std::int64_t rows) {
 }
 template <typename Elem, int kDim>
 bool launch_int8_key_heads(const Int8Target& keys, Granularity granularity, void* work, Order order,
-                           cudaStream_t stream, const Int8Target* queries, bool& queries_done) {
+                           cudaStream_t stream, const Int8Target* queries, const HeadTarget* values,
+                           void* values_work, bool& others_done) {
   const Int8Job job{granularity, 1.0f, nullptr, keys.out, int8_groups_per_block(true, granularity)};
   const std::int64_t heads = static_cast<std::int64_t>(keys.in.batch) * keys.in.heads;
   if (const unsigned cluster = int8_key_cluster<Elem, kDim>(keys.out.rows); cluster > 0) {
     launch_kernel_in_clusters("quantize_int8_key_heads_kernel", quantize_int8_key_heads_kernel<Elem, kDim, true>,
                               dim3(static_cast<unsigned>(heads * cluster)), cluster, kQuantThreads, 0, order, stream,
-                              keys.in, job, KeyGroups{}, QueryBlocks{});
+                              keys.in, job, KeyGroups{}, QueryBlocks{}, ValueHeads{});
     return true;
   }
   const unsigned blocks = int8_key_group<Elem, kDim>(keys.out.rows);
@@ -1044,22 +1084,36 @@ bool launch_int8_key_heads(const Int8Target& keys, Granularity granularity, void
   if (work == nullptr) {
     throw std::invalid_argument("quantize_int8_key_heads: heads longer than a cluster need its work");
   }
-  QueryBlocks with;
+  QueryBlocks with_queries;
   if (queries != nullptr) {
     if (queries->in.head_dim != keys.in.head_dim || queries->in.element != keys.in.element) {
       throw std::invalid_argument("quantize_int8_key_heads: Q's head dim and element type differ from K's");
     }
-    with = {*queries, queries->out.rows / kBlockQ * queries->in.batch * queries->in.heads};
+    with_queries = {*queries, queries->out.rows / kBlockQ * queries->in.batch * queries->in.heads};
   }
-  if (heads * blocks + with.ctas > INT_MAX) {
+  ValueHeads with_values;
+  if (values != nullptr) {
+    if (queries != nullptr || values_work == nullptr || values->rows != keys.out.rows ||
+        values->in.head_dim != keys.in.head_dim || values->in.element != keys.in.element) {
+      throw std::invalid_argument("quantize_int8_key_heads: V's heads take their work, no Q, and K's rows, head "
+                                  "dim and element type");
+    }
+    with_values.targets = launch_targets<3>({*values}, [](const HeadTarget& t) {
+      return static_cast<std::int64_t>(t.in.batch) * t.in.heads;
+    }, "quantize_int8_key_heads");
+    const std::int64_t value_heads = with_values.targets.first[1];
+    with_values.groups = {static_cast<unsigned*>(values_work), group_counters(values_work, value_heads, kDim, blocks)};
+    with_values.ctas = value_heads * blocks;
+  }
+  if (heads * blocks + with_queries.ctas + with_values.ctas > INT_MAX) {
     throw std::invalid_argument("quantize_int8_key_heads: " + std::to_string(heads) + " heads of " +
-                                std::to_string(blocks) + " blocks (and Q's blocks) are more CTAs than a grid holds");
+                                std::to_string(blocks) + " blocks (and Q's or V's) are more CTAs than a grid holds");
   }
-  queries_done = queries != nullptr;
+  others_done = queries != nullptr || values != nullptr;
   const KeyGroups groups{static_cast<float*>(work), group_counters(work, heads, std::int64_t{blocks} * kDim, blocks)};
   launch_kernel("quantize_int8_key_heads_kernel", quantize_int8_key_heads_kernel<Elem, kDim, false>,
-                dim3(static_cast<unsigned>(heads * blocks + with.ctas)), kQuantThreads, 0, order, stream, keys.in,
-                job, groups, with);
+                dim3(static_cast<unsigned>(heads * blocks + with_queries.ctas + with_values.ctas)), kQuantThreads, 0,
+                order, stream, keys.in, job, groups, with_queries, with_values);
   return true;
 }
 
@@ -1203,19 +1257,26 @@ std::size_t int8_key_heads_work_bytes(std::int64_t rows, const InputView& keys) 
   return group_work_bytes(heads, ceil_div(rows, kBlockK) * keys.head_dim);
 }
 
+std::size_t int8_key_heads_values_work_bytes(const InputView& values) {
+  return group_work_bytes(static_cast<std::int64_t>(values.batch) * values.heads, values.head_dim);
+}
+
 bool quantize_int8_key_heads(const Int8Target& keys, Granularity granularity, void* work, Order order,
-                             cudaStream_t stream, const Int8Target* queries) {
+                             cudaStream_t stream, const Int8Target* queries, const HeadTarget* values,
+                             void* values_work) {
   if (!keys.is_key || keys.in.seq == 0 || keys.out.rows != ceil_div(keys.in.seq, kBlockK) * kBlockK) {
     throw std::invalid_argument("quantize_int8_key_heads: K with keys, its codes padded to whole blocks of keys");
   }
-  bool launched = false, queries_done = false;
-  ATTNREPLAY_FOR_ELEMENT_AND_DIM(keys.in, launched = (launch_int8_key_heads<Elem, kDim>(keys, granularity, work, order,
-                                                                                       stream, queries, queries_done)));
+  bool launched = false, others_done = false;
+  ATTNREPLAY_FOR_ELEMENT_AND_DIM(keys.in,
+                                 launched = (launch_int8_key_heads<Elem, kDim>(keys, granularity, work, order, stream,
+                                                                               queries, values, values_work,
+                                                                               others_done)));
   if (!launched) {
     throw std::invalid_argument("quantize_int8_key_heads: heads of " + std::to_string(keys.out.rows) +
                                 " keys fit no cluster or group");
   }
-  return queries_done;
+  return others_done;
 }
 
 }  // namespace attnreplay::cuda_attention

@@ -61,15 +61,21 @@ void quantize_int8(std::initializer_list<Int8Target> inputs, Granularity granula
 // reads K twice. The means stay on chip (`keys.mean` is not read). Heads of more than 16 blocks (8
 // where the GPU schedules no larger cluster) are held by a group of CTAs that share their block
 // sums in `work`, at head dim 128 only. For K with at least one key, its codes padded to whole
-// blocks, in heads that fit a cluster or a group: int8_key_heads_fit() says. Where a group holds
-// K's heads, `queries` (Q of K's head dim and element type, not smoothed) is coded in the same
-// launch, and the return is true; else false, and the caller codes Q.
+// blocks, in heads that fit a cluster or a group: int8_key_heads_fit() says.
+// Where a group holds K's heads, the same launch also codes one of, in CTAs between K's:
+// - `queries`, sage1's Q (of K's head dim and element type), as quantize_int8 does;
+// - `values`, sage2's V (K's rows), as quantize_fp8_heads does, a 128-key block a CTA, its groups
+//   meeting in `values_work` (int8_key_heads_values_work_bytes(), zeroed once).
+// Returns whether it did; where it did not, the caller codes them.
 bool int8_key_heads_fit(std::int64_t rows, const InputView& keys);
 // The bytes of `work` for K's heads of `rows` keys: 0 where they fit a cluster. Zeroed once before
 // the first launch; each launch leaves its counters zeroed.
 std::size_t int8_key_heads_work_bytes(std::int64_t rows, const InputView& keys);
+struct HeadTarget;
 bool quantize_int8_key_heads(const Int8Target& keys, Granularity granularity, void* work, Order order,
-                             cudaStream_t stream, const Int8Target* queries = nullptr);
+                             cudaStream_t stream, const Int8Target* queries = nullptr,
+                             const HeadTarget* values = nullptr, void* values_work = nullptr);
+std::size_t int8_key_heads_values_work_bytes(const InputView& values);
 
 // max |x| as float bits (non-negative floats order as unsigned ints) into `amax`, which the caller
 // zeroes: one per (b, h, channel) when per_channel, one per (b, h), or one for all when per_tensor.
