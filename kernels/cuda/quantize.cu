@@ -1095,8 +1095,8 @@ bool launch_int8_key_heads(const Int8Target& keys, Granularity granularity, void
   if (values != nullptr) {
     if (queries != nullptr || values_work == nullptr || values->rows != keys.out.rows ||
         values->in.head_dim != keys.in.head_dim || values->in.element != keys.in.element) {
-      throw std::invalid_argument("quantize_int8_key_heads: V's heads take their work, no Q, and K's rows, head "
-                                  "dim and element type");
+      throw std::invalid_argument("quantize_int8_key_heads: V's heads need their work, K's rows, head dim and "
+                                  "element type, and no Q beside them");
     }
     with_values.targets = launch_targets<3>({*values}, [](const HeadTarget& t) {
       return static_cast<std::int64_t>(t.in.batch) * t.in.heads;

@@ -62,7 +62,7 @@ void quantize_int8(std::initializer_list<Int8Target> inputs, Granularity granula
 // where the GPU schedules no larger cluster) are held by a group of CTAs that share their block
 // sums in `work`, at head dim 128 only. For K with at least one key, its codes padded to whole
 // blocks, in heads that fit a cluster or a group: int8_key_heads_fit() says.
-// Where a group holds K's heads, the same launch also codes one of, in CTAs between K's:
+// Where a group holds K's heads, the same launch can also code, in CTAs between K's, one of:
 // - `queries`, sage1's Q (of K's head dim and element type), as quantize_int8 does;
 // - `values`, sage2's V (K's rows), as quantize_fp8_heads does, a 128-key block a CTA, its groups
 //   meeting in `values_work` (int8_key_heads_values_work_bytes(), zeroed once).
