@@ -947,6 +947,19 @@ dim3 head_grid(std::int64_t blocks, const InputView& in) {
   return dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(in.heads), static_cast<unsigned>(in.batch));
 }
 
+// The launch targets of FP8 heads, a cluster or group a head, each target checked.
+LaunchTargets<HeadTarget, 3> fp8_head_targets(std::initializer_list<HeadTarget> inputs, const char* what) {
+  for (const HeadTarget& t : inputs) {
+    if (t.rows < t.in.seq || (t.values && t.rows % kBlockK != 0) || (t.per_channel && !t.values)) {
+      throw std::invalid_argument(std::string(what) + ": rows below the sequence, V's keys not whole tiles, or "
+                                  "per-channel scales for rows");
+    }
+  }
+  return launch_targets<3>(inputs, [](const HeadTarget& t) {
+    return static_cast<std::int64_t>(t.in.batch) * t.in.heads;
+  }, what);
+}
+
 // How quantize_fp8_heads_kernel splits a head of `rows` rows in a cluster: a tile a CTA where the
 // head's tiles fit a cluster of max_head_cluster(), else the largest cluster, its CTAs' rows whole
 // 16-key groups. Flux's 4608 rows are 16 CTAs of 288 (72 kB, three an SM) rather than 12 of three
@@ -1098,9 +1111,7 @@ bool launch_int8_key_heads(const Int8Target& keys, Granularity granularity, void
       throw std::invalid_argument("quantize_int8_key_heads: V's heads need their work, K's rows, head dim and "
                                   "element type, and no Q beside them");
     }
-    with_values.targets = launch_targets<3>({*values}, [](const HeadTarget& t) {
-      return static_cast<std::int64_t>(t.in.batch) * t.in.heads;
-    }, "quantize_int8_key_heads");
+    with_values.targets = fp8_head_targets({*values}, "quantize_int8_key_heads");
     const std::int64_t value_heads = with_values.targets.first[1];
     with_values.groups = {static_cast<unsigned*>(values_work), group_counters(values_work, value_heads, kDim, blocks)};
     with_values.ctas = value_heads * blocks;
@@ -1222,17 +1233,9 @@ std::size_t fp8_heads_work_bytes(std::int64_t rows, const InputView& in, std::in
 }
 
 void quantize_fp8_heads(std::initializer_list<HeadTarget> inputs, void* work, Order order, cudaStream_t stream) {
+  const auto targets = fp8_head_targets(inputs, "quantize_fp8_heads");
   std::int64_t rows = 0;
-  for (const HeadTarget& t : inputs) {
-    if (t.rows < t.in.seq || (t.values && t.rows % kBlockK != 0) || (t.per_channel && !t.values)) {
-      throw std::invalid_argument("quantize_fp8_heads: rows below the sequence, V's keys not whole tiles, or "
-                                  "per-channel scales for rows");
-    }
-    rows = std::max(rows, t.rows);
-  }
-  const auto targets = launch_targets<3>(inputs, [](const HeadTarget& t) {
-    return static_cast<std::int64_t>(t.in.batch) * t.in.heads;  // a cluster a head
-  }, "quantize_fp8_heads");
+  for (const HeadTarget& t : inputs) rows = std::max(rows, t.rows);
   bool launched = false;
   ATTNREPLAY_FOR_ELEMENT_AND_DIM(targets.target[0].in,
                                  launched = (launch_fp8_heads<Elem, kDim>(targets, rows, work, order, stream)));
