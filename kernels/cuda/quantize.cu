@@ -824,11 +824,14 @@ struct KeyGroups {
 // (`queries`) or V's heads (`values`) in CTAs between K's. Against a launch after K's, that took
 // sage1-int8's preparation 6 % less at Flux, 9 % at 4x32x4096x128 and 1 % at 4x32x16384x128, and
 // sage2-int8-fp8's 9 %, 7 % and 3 % (H100, bench/results/2026-11-26-h100-between-key-groups/).
+// Groups: six CTAs an SM (40 registers). At four (64 registers, 32 block sums in flight) the
+// waiting CTAs held the SMs; six took 4-6 % off the preparation at Flux, 7-8 % at 4x32x4096x128
+// and 13-18 % at 4x32x16384x128 (H100, bench/results/2026-11-26-h100-key-group-registers/).
+// Clusters: the compiler's choice (0), 40 registers at head dim 128 and 32 at 64.
 template <typename Elem, int kDim, bool kInCluster>
-__global__ void __launch_bounds__(kQuantThreads) quantize_int8_key_heads_kernel(const InputView in, const Int8Job job,
-                                                                                const KeyGroups groups,
-                                                                                const QueryBlocks queries,
-                                                                                const ValueHeads values) {
+__global__ void __launch_bounds__(kQuantThreads, kInCluster ? 0 : 6)
+    quantize_int8_key_heads_kernel(const InputView in, const Int8Job job, const KeyGroups groups,
+                                   const QueryBlocks queries, const ValueHeads values) {
   namespace cg = cooperative_groups;
   __shared__ Int8Shared<kDim> shared;
   __shared__ Fp8HeadShared<kDim> value_shared;
@@ -901,10 +904,10 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_int8_key_heads_kernel(
     if (c < kDim) head_sums[block * kDim + c] = sum;
     meet_group(groups.counters, head);
     if (c < kDim) {
-      // From L2 (__ldcg): other CTAs wrote them. 32 loads in flight rather than 8: a round trip to
-      // L2 for every 32 of the head's blocks. At 4x32x16384x128 (128 blocks) that took 11-13 %
-      // off the Sage kinds' preparation (H100, bench/results/2026-11-26-h100-key-sums-ahead/).
-      const float total = sum_in_order<32>(blocks, [&](unsigned j) { return __ldcg(head_sums + j * kDim + c); });
+      // From L2 (__ldcg): other CTAs wrote them. 16 loads in flight: a round trip to L2 for every
+      // 16 of the head's blocks, in the 40 registers that six CTAs an SM leave (32 spill there; 8
+      // were 3 % slower at 4x32x16384x128, H100, bench/results/2026-11-26-h100-key-group-registers/).
+      const float total = sum_in_order<16>(blocks, [&](unsigned j) { return __ldcg(head_sums + j * kDim + c); });
       shared.mean[c] = __fdiv_rn(total, static_cast<float>(in.seq));
     }
     leave_group(groups.counters, head, shared_word);  // the sums are written anew by each launch
@@ -1069,7 +1072,8 @@ unsigned int8_key_cluster(std::int64_t rows) {
 // at Flux and 2 % at 4x32x16384x128 (sage2-int8-fp8's 8 %, +1.6 % and 1 %; its whole call 0.9 %
 // and 0.3 % faster at 4k and Flux, level at 16k). At head dim 64 a block is 16 kB, and the
 // meeting cost more than the read it saved: 10-31 % slower at 2x24x4250x64 and CogVideoX (H100,
-// bench/results/2026-11-26-h100-head-groups/).
+// bench/results/2026-11-26-h100-head-groups/); with Q's or V's CTAs between K's and six or eight
+// CTAs an SM, still 5-33 % slower (bench/results/2026-11-26-h100-key-group-registers/).
 template <typename Elem, int kDim>
 unsigned int8_key_group(std::int64_t rows) {
   if constexpr (kDim != 128) {
