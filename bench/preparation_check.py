@@ -41,6 +41,8 @@ def suite_cases(path):
     return cases
 
 
+CLUSTER_KEYS = ("gpu_clusters_of_8_at_once", "gpu_clusters_of_16_at_once")
+
 # The inputs each kind prepares (sage2-int8-fp8 codes Q inside its attention kernel).
 PREPARED_INPUTS = {"sage1-int8": 2, "sage2-int8-fp8": 2, "fa3-fp8": 3}
 
@@ -91,7 +93,10 @@ def run_case(binary, case_args, kinds, env_extra, timeout):
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
         if done.returncode != 0 or not out.exists():
             raise RuntimeError(f"{shlex.join(command)}: exit {done.returncode}\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
-        call = json.loads(out.read_text())["calls"][0]
+        report = json.loads(out.read_text())
+        call = report["calls"][0]
+    # How the GPU's SMs are grouped (docs/cli.md): the cluster kernels' speed may differ with it.
+    layout = {key: report["environment"].get(key) for key in CLUSTER_KEYS}
     rows = {}
     for k in call["kernels"]:
         prep = k.get("preparation") or {}
@@ -112,6 +117,7 @@ def run_case(binary, case_args, kinds, env_extra, timeout):
             "bound_s": prep.get("bound_s"),
             "ratio_to_bound": prep.get("ratio_to_bound"),
             "bytes": prep.get("bytes"),
+            **layout,
         }
     return rows
 
@@ -156,6 +162,9 @@ def main():
                       f"{(whole - r['kernel_s']) * 1e3:12.4f} {2 * r['preparation_stderr_s'] * 1e3:8.4f} "
                       f"{mhz(r['kernel_mhz'])}/{mhz(r['whole_mhz'])}/{mhz(r['preparation_mhz'])} "
                       f"{r['copy_s'] * 1e3:8.4f} {r['preparation_s'] / r['copy_s']:6.2f}", flush=True)
+    if results:
+        print("GPU clusters of 8 / 16 CTAs at once, one an SM: "
+              + " / ".join(str(results[0].get(key)) for key in CLUSTER_KEYS))
     Path(args.out).write_text(json.dumps({"kinds": kinds, "variants": {v: VARIANTS[v] for v in variants},
                                           "results": results}, indent=1))
     return 1 if failed else 0

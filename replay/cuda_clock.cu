@@ -36,6 +36,40 @@ __global__ void block_until_released(const volatile int* released, int* timed_ou
 
 constexpr unsigned long long kBlockTimeoutNs = 100'000'000;  // far above any run's queueing time
 
+// Launched by no one: what cudaOccupancyMaxActiveClusters asks about.
+__global__ void cluster_probe() {}
+
+// Clusters of `size` CTAs the GPU holds at once at one CTA an SM (each CTA takes all of an SM's
+// shared memory): how its SMs are grouped, which can differ between GPUs of one model. The
+// quantized kinds' preparation, launched in clusters of up to 16, ran 11-15 % apart on H100s
+// (docs/quantized.md); this tells such machines apart. 0 where the GPU has no clusters or does
+// not say.
+int clusters_at_once(int size) {
+  const auto unknown = [] {
+    cudaGetLastError();
+    return 0;
+  };
+  int device = 0, shared = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&shared, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess ||
+      cudaFuncSetAttribute(cluster_probe, cudaFuncAttributeMaxDynamicSharedMemorySize, shared) != cudaSuccess ||
+      (size > 8 && cudaFuncSetAttribute(cluster_probe, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess)) {
+    return unknown();
+  }
+  cudaLaunchAttribute cluster{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim = {static_cast<unsigned>(size), 1, 1};
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(size));
+  config.blockDim = dim3(128);
+  config.dynamicSmemBytes = static_cast<std::size_t>(shared);
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, cluster_probe, &config) != cudaSuccess) return unknown();
+  return clusters;
+}
+
 int attribute(cudaDeviceAttr which) {
   int device = 0, value = 0;
   cudaGetDevice(&device);
@@ -222,6 +256,10 @@ std::map<std::string, std::string> describe_device() {
   v["gpu_l2_bytes"] = std::to_string(properties.l2CacheSize);
   v["gpu_sm_clock_rated_mhz"] = std::to_string(attribute(cudaDevAttrClockRate) / 1000);
   v["gpu_memory_clock_mhz"] = std::to_string(attribute(cudaDevAttrMemoryClockRate) / 1000);
+  if (properties.major >= 9) {
+    v["gpu_clusters_of_8_at_once"] = std::to_string(clusters_at_once(8));
+    v["gpu_clusters_of_16_at_once"] = std::to_string(clusters_at_once(16));
+  }
   int driver = 0, runtime = 0;
   cudaDriverGetVersion(&driver);
   cudaRuntimeGetVersion(&runtime);
