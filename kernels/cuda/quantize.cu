@@ -661,7 +661,7 @@ struct Fp8HeadShared {
 // `place`: the CTA's, in the cluster's or group's order.
 template <typename Elem, int kDim, bool kInCluster>
 __device__ __forceinline__ void fp8_head_rows(const LaunchTargets<HeadTarget, 3>& targets, int rows_per_cta,
-                                              const HeadGroups& groups, std::int64_t place, unsigned ctas_per_head,
+                                              const HeadGroups& groups, std::int64_t place,
                                               Elem (*rows_staged)[kDim], Fp8HeadShared<kDim>& shared) {
   namespace cg = cooperative_groups;
   constexpr int kVectors = kDim / 8;
@@ -670,6 +670,8 @@ __device__ __forceinline__ void fp8_head_rows(const LaunchTargets<HeadTarget, 3>
   float* head_max = shared.head_max;
   float* inverse = shared.inverse;
   unsigned& shared_word = shared.word;
+  const unsigned ctas_per_head =
+      kInCluster ? cooperative_groups::this_cluster().num_blocks() : groups.counters.ctas_per_head;
   const int rank = static_cast<int>(place % ctas_per_head);
   const std::int64_t index = place / ctas_per_head;  // of the (target, head)
   const int which = targets.of(index);
@@ -784,10 +786,8 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_fp8_heads_kernel(const
   extern __shared__ uint4 dynamic_shared[];
   __shared__ Fp8HeadShared<kDim> shared;
   std::int64_t place = blockIdx.x;
-  unsigned ctas_per_head = groups.counters.ctas_per_head;
-  if constexpr (kInCluster) ctas_per_head = cooperative_groups::this_cluster().num_blocks();
-  else place = take_group_place(groups.counters, shared.word);
-  fp8_head_rows<Elem, kDim, kInCluster>(targets, rows_per_cta, groups, place, ctas_per_head,
+  if constexpr (!kInCluster) place = take_group_place(groups.counters, shared.word);
+  fp8_head_rows<Elem, kDim, kInCluster>(targets, rows_per_cta, groups, place,
                                         reinterpret_cast<Elem (*)[kDim]>(dynamic_shared), shared);
   if constexpr (!kInCluster) release_group_place(groups.counters);
   complete_after_prior_kernel();  // it reads the uploaded inputs only
@@ -863,7 +863,6 @@ __global__ void __launch_bounds__(kQuantThreads, kInCluster ? 0 : 6)
                                                                   shared);
         } else {
           fp8_head_rows<Elem, kDim, false>(values.targets, kBlockK, values.groups, local,
-                                           values.groups.counters.ctas_per_head,
                                            reinterpret_cast<Elem (*)[kDim]>(shared.tile), value_shared);
         }
         release_group_place(groups.counters);
