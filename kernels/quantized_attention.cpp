@@ -165,6 +165,7 @@ float round_to_e4m3(float value) {
 std::int8_t int8_code(float value, float inverse) {
   if (inverse == 0.0f) return 0;
   const float code = std::nearbyint(value * inverse);
+  if (std::isnan(code)) return 0;  // as the GPU's conversion (cvt.rni.s32.f32) gives; casting a NaN is undefined
   return static_cast<std::int8_t>(std::clamp(code, -kInt8Max, kInt8Max));
 }
 

@@ -260,7 +260,7 @@ struct QuantizedQBlock {
             const Elem e = reinterpret_cast<const Elem*>(&raw[2 * chunk + element / 8])[element % 8];
             code[k] = code_of(__fmul_rn(to_float(e), a.score_scale));
           }
-          word[w] = __byte_perm(__byte_perm(code[0], code[1], 0x0040), __byte_perm(code[2], code[3], 0x0040), 0x5410);
+          word[w] = pack_low_bytes(code[0], code[1], code[2], code[3]);
         }
         const int column = lane % 2 * (kVectors / 2) + chunk;
         *reinterpret_cast<uint4*>(sq + swizzled_offset<Tile::kQkRowBytes>(row, column)) =
@@ -268,11 +268,8 @@ struct QuantizedQBlock {
       }
     };
     if (inverse != INFINITY) {
-      // round(x · inverse), ties to even as __float2int_rn, by adding 1.5 · 2^23: the integer lands
-      // in the low bits. |x · inverse| rounds to at most 127, so nothing needs clamping; a NaN gives
-      // 0, as __float2int_rn does. Three full-rate instructions an element where the conversion
-      // and clamps took a quarter-rate one and two more.
-      store_codes([&](float x) { return __float_as_uint(__fadd_rn(__fmul_rn(x, inverse), 12582912.0f)); });
+      // |x · inverse| rounds to at most 127, so nothing needs clamping.
+      store_codes([&](float x) { return int8_code_bits(__fmul_rn(x, inverse)); });
     } else {  // max |x| below fp32's normal range: x · inverse is ±inf, which must clamp to ±127
       store_codes([&](float x) {
         return static_cast<std::uint32_t>(max(-127, min(127, __float2int_rn(__fmul_rn(x, inverse)))));

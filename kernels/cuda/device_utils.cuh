@@ -242,6 +242,21 @@ __device__ __forceinline__ std::uint32_t pack2(float lo, float hi) {
   }
 }
 
+// round(y) as an INT8 code in the low byte, ties to even as __float2int_rn, for a y that rounds to
+// at most 127 in magnitude, or a NaN: adding 1.5 · 2^23 leaves the integer in the low bits of the
+// sum, and fmaxf takes a NaN sum to 1.5 · 2^23 − 256, whose low byte is 0, as __float2int_rn gives
+// for a NaN. Three full-rate instructions, where the conversion and two clamps took a quarter-rate
+// one and two more.
+__device__ __forceinline__ std::uint32_t int8_code_bits(float y) {
+  return __float_as_uint(fmaxf(__fadd_rn(y, 12582912.0f), 12582656.0f));
+}
+
+// The low bytes of four words as one, a's in the lowest byte: four INT8 codes.
+__device__ __forceinline__ std::uint32_t pack_low_bytes(std::uint32_t a, std::uint32_t b, std::uint32_t c,
+                                                        std::uint32_t d) {
+  return __byte_perm(__byte_perm(a, b, 0x0040), __byte_perm(c, d, 0x0040), 0x5410);
+}
+
 // Four floats to e4m3 (RN, satfinite), x0 in the lowest byte. cvt puts its first source in the
 // upper byte, hence the order.
 __device__ __forceinline__ std::uint32_t pack_e4m3x4(float x0, float x1, float x2, float x3) {

@@ -335,22 +335,35 @@ __device__ __forceinline__ void int8_block_codes(const InputView& in, const Int8
 
   std::int8_t* dst = job.out.codes + (head * job.out.rows + i) * kDim + c0;
   const bool zeros = !inside || inverse == 0.0f;  // a row past the end, or a group of zeros
+  // Each 16-byte vector of codes: code_of(x · inverse) has the code in its low byte.
+  auto write_codes = [&](auto code_of) {
 #pragma unroll
-  for (int v = 0; v < kPerThread / 16; ++v) {
-    alignas(16) std::int8_t codes[16] = {};
-    if (!zeros) {
+    for (int v = 0; v < kPerThread / 16; ++v) {
+      std::uint32_t words[4] = {};
+      if (!zeros) {
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        float x[8];
-        vector_values(v * 2 + half, x);
+        for (int half = 0; half < 2; ++half) {
+          float x[8];
+          vector_values(v * 2 + half, x);
 #pragma unroll
-        for (int k = 0; k < 8; ++k) {
-          const int code = __float2int_rn(__fmul_rn(x[k], inverse));
-          codes[half * 8 + k] = static_cast<std::int8_t>(max(-127, min(127, code)));
+          for (int w = 0; w < 2; ++w) {
+            std::uint32_t bits[4];
+#pragma unroll
+            for (int k = 0; k < 4; ++k) bits[k] = code_of(__fmul_rn(x[4 * w + k], inverse));
+            words[2 * half + w] = pack_low_bytes(bits[0], bits[1], bits[2], bits[3]);
+          }
         }
       }
+      reinterpret_cast<uint4*>(dst)[v] = uint4{words[0], words[1], words[2], words[3]};
     }
-    reinterpret_cast<uint4*>(dst)[v] = *reinterpret_cast<const uint4*>(codes);
+  };
+  // |x| is at most the group's maximum, so x · inverse rounds to at most 127 in magnitude, unless
+  // that maximum is below fp32's normal range and the inverse overflows: x · inverse is then ±inf,
+  // which must clamp.
+  if (inverse != INFINITY) {
+    write_codes([](float y) { return int8_code_bits(y); });
+  } else {
+    write_codes([](float y) { return static_cast<std::uint32_t>(max(-127, min(127, __float2int_rn(y)))); });
   }
 }
 

@@ -122,6 +122,35 @@ def test_rows_without_keys_are_zero(tmp_path):
         assert out[:, :, 250:].abs().max().item() > 0.0, kernel
 
 
+@pytest.mark.parametrize("kernel", ["sage1-int8", "sage2-int8-fp8"])
+@pytest.mark.parametrize("granularity", ["per_warp", "per_thread"])
+def test_nans_in_queries_and_keys_code_as_zero(tmp_path, kernel, granularity):
+    # The INT8 codes of a NaN are 0, as the GPU's conversion rounds one (docs/quantized.md, step 2),
+    # in the preparation and in sage2's own coding of Q inside its kernel. A row of Q all NaN then
+    # scores 0 against every key, and its output is V's mean; a NaN in K makes its channel's mean
+    # NaN, so that channel codes 0 for every key. V stays finite: no NaN comes out. The NaN row's
+    # neighbours are 100 times larger, so that its group's scale is too: codes of -1 (what adding
+    # 1.5 * 2^23 to a NaN leaves in the low byte) would move its output by about 1, not 0.005.
+    g = torch.Generator().manual_seed(11)
+    q, k, v = (torch.randn(1, 2, 300, 128, generator=g) for _ in range(3))
+    q[0, 0, 16:32] *= 100
+    q[0, 0, 17] = float("nan")
+    q[0, 1, 40, 5] = float("nan")
+    k[0, 1, 200, 9] = float("nan")
+    path = tmp_path / "nans.pt"
+    torch.save({"q": q.bfloat16(), "k": k.bfloat16(), "v": v.bfloat16()}, path)
+    emulation = f"{kernel}-cpu"
+    replay(tmp_path, path, "--quant_gran", granularity, "--kernels", f"{kernel},{emulation}")
+    a, b = saved_output(tmp_path, kernel).double(), saved_output(tmp_path, emulation).double()
+    assert not a.isnan().any() and not b.isnan().any()
+    values_mean = v[0, 0].bfloat16().double().mean(0)
+    for out in (a, b):
+        assert torch.allclose(out[0, 0, 17], values_mean, atol=0.02), (out[0, 0, 17] - values_mean).abs().max()
+    difference = ((a - b).norm() / b.norm()).item()
+    tolerance = FP8_MMA_TOLERANCE if kernel in FP8_MMA_KERNELS else OUTPUT_TOLERANCE["bfloat16"]
+    assert difference < tolerance, difference
+
+
 def biased_keys_call(path):
     # K with large per-channel means, as real models have: what smoothing is for.
     g = torch.Generator().manual_seed(1)

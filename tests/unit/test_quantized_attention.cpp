@@ -172,6 +172,9 @@ TEST_CASE("quantized elements: INT8 codes round half to even and clamp to +-127"
   CHECK(int8_code(127.6f, 1.0f) == 127);
   CHECK(int8_code(-200.0f, 1.0f) == -127);
   CHECK(int8_code(5.0f, 0.0f) == 0);  // an all-zero group has inverse 0
+  CHECK(int8_code(std::nanf(""), 1.0f) == 0);  // a NaN (max |x| passes over it) codes 0
+  CHECK(int8_code(0.0f, INFINITY) == 0);       // 0 times an overflowed inverse is NaN
+  CHECK(int8_code(-1e-40f, INFINITY) == -127);
   CHECK(int8_inverse_for(254.0f) == 0.5f);
   CHECK(int8_inverse_for(0.0f) == 0.0f);
   // The definition multiplies by 127 / amax: here x / (amax / 127) would round to 35, not 34.
