@@ -13,11 +13,12 @@ exec > >(tee -a "$LOG") 2>&1
 status=0
 step() { echo; echo "== $* ($(date -u +%H:%M:%S))"; }
 # GPU_STEPS picks a subset, e.g. GPU_STEPS="tests dobench" (the build always runs); "peer",
-# "plugins", "groups", "pipeline", "shard", "reference", "batches", "short", "gap", "prep" and
-# "prepkernels" run only when asked for (PREP_TESTS=0 leaves out prep's GPU tests, PREP_BASE=0 the
+# "plugins", "groups", "pipeline", "shard", "reference", "batches", "short", "gap", "prep",
+# "scaling" and "prepkernels" run only when asked for (PREP_TESTS=0 leaves out prep's GPU tests, PREP_BASE=0 the
 # base build's preparation where BASE_TREE is set for `same` alone, PREP_VARIANTS
 # and PREP_CASES pick its runs, PREP_KINDS its kinds; PEER_SHAPES picks the peer step's shapes; GPU_TESTS, pytest's
-# arguments, picks the GPU tests; "same" compares outputs with BASE_TREE's build, below).
+# arguments, picks the GPU tests; SCALING_SHAPES, SCALING_KINDS and SCALING_EXTRA pick the scaling
+# step's shapes, kinds and attnreplay flags; "same" compares outputs with BASE_TREE's build, below).
 STEPS="${GPU_STEPS:-tests dobench suite quant capture}"
 wants() { [[ " $STEPS " == *" $1 "* ]]; }
 
@@ -100,6 +101,13 @@ if [ "${PREP_BASE:-1}" = 1 ] && base_built; then
   python3 "$ROOT/bench/preparation_check.py" --attnreplay "$BASE_BIN" --out "$OUT/preparation-base.json" \
     --cases "${PREP_CASES:-}" | tee "$OUT/preparation-base.txt" || status=1
 fi
+fi
+
+if wants scaling; then
+step "the preparation as a fixed part and a streaming rate, beside a copy (bench/preparation_scaling.py)"
+python3 "$ROOT/bench/preparation_scaling.py" --attnreplay "$BIN" --out "$OUT/scaling.json" \
+  ${SCALING_SHAPES:+--shapes "$SCALING_SHAPES"} ${SCALING_KINDS:+--kinds "$SCALING_KINDS"} --extra="${SCALING_EXTRA:-}" \
+  | tee "$OUT/scaling.txt" || status=1
 fi
 
 if wants same; then
