@@ -1086,14 +1086,23 @@ unsigned int8_key_cluster(std::int64_t rows) {
 // meeting cost more than the read it saved: 10-31 % slower at 2x24x4250x64 and CogVideoX (H100,
 // bench/results/2026-11-26-h100-head-groups/); with Q's or V's CTAs between K's and six or eight
 // CTAs an SM, still 5-33 % slower (bench/results/2026-11-26-h100-key-group-registers/).
+// Groups pay only where the GPU is full and a head's CTAs gather soon: heads of at most 128 blocks
+// (16384 keys) whose CTAs fill the GPU at least once. Side by side, groups were 5-16 % faster there
+// (1x24x4608 to 1x32x8192 and 1x16x16384), and the two passes 5-7 % faster below one wave
+// (1x8x8192, 512 CTAs of 792), 7-14 % (sage1) at 256 blocks, and level for sage2 there; at 384
+// blocks groups took 2.4-2.5x their bound, where the two passes took 1.4-1.7x at 512
+// (H100, bench/results/2026-11-26-h100-key-group-reach/).
+constexpr std::int64_t kMaxKeyGroupBlocks = 128;
 template <typename Elem, int kDim>
-unsigned int8_key_group(std::int64_t rows) {
+unsigned int8_key_group(std::int64_t rows, std::int64_t heads) {
   if constexpr (kDim != 128) {
     return 0;
   } else {
     const std::int64_t resident = resident_ctas<quantize_int8_key_heads_kernel<Elem, kDim, false>, 0>();
     const std::int64_t blocks = rows / kBlockK;
-    return rows % kBlockK == 0 && blocks >= 1 && 2 * blocks <= resident ? static_cast<unsigned>(blocks) : 0;
+    const bool fits = rows % kBlockK == 0 && blocks >= 1 && 2 * blocks <= resident;
+    const bool pays = blocks <= kMaxKeyGroupBlocks && heads * blocks >= resident;
+    return fits && pays ? static_cast<unsigned>(blocks) : 0;
   }
 }
 template <typename Elem, int kDim>
@@ -1108,7 +1117,7 @@ bool launch_int8_key_heads(const Int8Target& keys, Granularity granularity, void
                               keys.in, job, KeyGroups{}, QueryBlocks{}, ValueHeads{});
     return true;
   }
-  const unsigned blocks = int8_key_group<Elem, kDim>(keys.out.rows);
+  const unsigned blocks = int8_key_group<Elem, kDim>(keys.out.rows, heads);
   if (blocks == 0) return false;
   if (work == nullptr) {
     throw std::invalid_argument("quantize_int8_key_heads: heads longer than a cluster need its work");
@@ -1262,9 +1271,10 @@ void quantize_fp8_heads(std::initializer_list<HeadTarget> inputs, void* work, Or
 }
 
 bool int8_key_heads_fit(std::int64_t rows, const InputView& keys) {
+  const std::int64_t heads = static_cast<std::int64_t>(keys.batch) * keys.heads;
   bool fit = false;
   ATTNREPLAY_FOR_ELEMENT_AND_DIM(
-      keys, fit = (int8_key_cluster<Elem, kDim>(rows) > 0 || int8_key_group<Elem, kDim>(rows) > 0));
+      keys, fit = (int8_key_cluster<Elem, kDim>(rows) > 0 || int8_key_group<Elem, kDim>(rows, heads) > 0));
   return fit;
 }
 
