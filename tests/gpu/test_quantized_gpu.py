@@ -94,8 +94,8 @@ SHAPES = {
     # The longest heads K's groups take: 128 blocks, whose CTAs (8 heads' 1024) fill an H100 or H200
     # at six an SM, as the groups need; sage2's V is coded in the same launch.
     "longest-key-group": ["--shape", "1,8,64,128", "--s_kv", "16384"],
-    # K's heads past that (396 blocks) take two passes; sage2's V is still held by FP8 groups, each
-    # half the CTAs an H100 or H200 holds.
+    # K's heads past that (396 blocks) take two passes; sage2's V and fa3-fp8's heads are still held
+    # by FP8 groups, in a launch of their own.
     "long-keys-two-pass-d128": ["--shape", "1,2,64,128", "--s_kv", "50688"],
     # Heads too long for a group (over half the CTAs an H100 or H200 holds): two passes.
     "long-keys-two-pass": ["--shape", "1,2,64,64", "--s_kv", "131072"],
