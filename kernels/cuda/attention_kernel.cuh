@@ -271,9 +271,7 @@ struct QuantizedQBlock {
       // |x · inverse| rounds to at most 127, so nothing needs clamping.
       store_codes([&](float x) { return int8_code_bits(__fmul_rn(x, inverse)); });
     } else {  // max |x| below fp32's normal range: x · inverse is ±inf, which must clamp to ±127
-      store_codes([&](float x) {
-        return static_cast<std::uint32_t>(max(-127, min(127, __float2int_rn(__fmul_rn(x, inverse)))));
-      });
+      store_codes([&](float x) { return int8_code_bits_clamped(__fmul_rn(x, inverse)); });
     }
     // The fragment rows' group: this lane's under per_warp and per_block; under per_thread, that of
     // row g = lane / 4, whose lanes include 2g.

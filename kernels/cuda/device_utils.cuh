@@ -251,6 +251,12 @@ __device__ __forceinline__ std::uint32_t int8_code_bits(float y) {
   return __float_as_uint(fmaxf(__fadd_rn(y, 12582912.0f), 12582656.0f));
 }
 
+// The same for any y, clamped to ±127 (±inf included): a quarter-rate conversion and two clamps,
+// for a group whose inverse overflowed (its max |x| below fp32's normal range).
+__device__ __forceinline__ std::uint32_t int8_code_bits_clamped(float y) {
+  return static_cast<std::uint32_t>(max(-127, min(127, __float2int_rn(y))));
+}
+
 // The low bytes of four words as one, a's in the lowest byte: four INT8 codes.
 __device__ __forceinline__ std::uint32_t pack_low_bytes(std::uint32_t a, std::uint32_t b, std::uint32_t c,
                                                         std::uint32_t d) {

@@ -363,7 +363,7 @@ __device__ __forceinline__ void int8_block_codes(const InputView& in, const Int8
   if (inverse != INFINITY) {
     write_codes([](float y) { return int8_code_bits(y); });
   } else {
-    write_codes([](float y) { return static_cast<std::uint32_t>(max(-127, min(127, __float2int_rn(y)))); });
+    write_codes([](float y) { return int8_code_bits_clamped(y); });
   }
 }
 
