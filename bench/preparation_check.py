@@ -100,7 +100,8 @@ def run_case(binary, case_args, kinds, env_extra, timeout):
     rows = {}
     for k in call["kernels"]:
         prep = k.get("preparation") or {}
-        alone, whole = k["timing"], k.get("timing_with_preparation") or {}
+        # A kind the GPU declined (its status says why) has no timings.
+        alone, whole = k.get("timing") or {}, k.get("timing_with_preparation") or {}
         preparation = k.get("timing_of_preparation")
         rows[k["kernel"]] = {
             # The preparation alone: its median's standard error (1.2533 sigma / sqrt(n), sigma
@@ -111,7 +112,7 @@ def run_case(binary, case_args, kinds, env_extra, timeout):
             "kernel_mhz": alone.get("sm_clock_median_mhz"),
             "whole_mhz": whole.get("sm_clock_median_mhz"),
             "status": k["status"],
-            "kernel_s": k["timing"]["median_s"],
+            "kernel_s": alone.get("median_s"),
             "whole_s": (k.get("timing_with_preparation") or {}).get("median_s"),
             "preparation_s": prep.get("time_s"),
             "bound_s": prep.get("bound_s"),

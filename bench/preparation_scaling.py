@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """The quantized kinds' preparation as a fixed part plus a streaming rate, against a plain copy.
 
-Runs `attnreplay run` on shapes that grow in one dimension (by default Flux's heads of 4608 keys,
-12 to 96 of them), takes each kind's preparation alone (its median, its bytes), times a
-device-to-device copy of the same bytes beside it (bench/preparation_check.py's), and fits
+Runs `attnreplay run` as bench/preparation_check.py does (its run_case) on shapes that grow in one
+dimension (by default Flux's heads of 4608 keys, 12 to 96 of them), takes each kind's preparation
+alone (its median, its bytes), times a device-to-device copy of the same bytes beside it (that
+script's copy_floor_s), and fits
 time = fixed + bytes / rate over the shapes, for each kind and for the copy. Where a preparation
 misses its bound on short calls, this says whether the time goes on a fixed cost a launch pays
 (start, the last wave, a head's CTAs waiting for each other) or on the rate at which it streams.
@@ -16,32 +17,11 @@ import json
 import shlex
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-from preparation_check import CLUSTER_KEYS, KINDS, copy_floor_s
+from preparation_check import CLUSTER_KEYS, KINDS, copy_floor_s, run_case
 
 SHAPES = ["1,12,4608,128", "1,24,4608,128", "1,48,4608,128", "1,96,4608,128"]
-
-
-def preparations(binary, shape, kinds, extra):
-    """{kind: (bytes, preparation seconds, bound seconds, SM clock)} and the run's environment."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "out.json"
-        command = [binary, "run", "--shape", shape, "--dtype", "bf16", "--kernels", ",".join(kinds),
-                   "--ref-sample-rows", "16", "--min-time", "0.3", "--json", str(out), *extra]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=300)
-        if done.returncode != 0 or not out.exists():
-            raise RuntimeError(f"{shlex.join(command)}: exit {done.returncode}\n{done.stderr[-2000:]}")
-        report = json.loads(out.read_text())
-    found = {}
-    for k in report["calls"][0]["kernels"]:
-        prep = k.get("preparation") or {}
-        if prep.get("time_s") is None:
-            raise RuntimeError(f"{shape} {k['kernel']}: no preparation timed ({k['status']}: {k.get('reason', '')})")
-        found[k["kernel"]] = (prep["bytes"], prep["time_s"], prep["bound_s"],
-                              (k.get("timing_of_preparation") or {}).get("sm_clock_median_mhz"))
-    return found, report["environment"]
 
 
 def fit(points):
@@ -65,17 +45,23 @@ def main():
     if len(shapes) < 2:
         parser.error("--shapes: two or more, to fit a line")
 
-    rows, environment = [], {}
+    rows, layout = [], {}
     print(f"{'shape':16} {'kind':15} {'MB':>7} {'prep us':>8} {'bound us':>9} {'copy us':>8} {'/bound':>7} "
           f"{'prep-copy us':>12} {'MHz':>5}  {args.extra}")
     for shape in shapes:
         try:
-            found, environment = preparations(args.attnreplay, shape, kinds, extra)
+            found = run_case(args.attnreplay, ["--shape", shape, "--dtype", "bf16", "--min-time", "0.3", *extra], kinds,
+                             {}, timeout=300)
         except (RuntimeError, subprocess.TimeoutExpired) as error:
             print(f"preparation_scaling.py: {error}", file=sys.stderr)
             return 1
         for kind in kinds:
-            nbytes, prep_s, bound_s, mhz = found[kind]
+            r = found[kind]
+            if r["preparation_s"] is None:
+                print(f"preparation_scaling.py: {shape} {kind}: no preparation timed ({r['status']})", file=sys.stderr)
+                return 1
+            layout = {key: r[key] for key in CLUSTER_KEYS}
+            nbytes, prep_s, bound_s, mhz = r["bytes"], r["preparation_s"], r["bound_s"], r["preparation_mhz"]
             copy_s = copy_floor_s(int(nbytes) // 3)  # moves 3 bytes an element: the same bytes
             rows.append({"shape": shape, "kind": kind, "bytes": nbytes, "preparation_s": prep_s, "bound_s": bound_s,
                          "copy_s": copy_s, "preparation_mhz": mhz})
@@ -89,11 +75,11 @@ def main():
         fits[f"copy for {kind}"] = fit([(r["bytes"], r["copy_s"]) for r in mine])
     for name, (fixed_s, rate) in fits.items():
         print(f"{name:24} fixed {fixed_s * 1e6:6.1f} us, streams at {rate / 1e12:5.2f} TB/s")
-    print("GPU clusters of 8 / 16 CTAs at once, one an SM: " + " / ".join(str(environment.get(k)) for k in CLUSTER_KEYS))
+    print("GPU clusters of 8 / 16 CTAs at once, one an SM: " + " / ".join(str(layout.get(k)) for k in CLUSTER_KEYS))
     Path(args.out).write_text(json.dumps({
         "extra": args.extra, "rows": rows,
         "fits": {name: {"fixed_s": f, "bytes_per_s": r} for name, (f, r) in fits.items()},
-        **{key: environment.get(key) for key in CLUSTER_KEYS}}, indent=1))
+        **layout}, indent=1))
     return 0
 
 
