@@ -183,12 +183,30 @@ __global__ void __launch_bounds__(kQuantThreads) channel_mean_kernel(const Input
   __syncthreads();
   complete_after_prior_kernel();  // it reads the uploaded inputs only
   if (!last) return;
-  if (c < kDim) {
-    const float* sums = job.block_sums + head * blocks * kDim + c;
-    // From L2 (__ldcg): other CTAs wrote them.
-    const float total = sum_in_order(blocks, [&](std::int64_t j) { return __ldcg(sums + j * kDim); });
-    job.mean[head * kDim + c] = __fdiv_rn(total, static_cast<float>(in.seq));
+  // The head's block sums, kChunk blocks at a time into the stage (free now), copied by all the
+  // threads (cp.async.cg: from L2, where other CTAs wrote them), then added in block order by a
+  // thread a channel. Loaded by the adding threads, 8 ahead, they were a round trip to L2 for every
+  // 8 blocks at the launch's end, which K's codes wait for. Staged, the preparation took 3-4 % less
+  // at 2x24x4250x64 (sage1), 1x5x49152x128 and 1x4x65536x128, 1 % at CogVideoX, and the kernel
+  // 32 registers at head dim 64, not 40 (H100, bench/results/2026-11-26-h100-mean-sums-staged/).
+  constexpr int kChunk = static_cast<int>(sizeof(stage) / (kDim * sizeof(float)));
+  float* staged = reinterpret_cast<float*>(&stage[0][0]);
+  const float* sums = job.block_sums + head * blocks * kDim;
+  float total = 0.0f;
+  for (std::int64_t first_block = 0; first_block < blocks; first_block += kChunk) {
+    const int n = static_cast<int>(min(static_cast<std::int64_t>(kChunk), blocks - first_block));
+    __syncthreads();  // the chunk before is added
+    for (int v = static_cast<int>(threadIdx.x); v < n * kDim / 4; v += kQuantThreads) {
+      cp_async_16(staged + 4 * v, sums + first_block * kDim + 4 * v, true);
+    }
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+    if (c < kDim) {
+      for (int j = 0; j < n; ++j) total = __fadd_rn(total, staged[j * kDim + c]);
+    }
   }
+  if (c < kDim) job.mean[head * kDim + c] = __fdiv_rn(total, static_cast<float>(in.seq));
   if (threadIdx.x == 0) job.finished[head] = 0;  // ready for the next launch
 }
 
