@@ -19,7 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from preparation_check import CLUSTER_KEYS, KINDS, copy_floor_s, run_case
+from preparation_check import CLUSTER_KEYS, KINDS, copy_floor_s, run_case, shape_elements
 
 # From 24 heads up: at 12, sage1's and sage2's K takes two passes where it is held by groups from 24
 # on (int8_key_group in kernels/cuda/quantize.cu), and a fit over both paths means nothing.
@@ -33,11 +33,6 @@ def fit(points):
     mean_y = sum(y for _, y in points) / n
     slope = sum((x - mean_x) * (y - mean_y) for x, y in points) / sum((x - mean_x) ** 2 for x, _ in points)
     return mean_y - slope * mean_x, 1.0 / slope
-
-
-def elements(shape):
-    b, h, s, d = (int(x) for x in shape.split(","))
-    return b * h * s * d
 
 
 def main():
@@ -80,7 +75,7 @@ def main():
         mine = [r for r in rows if r["kind"] == kind]
         # One path moves the same bytes an element on every shape; K read once or twice differ by
         # 2 bytes an element, scales and means by well under 0.1.
-        per_element = sorted({round(r["bytes"] / elements(r["shape"]), 1) for r in mine})
+        per_element = sorted({round(r["bytes"] / shape_elements(["--shape", r["shape"]]), 1) for r in mine})
         if len(per_element) > 1:
             print(f"preparation_scaling.py: {kind}: the shapes take different paths ("
                   f"{' and '.join(map(str, per_element))} bytes an element): no fit; take shapes of one path",
