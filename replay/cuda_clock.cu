@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "kernels/cuda/cluster_occupancy.h"
 #include "replay/cuda_check.h"
 #include "replay/cuda_clock.h"
 
@@ -55,18 +56,8 @@ int clusters_at_once(int size) {
       (size > 8 && cudaFuncSetAttribute(cluster_probe, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess)) {
     return unknown();
   }
-  cudaLaunchAttribute cluster{};
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim = {static_cast<unsigned>(size), 1, 1};
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(size));
-  config.blockDim = dim3(128);
-  config.dynamicSmemBytes = static_cast<std::size_t>(shared);
-  config.attrs = &cluster;
-  config.numAttrs = 1;
-  int clusters = 0;
-  if (cudaOccupancyMaxActiveClusters(&clusters, cluster_probe, &config) != cudaSuccess) return unknown();
-  return clusters;
+  return cuda_attention::max_active_clusters(cluster_probe, static_cast<unsigned>(size), 128,
+                                             static_cast<std::size_t>(shared));
 }
 
 int attribute(cudaDeviceAttr which) {

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "kernels/cuda/attention_launch.h"
+#include "kernels/cuda/cluster_occupancy.h"
 #include "kernels/cuda/device_utils.cuh"
 #include "kernels/cuda/quantize.h"
 
@@ -592,18 +593,7 @@ unsigned max_head_cluster() {
       (void)cudaGetLastError();
       return 8u;
     }
-    cudaLaunchAttribute cluster{};
-    cluster.id = cudaLaunchAttributeClusterDimension;
-    cluster.val.clusterDim = {16, 1, 1};
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(16);
-    config.blockDim = dim3(kQuantThreads);
-    config.dynamicSmemBytes = kDynamicBytes;
-    config.attrs = &cluster;
-    config.numAttrs = 1;
-    int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, kKernel, &config) != cudaSuccess) (void)cudaGetLastError();
-    return clusters > 0 ? 16u : 8u;
+    return max_active_clusters(kKernel, 16, kQuantThreads, kDynamicBytes) > 0 ? 16u : 8u;
   }();
   return largest;
 }
