@@ -834,6 +834,7 @@ struct ValueHeads {
 struct KeyGroups {
   float* block_sums = nullptr;
   GroupCounters counters;
+  std::int64_t key_span = 0;  // K's places are spread over the launch's first key_span places
 };
 
 // A cluster of CTAs (kInCluster), or a group of CTAs that meet in the global memory, holds one
@@ -868,11 +869,12 @@ __global__ void __launch_bounds__(kQuantThreads, kInCluster ? 0 : 6)
     // CTAs wait for their heads: a place is K's where the count of K's places up to it steps.
     // K's places and V's stay in start order, so at most one head of each waits for CTAs that
     // have not started, and the launch cannot deadlock while two heads fit in the GPU at once
-    // (int8_key_group asks for that). Q's CTAs never wait.
+    // (int8_key_group asks for that). Q's CTAs never wait. K's places are spread over the first
+    // key_span places only; the places after them are Q's (launch_int8_key_heads says why).
     if (queries.ctas + values.ctas > 0) {
-      const std::int64_t all = gridDim.x, key_ctas = all - queries.ctas - values.ctas;
-      const std::int64_t keys_before = place * key_ctas / all;
-      if ((place + 1) * key_ctas / all == keys_before) {
+      const std::int64_t key_ctas = gridDim.x - queries.ctas - values.ctas;
+      const std::int64_t keys_before = place < groups.key_span ? place * key_ctas / groups.key_span : key_ctas;
+      if (place >= groups.key_span || (place + 1) * key_ctas / groups.key_span == keys_before) {
         const std::int64_t local = place - keys_before;
         if (queries.ctas > 0) {
           let_next_kernel_start();
@@ -1154,9 +1156,21 @@ bool launch_int8_key_heads(const Int8Target& keys, Granularity granularity, void
                                 std::to_string(blocks) + " blocks (and Q's or V's) are more CTAs than a grid holds");
   }
   others_done = queries != nullptr || values != nullptr;
-  const KeyGroups groups{static_cast<float*>(work), group_counters(work, heads, std::int64_t{blocks} * kDim, blocks)};
+  // With Q's blocks beside them, K's places end a wave of CTAs before the launch does: the last
+  // wave is then Q's, which wait for nobody, rather than K heads' last CTAs and the CTAs waiting
+  // for them. Against K's places spread over the whole launch, side by side, sage1-int8's
+  // preparation took 3 % less at Flux, 1.7 % at 4x32x4096x128, level at 4x32x16384x128 (H100,
+  // bench/results/2026-11-26-h100-key-span/). V's heads wait for each other as K's do: a tail of
+  // V's alone was 2.5-10 % slower at 4x32x16384x128, so V keeps the whole launch.
+  const std::int64_t all = heads * blocks + with_queries.ctas + with_values.ctas;
+  const std::int64_t key_span =
+      queries != nullptr
+          ? std::max(heads * blocks, all - resident_ctas<quantize_int8_key_heads_kernel<Elem, kDim, false>, 0>())
+          : all;
+  const KeyGroups groups{static_cast<float*>(work), group_counters(work, heads, std::int64_t{blocks} * kDim, blocks),
+                         key_span};
   launch_kernel("quantize_int8_key_heads_kernel", quantize_int8_key_heads_kernel<Elem, kDim, false>,
-                dim3(static_cast<unsigned>(heads * blocks + with_queries.ctas + with_values.ctas)), kQuantThreads, 0,
+                dim3(static_cast<unsigned>(all)), kQuantThreads, 0,
                 order, stream, keys.in, job, groups, with_queries, with_values);
   return true;
 }
