@@ -1151,7 +1151,8 @@ bool launch_int8_key_heads(const Int8Target& keys, Granularity granularity, void
     with_values.groups = {static_cast<unsigned*>(values_work), group_counters(values_work, value_heads, kDim, blocks)};
     with_values.ctas = value_heads * blocks;
   }
-  if (heads * blocks + with_queries.ctas + with_values.ctas > INT_MAX) {
+  const std::int64_t all = heads * blocks + with_queries.ctas + with_values.ctas;  // the launch's CTAs
+  if (all > INT_MAX) {
     throw std::invalid_argument("quantize_int8_key_heads: " + std::to_string(heads) + " heads of " +
                                 std::to_string(blocks) + " blocks (and Q's or V's) are more CTAs than a grid holds");
   }
@@ -1162,7 +1163,6 @@ bool launch_int8_key_heads(const Int8Target& keys, Granularity granularity, void
   // preparation took 3 % less at Flux, 1.7 % at 4x32x4096x128, level at 4x32x16384x128 (H100,
   // bench/results/2026-11-26-h100-key-span/). V's heads wait for each other as K's do: a tail of
   // V's alone was 2.5-10 % slower at 4x32x16384x128, so V keeps the whole launch.
-  const std::int64_t all = heads * blocks + with_queries.ctas + with_values.ctas;
   const std::int64_t key_span =
       queries != nullptr
           ? std::max(heads * blocks, all - resident_ctas<quantize_int8_key_heads_kernel<Elem, kDim, false>, 0>())
