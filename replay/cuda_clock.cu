@@ -43,8 +43,8 @@ __global__ void cluster_probe() {}
 // Clusters of `size` CTAs the GPU holds at once at one CTA an SM (each CTA takes all of an SM's
 // shared memory): how its SMs are grouped, which can differ between GPUs of one model, and with
 // it the speed of kernels launched in clusters. Added to tell whether H100s differed in it when
-// fa3-fp8's preparation ran 11-15 % apart on them; they did not, and the gap was the code's
-// (docs/quantized.md). 0 where the GPU has no clusters or does not say.
+// fa3-fp8's preparation ran 11-15 % apart on them; those that recorded it did not, and the gap
+// was the code's (docs/quantized.md). 0 where the GPU has no clusters or does not say.
 int clusters_at_once(int size) {
   const auto unknown = [] {
     cudaGetLastError();
