@@ -805,9 +805,9 @@ template <typename Elem, int kDim, bool kInCluster>
 __global__ void __launch_bounds__(kQuantThreads) quantize_fp8_heads_kernel(const LaunchTargets<HeadTarget, 3> targets,
                                                                            int rows_per_cta, const HeadGroups groups) {
   // The tiles start on a 128-byte boundary, whatever the static arrays' size: 16 bytes past one
-  // (after 3c14a66 added a word to them), fa3-fp8's preparation took 12-16 % longer at Flux and
-  // 4x32x4096x128 and 6-9 % on the suite's other shapes, its code otherwise the same (H100,
-  // bench/results/2026-11-26-h100-tile-alignment/).
+  // (after 3c14a66 added a word to them), the copies into them read each sector from L2 twice, and
+  // fa3-fp8's preparation took 12-16 % longer at Flux and 4x32x4096x128 and 6-9 % on the suite's
+  // other shapes (H100, bench/results/2026-11-26-h100-tile-alignment/ and -tile-skew-ncu/).
   extern __shared__ __align__(128) uint4 dynamic_shared[];
   __shared__ Fp8HeadShared<kDim> shared;
   std::int64_t place = blockIdx.x;
