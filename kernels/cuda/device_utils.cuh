@@ -176,6 +176,28 @@ __device__ __forceinline__ void fence_proxy_async_shared() { asm volatile("fence
 // Makes initialized mbarriers visible to the copy engine (TMA), which completes their phases.
 __device__ __forceinline__ void fence_mbarrier_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
 
+// ---- Thread block clusters ----
+
+// The cluster barrier in halves, every thread of every CTA of the cluster taking part. arrive
+// releases this thread's prior writes to the cluster (on sm_90 a GPU-scope memory barrier, which
+// waits for them), wait acquires those of every thread that arrived.
+__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory"); }
+// max(*word, value) into the copy of `word` in the shared memory of the cluster's CTA `rank`, whose
+// mbarrier at `barrier`'s place counts the 4 bytes; no fence: the mbarrier's phase makes it visible.
+__device__ __forceinline__ void cluster_max_into(unsigned* word, std::uint64_t* barrier, unsigned rank,
+                                                 unsigned value) {
+  std::uint32_t remote_word, remote_barrier;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote_word) : "r"(shared_address(word)), "r"(rank));
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n"
+               : "=r"(remote_barrier)
+               : "r"(shared_address(barrier)), "r"(rank));
+  asm volatile("red.async.relaxed.cluster.shared::cluster.mbarrier::complete_tx::bytes.max.u32 [%0], %1, [%2];\n" ::"r"(
+                   remote_word),
+               "r"(value), "r"(remote_barrier)
+               : "memory");
+}
+
 // ---- Tensor memory access (TMA) ----
 
 // One box of a 3-D tensor map (a CUtensorMap in kernel parameters, constant or global memory)

@@ -665,12 +665,13 @@ struct HeadGroups {
 };
 
 // The small shared arrays of a CTA of FP8 heads. `cta_max`: this CTA's maxima, per channel, as bits
-// (a non-negative float's bits order as it does); the cluster reads them. (Maxima per warp took
+// (a non-negative float's bits order as it does), pushed to the cluster's CTAs. (Maxima per warp took
 // 4 kB more: at Flux, three CTAs an SM would not fit.)
 template <int kDim>
 struct Fp8HeadShared {
+  std::uint64_t maxima_in;  // in a cluster: counts the bytes of maxima the cluster's CTAs push here
   unsigned cta_max[kDim];
-  float head_max[kDim];  // the head's, per channel
+  float head_max[kDim];  // the head's, per channel (in a cluster, the pushed maxima's bits)
   float inverse[kDim];   // what the codes multiply by, per channel (all equal per head)
   unsigned word;         // a group's place, then whether the CTA is its head's last reader
 };
@@ -680,11 +681,17 @@ struct Fp8HeadShared {
 // CTA takes its rows' per-channel maxima, reads the head's, and codes its rows from the tiles:
 // the input is read once. Cluster or group, the maxima and codes are the same, bit for bit.
 // `place`: the CTA's, in the cluster's or group's order.
+// In a cluster each CTA pushes its maxima into every CTA's head_max (remote atomic max, counted on
+// that CTA's mbarrier), so the cluster meets once, at the start, before any write. When each CTA
+// read the others' maxima instead, two cluster barriers stood between its loads and its codes, each
+// releasing (on sm_90 a GPU-scope memory barrier: "Stall Membar", 15 % of the warps' stalls at
+// Flux), and a CTA could not leave before all had read its maxima. Pushed, fa3-fp8's preparation
+// took 4.5-10 % less at Flux, 4x32x1024x128, 4x32x4096x128 and 2x24x4250x64 (H100,
+// bench/results/2026-11-26-h100-pushed-maxima/).
 template <typename Elem, int kDim, bool kInCluster>
 __device__ __forceinline__ void fp8_head_rows(const LaunchTargets<HeadTarget, 3>& targets, int rows_per_cta,
                                               const HeadGroups& groups, std::int64_t place,
                                               Elem (*rows_staged)[kDim], Fp8HeadShared<kDim>& shared) {
-  namespace cg = cooperative_groups;
   constexpr int kVectors = kDim / 8;
   constexpr int kRowsAPass = kQuantThreads / kVectors;
   unsigned* cta_max = shared.cta_max;
@@ -703,6 +710,21 @@ __device__ __forceinline__ void fp8_head_rows(const LaunchTargets<HeadTarget, 3>
   const std::int64_t row0 = static_cast<std::int64_t>(rank) * rows_per_cta;
   const int rows = static_cast<int>(max(std::int64_t{0}, min(std::int64_t{rows_per_cta}, t.rows - row0)));
   let_next_kernel_start();
+  const int c = static_cast<int>(threadIdx.x);
+  // A cluster of one (a head of one tile) is not launched as a cluster, and has nothing to exchange.
+  const bool exchange = kInCluster && ctas_per_head > 1;
+  if (exchange) {
+    if (c < kDim) {
+      head_max[c] = 0.0f;          // the pushed maxima's bits: max as unsigned
+      fence_proxy_async_shared();  // the pushes are the async proxy's
+    }
+    if (c == 0) {
+      mbarrier_init(&shared.maxima_in, 1);
+      mbarrier_arrive_expect_bytes(&shared.maxima_in, static_cast<int>(ctas_per_head * kDim * sizeof(unsigned)));
+      fence_mbarrier_init();
+    }
+    cluster_arrive();  // the zeros and the mbarrier, before any CTA pushes
+  }
   for (int v = static_cast<int>(threadIdx.x); v < rows * kVectors; v += kQuantThreads) {
     const int row = v / kVectors, column = (v % kVectors) * 8;
     const bool valid = row0 + row < in.seq;
@@ -710,7 +732,6 @@ __device__ __forceinline__ void fp8_head_rows(const LaunchTargets<HeadTarget, 3>
                 valid);
   }
   cp_async_commit();
-  const int c = static_cast<int>(threadIdx.x);
   if (c < kDim) cta_max[c] = 0;
   cp_async_wait<0>();
   __syncthreads();
@@ -736,24 +757,20 @@ __device__ __forceinline__ void fp8_head_rows(const LaunchTargets<HeadTarget, 3>
     for (int k = 0; k < 8; ++k) atomicMax(&cta_max[vector * 8 + k], __float_as_uint(m[k]));  // m[k] >= +0
   }
   // max is exact in any order: the head's maxima are abs_max's, bit for bit.
-  [[maybe_unused]] cg::cluster_group::arrival_token all_read;
   if constexpr (kInCluster) {
-    const cg::cluster_group cluster = cg::this_cluster();
-    cluster.sync();  // every CTA's maxima written and visible
-    if (c < kDim) {
-      // All ranks' loads at once (a cluster is at most 16 CTAs, max_head_cluster): one after
-      // another, they were 16 distributed shared-memory latencies in a row; fa3-fp8's preparation
-      // 5-9 % faster (H100, bench/results/2026-11-25-h100-int8-d64-threads/).
-      unsigned rank_max[16];
-#pragma unroll
-      for (unsigned r = 0; r < 16; ++r) rank_max[r] = r < cluster.num_blocks() ? cluster.map_shared_rank(cta_max, r)[c] : 0u;
-      unsigned channel = 0;
-#pragma unroll
-      for (unsigned r = 0; r < 16; ++r) channel = max(channel, rank_max[r]);
-      head_max[c] = __uint_as_float(channel);
+    __syncthreads();  // cta_max complete
+    if (!exchange) {
+      if (c < kDim) head_max[c] = __uint_as_float(cta_max[c]);
+    } else {
+      cluster_wait();  // every CTA's head_max zeroed and mbarrier set
+      if (c < kDim) {
+        const unsigned mine = cta_max[c];
+        for (unsigned r = 0; r < ctas_per_head; ++r) {
+          cluster_max_into(reinterpret_cast<unsigned*>(&head_max[c]), &shared.maxima_in, r, mine);
+        }
+      }
+      mbarrier_wait(&shared.maxima_in, 0);  // all the cluster's maxima in
     }
-    // The cluster's CTAs may leave once all have read cta_max: the wait is at the end.
-    all_read = cluster.barrier_arrive();
   } else {
     unsigned* head_amax = groups.amax + index * kDim;
     __syncthreads();  // cta_max complete
@@ -798,7 +815,6 @@ __device__ __forceinline__ void fp8_head_rows(const LaunchTargets<HeadTarget, 3>
       *reinterpret_cast<uint4*>(t.out + (head * t.rows + row0 + row) * kDim + c0) = row_codes<Elem>(raw, inverse[0]);
     }
   }
-  if constexpr (kInCluster) cg::this_cluster().barrier_wait(std::move(all_read));
 }
 
 template <typename Elem, int kDim, bool kInCluster>
