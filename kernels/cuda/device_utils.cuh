@@ -178,11 +178,6 @@ __device__ __forceinline__ void fence_mbarrier_init() { asm volatile("fence.mbar
 
 // ---- Thread block clusters ----
 
-// The cluster barrier in halves, every thread of every CTA of the cluster taking part. arrive
-// releases this thread's prior writes to the cluster (on sm_90 a GPU-scope memory barrier, which
-// waits for them), wait acquires those of every thread that arrived.
-__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory"); }
 // max(*word, value) into the copy of `word` in the shared memory of the cluster's CTA `rank`, whose
 // mbarrier at `barrier`'s place counts the 4 bytes; no fence: the mbarrier's phase makes it visible.
 __device__ __forceinline__ void cluster_max_into(unsigned* word, std::uint64_t* barrier, unsigned rank,

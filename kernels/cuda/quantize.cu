@@ -723,7 +723,9 @@ __device__ __forceinline__ void fp8_head_rows(const LaunchTargets<HeadTarget, 3>
       mbarrier_arrive_expect_bytes(&shared.maxima_in, static_cast<int>(ctas_per_head * kDim * sizeof(unsigned)));
       fence_mbarrier_init();
     }
-    cluster_arrive();  // the zeros and the mbarrier, before any CTA pushes
+    // The zeros and the mbarrier, released before any CTA pushes (on sm_90 the arrive's release is
+    // the cluster's one GPU-scope memory barrier).
+    __cluster_barrier_arrive();
   }
   for (int v = static_cast<int>(threadIdx.x); v < rows * kVectors; v += kQuantThreads) {
     const int row = v / kVectors, column = (v % kVectors) * 8;
@@ -762,7 +764,7 @@ __device__ __forceinline__ void fp8_head_rows(const LaunchTargets<HeadTarget, 3>
     if (!exchange) {
       if (c < kDim) head_max[c] = __uint_as_float(cta_max[c]);
     } else {
-      cluster_wait();  // every CTA's head_max zeroed and mbarrier set
+      __cluster_barrier_wait();  // every CTA's head_max zeroed and mbarrier set
       if (c < kDim) {
         const unsigned mine = cta_max[c];
         for (unsigned r = 0; r < ctas_per_head; ++r) {
