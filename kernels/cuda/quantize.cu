@@ -2,6 +2,7 @@
 // by operation (docs/quantized.md) and as kernels/quantized_attention.cpp emulates it: the _rn
 // intrinsics keep nvcc from fusing a multiply and an add into one rounding.
 #include <cooperative_groups.h>
+#include <cuda/atomic>
 
 #include <algorithm>
 #include <climits>
@@ -628,15 +629,17 @@ __device__ __forceinline__ std::int64_t take_group_place(const GroupCounters& g,
   __syncthreads();
   return word;
 }
-// After the CTA's share is written: counts it in and returns once the head's CTAs all have (the
-// threadfence reduction of CUDA's samples, with a wait). All threads call it.
+// After the CTA's share is written: counts it in and returns once the head's CTAs all have. All
+// threads call it. Thread 0 alone releases the CTA's writes (the barrier orders them before its
+// release) and acquires the others', as cooperative_groups' grid sync does: a fence in every thread
+// (__threadfence, MEMBAR.SC.GPU) made the preparation 2-8 % slower at 4x32x16384x128 and CogVideoX
+// (H100, bench/results/2026-11-26-h100-group-fence/).
 __device__ __forceinline__ void meet_group(const GroupCounters& g, std::int64_t head) {
-  __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) {
-    atomicAdd(g.arrived + head, 1u);
-    while (*reinterpret_cast<volatile unsigned*>(g.arrived + head) < g.ctas_per_head) __nanosleep(128);
-    __threadfence();
+    cuda::atomic_ref<unsigned, cuda::thread_scope_device> arrived(g.arrived[head]);
+    arrived.fetch_add(1u, cuda::memory_order_release);
+    while (arrived.load(cuda::memory_order_acquire) < g.ctas_per_head) __nanosleep(128);
   }
   __syncthreads();
 }
