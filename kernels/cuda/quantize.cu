@@ -632,8 +632,8 @@ __device__ __forceinline__ std::int64_t take_group_place(const GroupCounters& g,
 // After the CTA's share is written: counts it in and returns once the head's CTAs all have. All
 // threads call it. Thread 0 alone releases the CTA's writes (the barrier orders them before its
 // release) and acquires the others', as cooperative_groups' grid sync does: a fence in every thread
-// (__threadfence, MEMBAR.SC.GPU) made the preparation 2-8 % slower at 4x32x16384x128 and CogVideoX
-// (H100, bench/results/2026-11-26-h100-group-fence/).
+// (__threadfence, MEMBAR.SC.GPU) made the preparation 2-8 % slower at 4x32x16384x128 and up to 5 %
+// at CogVideoX (H100, bench/results/2026-11-26-h100-group-fence/).
 __device__ __forceinline__ void meet_group(const GroupCounters& g, std::int64_t head) {
   __syncthreads();
   if (threadIdx.x == 0) {
