@@ -117,6 +117,7 @@ struct Attention::State {
   DeviceBuffer fp8_heads_work;  // where quantize_fp8_heads' groups meet, zeroed once (heads past a cluster)
   bool fp8_one_read = false;  // FP8 codes by quantize_fp8_heads, where the heads fit a cluster or group
   bool k_one_read = false;    // K's means and INT8 codes by quantize_int8_key_heads, likewise
+  bool v_first = false;       // sage2's V heads (one read) in a launch of their own, before K's
   DeviceBuffer out;
   AttentionArgs args;
   Order attention_order = Order::after_all;  // overlapping right after prepare_inputs
@@ -226,11 +227,17 @@ Attention::Attention(Kind kind, const Problem& p, const Options& options, const 
         if (!s.fp8_one_read) {
           s.amax.allocate(bkv * d * sizeof(unsigned), "V amax");
         } else {
-          // Where V's groups meet: in a launch of their own where V's heads pass a cluster, or in
-          // K's where K's heads are held by groups (quantize_int8_key_heads).
-          const bool beside_key_groups = s.k_one_read && s.k_mean_work.bytes() > 0;
-          const std::size_t bytes = beside_key_groups ? int8_key_heads_values_work_bytes(s.v_view())
-                                                      : fp8_heads_work_bytes(k_rows, s.v_view(), bkv);
+          // V first, the next launch filling the SMs that V's last wave leaves idle: where K is not
+          // read by clusters of its own (Flux's 24 heads in clusters of 12 are 1.1 waves; 8 % off
+          // sage2's preparation there, H100, smoothed), and where K's heads are held by groups but V's
+          // fit a cluster (2.5 % at Flux and 4x32x4096x128). Else V's heads wait on K's: after K's
+          // clusters (V first was 5 % slower at 4x32x1024x128), or inside K's group launch where V
+          // needs groups too (V first was 3 % slower at 4x32x16384x128).
+          const bool key_groups = s.k_one_read && s.k_mean_work.bytes() > 0;
+          const std::size_t own_launch_bytes = fp8_heads_work_bytes(k_rows, s.v_view(), bkv);
+          s.v_first = !s.k_one_read || (key_groups && own_launch_bytes == 0);
+          const std::size_t bytes = key_groups && !s.v_first ? int8_key_heads_values_work_bytes(s.v_view())
+                                                             : own_launch_bytes;
           if (bytes > 0) s.fp8_heads_work.allocate_zeroed(bytes, "FP8 head groups");
         }
         s.v_scale.allocate(bkv * d * sizeof(float), "V scales");
@@ -307,12 +314,7 @@ void Attention::prepare_inputs(cudaStream_t stream) {
                              a.v_length}},
                            s.fp8_heads_work.as(), next(), stream);
       };
-      // V first where K is not read by clusters of its own: the next kernel's CTAs (K's means, or
-      // the INT8 codes when K is not smoothed) fill the SMs that V's last wave of clusters leaves
-      // idle (Flux's 24 heads in clusters of 12 are 1.1 waves; 8 % off sage2's preparation there,
-      // H100, smoothed). Where K is read once, its clusters would wait on V's instead (5 % slower at
-      // 4x32x1024x128).
-      const bool v_first = sage2 && s.fp8_one_read && !s.k_one_read;
+      const bool v_first = sage2 && s.v_first;  // the constructor says why
       bool v_done = false;  // by K's groups' launch
       if (v_first) quantize_v_one_read();
       // sage2's V maxima, in two passes: beside K's means where they take a pass of their own (one
@@ -332,13 +334,13 @@ void Attention::prepare_inputs(cudaStream_t stream) {
       const Int8Target k{s.k_view(), true, 1.0f, mean,
                          {s.k_work.as<std::int8_t>(), a.k_rows, s.k_scale.as<float>(), a.k_groups}};
       // sage2's Q is quantized by the attention kernel. Where K's heads are held by groups, sage1's Q
-      // or sage2's V is coded in their launch.
+      // or sage2's V (unless first) is coded in their launch.
       if (s.k_one_read) {
         const HeadTarget v_head{s.v_view(), true, true, v_target, s.v_scale.as<float>(), s.v_work.as<std::uint8_t>(),
                                 a.v_length};
         const bool beside_keys = quantize_int8_key_heads(k, s.options.granularity, s.k_mean_work.as(), next(), stream,
                                                          sage2 ? nullptr : &q,
-                                                         sage2 && s.fp8_one_read ? &v_head : nullptr,
+                                                         sage2 && s.fp8_one_read && !v_first ? &v_head : nullptr,
                                                          s.fp8_heads_work.as());
         if (!sage2 && !beside_keys) quantize_int8({q}, s.options.granularity, next(), stream);
         v_done = sage2 && beside_keys;
