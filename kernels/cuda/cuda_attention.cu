@@ -227,10 +227,10 @@ Attention::Attention(Kind kind, const Problem& p, const Options& options, const 
         if (!s.fp8_one_read) {
           s.amax.allocate(bkv * d * sizeof(unsigned), "V amax");
         } else {
-          // V first, the next launch filling the SMs that V's last wave leaves idle: where K is not
-          // read by clusters of its own (Flux's 24 heads in clusters of 12 are 1.1 waves; 8 % off
-          // sage2's preparation there, H100, smoothed), and where K's heads are held by groups but V's
-          // fit a cluster (2.5 % at Flux and 4x32x4096x128). Else V's heads wait on K's: after K's
+          // V first, the next launch filling the SMs that V's last wave leaves idle: where K's heads
+          // are not held by clusters or groups of their own (8 % off sage2's preparation at Flux
+          // when K took two passes there, H100), and where K's heads are held by groups but V's fit
+          // a cluster (2.5 % at Flux and 4x32x4096x128). Else V's heads wait on K's: after K's
           // clusters (V first was 5 % slower at 4x32x1024x128), or inside K's group launch where V
           // needs groups too (V first was 3 % slower at 4x32x16384x128).
           const bool key_groups = s.k_one_read && s.k_mean_work.bytes() > 0;
