@@ -165,21 +165,39 @@ __device__ __forceinline__ void load_tile(std::uint8_t* tile, const CUtensorMap&
                 loaded, issue);
 }
 
-// The operand of one 32-byte k-step of a K-major tile (Q, K, and e4m3 V): rows first_row.. of it.
-// Consecutive 8-row groups are 8 rows' bytes apart; the k-step moves the start within the row.
-template <int kRows, int kRowBytes>
-__device__ __forceinline__ std::uint64_t k_major_operand(const std::uint8_t* tile, int first_row, int step) {
-  constexpr int kAtomRow = kRowBytes >= 128 ? 128 : 64;
-  const int byte = step * 32;
-  const int offset = (byte / kAtomRow) * kRows * kAtomRow + first_row * kAtomRow + byte % kAtomRow;
-  return matrix_descriptor(shared_address(tile) + offset, 16, 8 * kAtomRow, kSwizzleBytes<kRowBytes>);
+// MMA operands are a tile's descriptor (made once, before the key loop) moved on by a byte offset
+// (a stage, a k-step, a consumer's rows): an add a descriptor, where making each descriptor afresh
+// cost sage2's key block at head dim 128 32 more instructions (565 rather than 533) and, on an
+// H100, 0.5-2 % of its time (bench/results/2026-11-26-h100-descriptors-once). Only the start
+// address (bits 0-13, in 16-byte units) moves; it cannot carry into the fields above it, shared
+// memory being under 256 KB.
+__device__ __forceinline__ std::uint64_t descriptor_at(std::uint64_t tile_descriptor, int bytes) {
+  const std::uint32_t start = static_cast<std::uint32_t>(tile_descriptor) + static_cast<std::uint32_t>(bytes >> 4);
+  return (tile_descriptor & 0xFFFFFFFF00000000ull) | start;
 }
 
-// The B operand of one k16 step of 16-bit V, (key, channel) rows read N-major: 16 keys are two
-// 8-key groups 1024 bytes apart; 64-channel column blocks follow each other at a block's size.
-__device__ __forceinline__ std::uint64_t n_major_values_operand(const std::uint8_t* tile, int step) {
-  return matrix_descriptor(shared_address(tile) + step * 16 * 128, kBlockK * 128, 1024, 128);
+// A K-major tile (Q, K, and e4m3 V), and the offset of one 32-byte k-step's operand in it, rows
+// first_row.. of it: consecutive 8-row groups are 8 rows' bytes apart; the k-step moves the start
+// within the row.
+template <int kRowBytes>
+__device__ __forceinline__ std::uint64_t k_major_tile(const std::uint8_t* tile) {
+  constexpr int kAtomRow = kRowBytes >= 128 ? 128 : 64;
+  return matrix_descriptor(shared_address(tile), 16, 8 * kAtomRow, kSwizzleBytes<kRowBytes>);
 }
+template <int kRows, int kRowBytes>
+__device__ __forceinline__ constexpr int k_major_offset(int first_row, int step) {
+  constexpr int kAtomRow = kRowBytes >= 128 ? 128 : 64;
+  const int byte = step * 32;
+  return (byte / kAtomRow) * kRows * kAtomRow + first_row * kAtomRow + byte % kAtomRow;
+}
+
+// 16-bit V as (key, channel) rows read N-major, and the offset of one k16 step's B operand: 16 keys
+// are two 8-key groups 1024 bytes apart; 64-channel column blocks follow each other at a block's
+// size.
+__device__ __forceinline__ std::uint64_t n_major_values_tile(const std::uint8_t* tile) {
+  return matrix_descriptor(shared_address(tile), kBlockK * 128, 1024, 128);
+}
+__device__ __forceinline__ constexpr int n_major_values_offset(int step) { return step * 16 * 128; }
 
 // fence_registers for P's register operands, one row of 4 per k-step.
 template <int kSteps>
@@ -390,7 +408,7 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kCtasPerSm) attention_ke
 
   // ---- Consumers ----
   if constexpr (!Tile::kSolo) registers_increase_to<Tile::kConsumerRegisters>();
-  const int consumer = warpgroup;
+  const int consumer = Tile::kSolo ? 0 : warpgroup;
   const int warp = static_cast<int>(threadIdx.x) % 128 / 32;  // in the warpgroup
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int g = lane / 4;   // fragment row (and row + 8)
@@ -485,17 +503,24 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kCtasPerSm) attention_ke
   };
   if (!Tile::kSerial && last_consumer && key_blocks > 0) named_barrier_arrive(next_turn, kTurnThreads);
 
+  // The MMAs' tiles (descriptor_at): Q, and K's and V's first stage.
+  std::uint64_t q_tile = k_major_tile<Tile::kQkRowBytes>(sq);
+  std::uint64_t k_tiles = k_major_tile<Tile::kQkRowBytes>(sk0);
+  std::uint64_t v_tiles = Tile::kFp8Values ? k_major_tile<Tile::kVRowBytes>(sv0) : n_major_values_tile(sv0);
+  // Opaque to the compiler, so that it keeps them rather than folding their arithmetic back into the loop.
+  asm volatile("" : "+l"(q_tile), "+l"(k_tiles), "+l"(v_tiles));
+
   // Issues P·V of the pending block, in a turn after wgmma_fence. fp32+fp16 waits for each
   // 32-key chunk to add it to acc, holding the turn meanwhile.
   auto multiply_p_v = [&] {
-    const std::uint8_t* const sv = sv0 + in_flight_stage * Tile::kSmemV;
+    const int v_offset = in_flight_stage * Tile::kSmemV;
     if constexpr (Tile::kChunkedPv) {
       // V was scaled to 2.25 for this, so that a chunk stays inside fp16's range.
 #pragma unroll
       for (int c = 0; c < Tile::kPvSteps; ++c) {
         std::uint32_t chunk[kDim / 4];  // half2: row row0 (even registers) or row0 + 8 (odd)
         if (c > 0) wgmma_fence();
-        const std::uint64_t v_operand = k_major_operand<kDim, kBlockK>(sv, 0, c);
+        const std::uint64_t v_operand = descriptor_at(v_tiles, v_offset + k_major_offset<kDim, kBlockK>(0, c));
         if constexpr (kDim == 64) wgmma_pv_e4m3_f16acc_n64(chunk, pa[c], v_operand, 0);
         else wgmma_pv_e4m3_f16acc_n128(chunk, pa[c], v_operand, 0);
         wgmma_commit();
@@ -514,11 +539,11 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kCtasPerSm) attention_ke
         for (int c = 0; c < Tile::kPvSteps; ++c) {
           const int accumulate = Tile::kBlockSumPv ? c : 1;
           if constexpr (Tile::kFp8Values) {
-            const std::uint64_t v_operand = k_major_operand<kDim, kBlockK>(sv, 0, c);
+            const std::uint64_t v_operand = descriptor_at(v_tiles, v_offset + k_major_offset<kDim, kBlockK>(0, c));
             if constexpr (kDim == 64) wgmma_pv_e4m3_n64(d, pa[c], v_operand, accumulate);
             else wgmma_pv_e4m3_n128(d, pa[c], v_operand, accumulate);
           } else {
-            const std::uint64_t v_operand = n_major_values_operand(sv, c);
+            const std::uint64_t v_operand = descriptor_at(v_tiles, v_offset + n_major_values_offset(c));
             if constexpr (std::is_same_v<Elem, __nv_bfloat16> && kDim == 64) wgmma_pv_bf16_n64(d, pa[c], v_operand, accumulate);
             else if constexpr (std::is_same_v<Elem, __nv_bfloat16>) wgmma_pv_bf16_n128(d, pa[c], v_operand, accumulate);
             else if constexpr (kDim == 64) wgmma_pv_f16_n64(d, pa[c], v_operand, accumulate);
@@ -614,7 +639,6 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kCtasPerSm) attention_ke
     mbarrier_wait(&stage_loaded[stage], (kb / kStages) & 1);
     if constexpr (kWithPv) prepare_p_v();
     const std::int64_t key0 = static_cast<std::int64_t>(kb) * kBlockK;
-    const std::uint8_t* const sk = sk0 + stage * Tile::kSmemK;
 
     // ---- In this consumer's turn: S = Q·Kᵀ of this block, then P·V of the last one ----
     auto multiply_q_k = [&](auto& scores) {
@@ -622,8 +646,10 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kCtasPerSm) attention_ke
       wgmma_fence();
 #pragma unroll
       for (int c = 0; c < Tile::kQkSteps; ++c) {
-        const std::uint64_t q_operand = k_major_operand<kCtaQ, Tile::kQkRowBytes>(sq, consumer * kBlockQ, c);
-        const std::uint64_t k_operand = k_major_operand<kBlockK, Tile::kQkRowBytes>(sk, 0, c);
+        const std::uint64_t q_operand =
+            descriptor_at(q_tile, k_major_offset<kCtaQ, Tile::kQkRowBytes>(consumer * kBlockQ, c));
+        const std::uint64_t k_operand =
+            descriptor_at(k_tiles, stage * Tile::kSmemK + k_major_offset<kBlockK, Tile::kQkRowBytes>(0, c));
         if constexpr (Tile::kInt8Scores) wgmma_qk_s8(scores, q_operand, k_operand, c);
         else if constexpr (Tile::kFp8Scores) wgmma_qk_e4m3(scores, q_operand, k_operand, c);
         else if constexpr (std::is_same_v<Elem, __nv_bfloat16>) wgmma_qk_bf16(scores, q_operand, k_operand, c);
