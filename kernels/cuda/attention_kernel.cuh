@@ -141,7 +141,7 @@ struct AttentionParams {
 // 128 bytes (wider rows split into 128-byte column blocks, one after the other, each kRows rows)
 // or of 64 bytes, the 16-byte chunks of each 8 rows permuted by the 128-byte (64-byte) swizzle,
 // which spreads a column of chunks over all banks. The tile starts on a 1024-byte boundary: the
-// hardware swizzles by address bits.
+// hardware swizzles by address bits. kSwizzleBytes is both the swizzle and a column block's width.
 template <int kRowBytes>
 inline constexpr int kSwizzleBytes = kRowBytes >= 128 ? 128 : 64;
 // Where 16-byte chunk `chunk` of row `row` of a tile of kRowBytes-byte rows (at most 128) lies:
@@ -158,7 +158,7 @@ __device__ __forceinline__ int swizzled_offset(int row, int chunk) {
 template <int kRows, int kRowBytes>
 __device__ __forceinline__ void load_tile(std::uint8_t* tile, const CUtensorMap& map, std::int64_t row, std::int64_t head,
                                           std::uint64_t* loaded, bool issue = true) {
-  constexpr int kBoxBytes = kRowBytes >= 128 ? 128 : 64;
+  constexpr int kBoxBytes = kSwizzleBytes<kRowBytes>;
 #pragma unroll
   for (int block = 0; block < kRowBytes / kBoxBytes; ++block)
     tma_load_3d(tile + block * kRows * kBoxBytes, &map, block * kBoxBytes, static_cast<int>(row), static_cast<int>(head),
@@ -168,7 +168,7 @@ __device__ __forceinline__ void load_tile(std::uint8_t* tile, const CUtensorMap&
 // MMA operands are a tile's descriptor (made once, before the key loop) moved on by a byte offset
 // (a stage, a k-step, a consumer's rows): an add a descriptor, where making each descriptor afresh
 // cost sage2's key block at head dim 128 32 more instructions (565 rather than 533) and, on an
-// H100, 0.5-2 % of its time (bench/results/2026-11-26-h100-descriptors-once). Only the start
+// H100, 0.3-1.4 % of its time (bench/results/2026-11-26-h100-descriptors-once). Only the start
 // address (bits 0-13, in 16-byte units) moves; it cannot carry into the fields above it, shared
 // memory being under 256 KB.
 __device__ __forceinline__ std::uint64_t descriptor_at(std::uint64_t tile_descriptor, int bytes) {
@@ -181,14 +181,14 @@ __device__ __forceinline__ std::uint64_t descriptor_at(std::uint64_t tile_descri
 // within the row.
 template <int kRowBytes>
 __device__ __forceinline__ std::uint64_t k_major_tile(const std::uint8_t* tile) {
-  constexpr int kAtomRow = kRowBytes >= 128 ? 128 : 64;
-  return matrix_descriptor(shared_address(tile), 16, 8 * kAtomRow, kSwizzleBytes<kRowBytes>);
+  return matrix_descriptor(shared_address(tile), 16, 8 * kSwizzleBytes<kRowBytes>, kSwizzleBytes<kRowBytes>);
 }
 template <int kRows, int kRowBytes>
 __device__ __forceinline__ constexpr int k_major_offset(int first_row, int step) {
-  constexpr int kAtomRow = kRowBytes >= 128 ? 128 : 64;
+  constexpr int kColumnBlockBytes = kSwizzleBytes<kRowBytes>;
   const int byte = step * 32;
-  return (byte / kAtomRow) * kRows * kAtomRow + first_row * kAtomRow + byte % kAtomRow;
+  return (byte / kColumnBlockBytes) * kRows * kColumnBlockBytes + first_row * kColumnBlockBytes +
+         byte % kColumnBlockBytes;
 }
 
 // 16-bit V as (key, channel) rows read N-major, and the offset of one k16 step's B operand: 16 keys
