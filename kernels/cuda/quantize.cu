@@ -412,8 +412,7 @@ __device__ __forceinline__ void quantize_int8_block(const InputView& in, const I
 // (40 registers, a few bytes spilled): faster than the five that 48 registers allowed on
 // 4x32x4096x128, within 1 µs of them on the short shapes (H100). At head dim 64, eight (32
 // registers) were 1 % slower at CogVideoX (bench/results/2026-11-26-h100-int8-keys-eight-an-sm/).
-// Q's blocks at d64 (8 kB) run in CTAs of 128 threads instead,
-// twelve an SM (quantize_int8 says why).
+// Q's blocks at d64 (8 kB) run in CTAs of 128 threads instead, twelve an SM (quantize_int8 says why).
 template <typename Elem, int kDim, int kThreads>
 __global__ void __launch_bounds__(kThreads, 6 * kQuantThreads / kThreads)
     quantize_int8_kernel(const LaunchTargets<Int8Target, 2> targets, Granularity granularity) {
