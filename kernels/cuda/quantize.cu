@@ -423,8 +423,8 @@ __global__ void __launch_bounds__(kThreads, 6 * kQuantThreads / kThreads)
   const Int8Target& t = targets.target[target];
   const Int8Job job{granularity, t.pre_scale, t.mean, t.out, int8_groups_per_block(t.is_key, granularity)};
   std::int64_t local = cta - targets.first[target];
-  // K's blocks after channel_means take the blocks in reverse: the first to run then read the heads
-  // that the means read last, part of which L2 still holds. That took 1.5 % off the Sage kinds'
+  // After channel_means, K's blocks run in reverse order: the first then read the heads that the
+  // means read last, part of which L2 still holds. That took 1.5 % off the Sage kinds'
   // preparation at CogVideoX and 1 % at 2x24x4250x64, side by side (H100,
   // bench/results/2026-11-26-h100-key-codes-reversed/).
   if (t.is_key && t.mean) local = targets.first[target + 1] - targets.first[target] - 1 - local;
