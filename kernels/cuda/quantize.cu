@@ -697,9 +697,12 @@ struct Fp8HeadShared {
 // Flux), and a CTA could not leave before all had read its maxima. Pushed, fa3-fp8's preparation
 // took 4.5-10 % less at Flux, 4x32x1024x128, 4x32x4096x128 and 2x24x4250x64 (H100,
 // bench/results/2026-11-26-h100-pushed-maxima/).
-template <typename Elem, int kDim, bool kInCluster>
+// A CTA stages its first `staged_per_cta` rows in the tile and holds the rest in registers (at most
+// kHeldVectors 16-byte vectors a thread), which it copies into the tile once the staged rows are
+// coded: fp8_cluster_plan says where.
+template <typename Elem, int kDim, bool kInCluster, int kHeldVectors = 0>
 __device__ __forceinline__ void fp8_head_rows(const LaunchTargets<HeadTarget, 3>& targets, int rows_per_cta,
-                                              const HeadGroups& groups, std::int64_t place,
+                                              int staged_per_cta, const HeadGroups& groups, std::int64_t place,
                                               Elem (*rows_staged)[kDim], Fp8HeadShared<kDim>& shared) {
   constexpr int kVectors = kDim / 8;
   constexpr int kRowsAPass = kQuantThreads / kVectors;
@@ -736,13 +739,25 @@ __device__ __forceinline__ void fp8_head_rows(const LaunchTargets<HeadTarget, 3>
     // the cluster's one GPU-scope memory barrier).
     __cluster_barrier_arrive();
   }
-  for (int v = static_cast<int>(threadIdx.x); v < rows * kVectors; v += kQuantThreads) {
+  const int staged = min(rows, staged_per_cta);
+  for (int v = static_cast<int>(threadIdx.x); v < staged * kVectors; v += kQuantThreads) {
     const int row = v / kVectors, column = (v % kVectors) * 8;
     const bool valid = row0 + row < in.seq;
     cp_async_16(&rows_staged[row][swizzled(row, column)], row_pointer<Elem>(in, b, h, valid ? row0 + row : 0) + column,
                 valid);
   }
   cp_async_commit();
+  // The held rows, vector v of them in thread v % kQuantThreads; zeros past the end, as staged.
+  uint4 held[kHeldVectors > 0 ? kHeldVectors : 1];
+#pragma unroll
+  for (int j = 0; j < kHeldVectors; ++j) {
+    const int v = static_cast<int>(threadIdx.x) + j * kQuantThreads;
+    const int row = staged + v / kVectors, column = (v % kVectors) * 8;
+    held[j] = make_uint4(0, 0, 0, 0);
+    if (row < rows && row0 + row < in.seq) {
+      held[j] = __ldcg(reinterpret_cast<const uint4*>(row_pointer<Elem>(in, b, h, row0 + row) + column));
+    }
+  }
   if (c < kDim) cta_max[c] = 0;
   cp_async_wait<0>();
   __syncthreads();
@@ -751,9 +766,16 @@ __device__ __forceinline__ void fp8_head_rows(const LaunchTargets<HeadTarget, 3>
   // with the same channels (lane % kVectors), then over the warps. Rows past the end are zeros.
   const int vector = static_cast<int>(threadIdx.x) % kVectors;
   float m[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  for (int row = static_cast<int>(threadIdx.x) / kVectors; row < rows; row += kRowsAPass) {
+  for (int row = static_cast<int>(threadIdx.x) / kVectors; row < staged; row += kRowsAPass) {
     const uint4 raw = *reinterpret_cast<const uint4*>(&rows_staged[row][swizzled(row, vector * 8)]);
     const Elem* e = reinterpret_cast<const Elem*>(&raw);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) m[k] = fmaxf(m[k], fabsf(to_float(e[k])));
+  }
+  // A held vector has the same channels as the staged ones this thread read: v % kVectors.
+#pragma unroll
+  for (int j = 0; j < kHeldVectors; ++j) {
+    const Elem* e = reinterpret_cast<const Elem*>(&held[j]);
 #pragma unroll
     for (int k = 0; k < 8; ++k) m[k] = fmaxf(m[k], fabsf(to_float(e[k])));
   }
@@ -806,31 +828,49 @@ __device__ __forceinline__ void fp8_head_rows(const LaunchTargets<HeadTarget, 3>
   }
   __syncthreads();
 
-  if (t.values) {
-    // Out: a channel's 16-key groups are vectors of 16 codes, as quantize_fp8_values_kernel writes
-    // them. Items go channel by channel through runs of up to 8 groups, 128 keys, as that kernel's
-    // do: the run's reads then fall in different banks.
-    const int groups = rows / 16;
-    for (int item = static_cast<int>(threadIdx.x); item < groups * kDim; item += kQuantThreads) {
-      const int run = item / (kDim * 8), in_run = min(8, groups - run * 8), rest = item - run * kDim * 8;
-      const int channel = rest / in_run, group = run * 8 + rest % in_run;
-      *reinterpret_cast<uint4*>(t.out + (head * kDim + channel) * t.rows + row0 + group * 16) =
-          transposed_codes<Elem, kDim>(rows_staged, group, channel, inverse[channel]);
+  // The codes of the tile's first `count` rows, rows first_row... of the CTA's.
+  const auto write_codes = [&](int count, std::int64_t first_row) {
+    if (t.values) {
+      // Out: a channel's 16-key groups are vectors of 16 codes, as quantize_fp8_values_kernel writes
+      // them. Items go channel by channel through runs of up to 8 groups, 128 keys, as that kernel's
+      // do: the run's reads then fall in different banks.
+      const int groups = count / 16;
+      for (int item = static_cast<int>(threadIdx.x); item < groups * kDim; item += kQuantThreads) {
+        const int run = item / (kDim * 8), in_run = min(8, groups - run * 8), rest = item - run * kDim * 8;
+        const int channel = rest / in_run, group = run * 8 + rest % in_run;
+        *reinterpret_cast<uint4*>(t.out + (head * kDim + channel) * t.rows + first_row + group * 16) =
+            transposed_codes<Elem, kDim>(rows_staged, group, channel, inverse[channel]);
+      }
+    } else {
+      // Out: rows as loaded, 16 codes a vector, as quantize_fp8_rows_kernel.
+      for (int item = static_cast<int>(threadIdx.x); item < count * (kDim / 16); item += kQuantThreads) {
+        const int row = item / (kDim / 16), c0 = item % (kDim / 16) * 16;
+        const uint4 raw[2] = {*reinterpret_cast<const uint4*>(&rows_staged[row][swizzled(row, c0)]),
+                              *reinterpret_cast<const uint4*>(&rows_staged[row][swizzled(row, c0 + 8)])};
+        *reinterpret_cast<uint4*>(t.out + (head * t.rows + first_row + row) * kDim + c0) =
+            row_codes<Elem>(raw, inverse[0]);
+      }
     }
-  } else {
-    // Out: rows as loaded, 16 codes a vector, as quantize_fp8_rows_kernel.
-    for (int item = static_cast<int>(threadIdx.x); item < rows * (kDim / 16); item += kQuantThreads) {
-      const int row = item / (kDim / 16), c0 = item % (kDim / 16) * 16;
-      const uint4 raw[2] = {*reinterpret_cast<const uint4*>(&rows_staged[row][swizzled(row, c0)]),
-                            *reinterpret_cast<const uint4*>(&rows_staged[row][swizzled(row, c0 + 8)])};
-      *reinterpret_cast<uint4*>(t.out + (head * t.rows + row0 + row) * kDim + c0) = row_codes<Elem>(raw, inverse[0]);
+  };
+  write_codes(staged, row0);
+  if (kHeldVectors > 0 && rows > staged) {  // alike in all the CTA's threads
+    __syncthreads();  // the staged rows' codes are read
+#pragma unroll
+    for (int j = 0; j < kHeldVectors; ++j) {
+      const int v = static_cast<int>(threadIdx.x) + j * kQuantThreads;
+      const int row = v / kVectors, column = (v % kVectors) * 8;
+      if (row < rows - staged) *reinterpret_cast<uint4*>(&rows_staged[row][swizzled(row, column)]) = held[j];
     }
+    __syncthreads();
+    write_codes(rows - staged, row0 + staged);  // staged is a whole number of 16-key groups
   }
 }
 
-template <typename Elem, int kDim, bool kInCluster>
-__global__ void __launch_bounds__(kQuantThreads) quantize_fp8_heads_kernel(const LaunchTargets<HeadTarget, 3> targets,
-                                                                           int rows_per_cta, const HeadGroups groups) {
+// With held rows, at most 64 registers: four CTAs an SM.
+template <typename Elem, int kDim, bool kInCluster, int kHeldVectors = 0>
+__global__ void __launch_bounds__(kQuantThreads, kHeldVectors > 0 ? 4 : 0)
+    quantize_fp8_heads_kernel(const LaunchTargets<HeadTarget, 3> targets, int rows_per_cta, int staged_per_cta,
+                              const HeadGroups groups) {
   // The tiles start on a 128-byte boundary, whatever the static arrays' size: 16 bytes past one
   // (after 3c14a66 added a word to them), the copies into them read each sector from L2 twice, and
   // fa3-fp8's preparation took 12-16 % longer at Flux and 4x32x4096x128 and 6-9 % on the suite's
@@ -839,8 +879,8 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_fp8_heads_kernel(const
   __shared__ Fp8HeadShared<kDim> shared;
   std::int64_t place = blockIdx.x;
   if constexpr (!kInCluster) place = take_group_place(groups.counters, shared.word);
-  fp8_head_rows<Elem, kDim, kInCluster>(targets, rows_per_cta, groups, place,
-                                        reinterpret_cast<Elem (*)[kDim]>(dynamic_shared), shared);
+  fp8_head_rows<Elem, kDim, kInCluster, kHeldVectors>(targets, rows_per_cta, staged_per_cta, groups, place,
+                                                      reinterpret_cast<Elem (*)[kDim]>(dynamic_shared), shared);
   if constexpr (!kInCluster) release_group_place(groups.counters);
   complete_after_prior_kernel();  // it reads the uploaded inputs only
 }
@@ -916,7 +956,7 @@ __global__ void __launch_bounds__(kQuantThreads, kInCluster ? 0 : 6)
           quantize_int8_block<Elem, kDim, kBlockQ, kQuantThreads>(q.in, q_job, local % q_blocks, local / q_blocks,
                                                                   shared);
         } else {
-          fp8_head_rows<Elem, kDim, false>(values.targets, kBlockK, values.groups, local,
+          fp8_head_rows<Elem, kDim, false>(values.targets, kBlockK, kBlockK, values.groups, local,
                                            reinterpret_cast<Elem (*)[kDim]>(shared.tile), value_shared);
         }
         release_group_place(groups.counters);
@@ -1027,10 +1067,41 @@ LaunchTargets<HeadTarget, 3> fp8_head_targets(std::initializer_list<HeadTarget> 
 constexpr std::size_t kHeadTileBytes = 96 * 1024;
 struct HeadPlan {
   int rows_per_cta = 0;
+  int staged_per_cta = 0;         // of them in the tile; the rest held in registers
   unsigned ctas_per_head = 0;     // 0: no plan
   bool in_cluster = false;        // the head's CTAs are a cluster, else a group (quantize_fp8_heads_kernel)
   std::size_t shared_bytes = 0;   // dynamic, for the tiles
 };
+// Where a cluster CTA's tile leaves room for fewer than four CTAs an SM, its rows beyond what four
+// can stage are held in registers, if kMostHeldVectors 16-byte vectors a thread hold them: Flux's
+// 288 rows are 208 staged (52 kB) and 80 held, 4x32x4096x128's 256 are 208 and 48; four CTAs an SM
+// (64 registers, against 40). Side by side, sage2-int8-fp8's preparation took 3.0-4.6 % less at
+// Flux (its V's 24 clusters then fit the GPU at once) and 1.4 % less at 4x32x4096x128, fa3-fp8's
+// 0.9 % and 1.4 %, the codes the same (H100, bench/results/2026-11-26-h100-fp8-held-rows-four-an-sm/).
+// Where four or more fit already (up to 4x32x1024x128, most heads at head dim 64), the registers
+// would cost CTAs: fa3-fp8's preparation took 9 % longer at 4x32x1024x128 with them
+// (bench/results/2026-11-26-h100-fp8-held-rows/).
+constexpr int kMostHeldVectors = 5;
+
+// The most rows (a multiple of 16) a CTA of `kKernel` can stage in its tile with four CTAs an SM.
+template <auto kKernel, typename Elem, int kDim>
+int most_staged_rows_at_four() {
+  static const int most = [] {
+    ATTNREPLAY_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(kHeadTileBytes)));
+    int most = 0;
+    for (int rows = 16; rows * kDim * sizeof(Elem) <= kHeadTileBytes; rows += 16) {
+      int per_sm = 0;
+      ATTNREPLAY_CUDA_CHECK(
+          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kKernel, kQuantThreads, rows * kDim * sizeof(Elem)));
+      if (per_sm < 4) break;
+      most = rows;
+    }
+    return most;
+  }();
+  return most;
+}
+
 template <typename Elem, int kDim>
 HeadPlan fp8_cluster_plan(std::int64_t rows) {
   const std::int64_t tiles = std::max<std::int64_t>(1, ceil_div(rows, static_cast<std::int64_t>(kBlockK)));
@@ -1040,7 +1111,16 @@ HeadPlan fp8_cluster_plan(std::int64_t rows) {
   const std::int64_t per_cta = ceil_div(units, static_cast<std::int64_t>(largest)) * unit;
   const std::size_t bytes = static_cast<std::size_t>(per_cta) * kDim * sizeof(Elem);
   if (bytes > kHeadTileBytes) return {};
-  return {static_cast<int>(per_cta), static_cast<unsigned>(ceil_div(tiles * kBlockK, per_cta)), true, bytes};
+  int staged = static_cast<int>(per_cta);
+  if (per_cta > most_staged_rows_at_four<quantize_fp8_heads_kernel<Elem, kDim, true>, Elem, kDim>()) {
+    constexpr auto kHolding = quantize_fp8_heads_kernel<Elem, kDim, true, kMostHeldVectors>;
+    const int at_four = most_staged_rows_at_four<kHolding, Elem, kDim>();
+    // The held rows go through the tile after the staged ones: at most as many.
+    const std::int64_t held = per_cta - at_four;
+    if (held <= std::min<std::int64_t>(at_four, kMostHeldVectors * kQuantThreads / (kDim / 8))) staged = at_four;
+  }
+  return {static_cast<int>(per_cta), staged, static_cast<unsigned>(ceil_div(tiles * kBlockK, per_cta)), true,
+          static_cast<std::size_t>(staged) * kDim * sizeof(Elem)};
 }
 
 // Heads longer than a cluster holds: a group of CTAs of at most kGroupTileBytes of rows each,
@@ -1077,7 +1157,7 @@ HeadPlan fp8_group_plan(std::int64_t rows) {
   const std::size_t bytes = static_cast<std::size_t>(per_cta) * kDim * sizeof(Elem);
   // With the largest tiles: fewer tiles hold more.
   if (2 * ctas_per_head > resident_ctas<quantize_fp8_heads_kernel<Elem, kDim, false>, kGroupTileBytes>()) return {};
-  return {static_cast<int>(per_cta), static_cast<unsigned>(ctas_per_head), false, bytes};
+  return {static_cast<int>(per_cta), static_cast<int>(per_cta), static_cast<unsigned>(ctas_per_head), false, bytes};
 }
 
 template <typename Elem, int kDim>
@@ -1097,16 +1177,24 @@ bool launch_fp8_heads(const LaunchTargets<HeadTarget, 3>& targets, std::int64_t 
                                 " rows are more CTAs than a grid holds");
   }
   const dim3 grid(static_cast<unsigned>(heads * plan.ctas_per_head));
+  if (plan.in_cluster && plan.staged_per_cta < plan.rows_per_cta) {
+    constexpr auto kKernel = quantize_fp8_heads_kernel<Elem, kDim, true, kMostHeldVectors>;
+    (void)max_head_cluster<kKernel, kHeadTileBytes>();  // its cluster size allowed
+    launch_kernel_in_clusters("quantize_fp8_heads_kernel", kKernel, grid, plan.ctas_per_head, kQuantThreads,
+                              plan.shared_bytes, order, stream, targets, plan.rows_per_cta, plan.staged_per_cta,
+                              HeadGroups{});
+    return true;
+  }
   if (plan.in_cluster) {
     launch_kernel_in_clusters("quantize_fp8_heads_kernel", quantize_fp8_heads_kernel<Elem, kDim, true>, grid,
                               plan.ctas_per_head, kQuantThreads, plan.shared_bytes, order, stream, targets,
-                              plan.rows_per_cta, HeadGroups{});
+                              plan.rows_per_cta, plan.staged_per_cta, HeadGroups{});
     return true;
   }
   if (work == nullptr) throw std::invalid_argument("quantize_fp8_heads: heads longer than a cluster need its work");
   const HeadGroups groups{static_cast<unsigned*>(work), group_counters(work, heads, kDim, plan.ctas_per_head)};
   launch_kernel("quantize_fp8_heads_kernel", quantize_fp8_heads_kernel<Elem, kDim, false>, grid, kQuantThreads,
-                plan.shared_bytes, order, stream, targets, plan.rows_per_cta, groups);
+                plan.shared_bytes, order, stream, targets, plan.rows_per_cta, plan.staged_per_cta, groups);
   return true;
 }
 
