@@ -1177,18 +1177,16 @@ bool launch_fp8_heads(const LaunchTargets<HeadTarget, 3>& targets, std::int64_t 
                                 " rows are more CTAs than a grid holds");
   }
   const dim3 grid(static_cast<unsigned>(heads * plan.ctas_per_head));
-  if (plan.in_cluster && plan.staged_per_cta < plan.rows_per_cta) {
-    constexpr auto kKernel = quantize_fp8_heads_kernel<Elem, kDim, true, kMostHeldVectors>;
-    (void)max_head_cluster<kKernel, kHeadTileBytes>();  // its cluster size allowed
-    launch_kernel_in_clusters("quantize_fp8_heads_kernel", kKernel, grid, plan.ctas_per_head, kQuantThreads,
+  if (plan.in_cluster) {
+    auto* kernel = quantize_fp8_heads_kernel<Elem, kDim, true>;
+    if (plan.staged_per_cta < plan.rows_per_cta) {
+      constexpr auto kHolding = quantize_fp8_heads_kernel<Elem, kDim, true, kMostHeldVectors>;
+      (void)max_head_cluster<kHolding, kHeadTileBytes>();  // its cluster size allowed
+      kernel = kHolding;
+    }
+    launch_kernel_in_clusters("quantize_fp8_heads_kernel", kernel, grid, plan.ctas_per_head, kQuantThreads,
                               plan.shared_bytes, order, stream, targets, plan.rows_per_cta, plan.staged_per_cta,
                               HeadGroups{});
-    return true;
-  }
-  if (plan.in_cluster) {
-    launch_kernel_in_clusters("quantize_fp8_heads_kernel", quantize_fp8_heads_kernel<Elem, kDim, true>, grid,
-                              plan.ctas_per_head, kQuantThreads, plan.shared_bytes, order, stream, targets,
-                              plan.rows_per_cta, plan.staged_per_cta, HeadGroups{});
     return true;
   }
   if (work == nullptr) throw std::invalid_argument("quantize_fp8_heads: heads longer than a cluster need its work");
