@@ -24,6 +24,9 @@ wants() { [[ " $STEPS " == *" $1 "* ]]; }
 
 step "machine"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv
+# Why the clock is held down, if it is (a machine whose SMs ran at 700-1400 MHz under load gave
+# timings of nothing but discarded samples on 2026-11-27): what the driver says, temperatures too.
+nvidia-smi -q -d PERFORMANCE,TEMPERATURE | grep -E "Active|Idle|Slowdown|Thermal|Power Brake|Sync Boost|SW Power|HW|GPU Current Temp" | grep -v "Not Active" | head -12
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
 # Pure-Python packages the image lacks (diffusers) travel as wheels in .whl (bench/README.md says how).
 if compgen -G "$ROOT/.whl/*.whl" > /dev/null; then

@@ -82,6 +82,9 @@ def mhz(value):
 
 
 def median_stderr(timing):
+    # An untimed preparation (every sample discarded on a throttled GPU) has a null median.
+    if timing.get("median_s") is None or timing.get("spread_rel") is None:
+        return None
     return 1.2533 * timing["spread_rel"] * timing["median_s"] / max(1, timing["samples"]) ** 0.5
 
 
@@ -154,8 +157,10 @@ def main():
                 r = rows[kind]
                 r["copy_s"] = copy_floor_s(PREPARED_INPUTS[kind] * shape_elements(case_args))
                 results.append({"case": tag, "variant": variant, "kind": kind, **r})
-                if r["preparation_s"] is None:
-                    print(f"{tag:28} {variant:10} {kind:15} {r['status']}", flush=True)
+                if None in (r["preparation_s"], r["kernel_s"], r["whole_s"]):
+                    # Declined, or untimed (every sample discarded: a throttled GPU; the JSON's notes say).
+                    print(f"{tag:28} {variant:10} {kind:15} {r['status']}, timings kernel/whole/prep: "
+                          f"{r['kernel_s']}/{r['whole_s']}/{r['preparation_s']}", flush=True)
                     continue
                 whole = r["whole_s"]
                 print(f"{tag:28} {variant:10} {kind:15} {r['preparation_s'] * 1e3:9.4f} {r['bound_s'] * 1e3:9.4f} "

@@ -1,5 +1,7 @@
 #include "replay/ceilings.h"
 
+#include <cmath>
+
 #include <ATen/ATen.h>
 #include <ATen/detail/CUDAHooksInterface.h>
 
@@ -34,6 +36,9 @@ double median_seconds(const std::function<void()>& body) {
   return measure(kernel, *timer, rule).median_s;
 }
 
+// A rate whose timing kept no sample (a throttled GPU) is NaN: 0, "not measured", as Ceilings says.
+double measured_or_zero(double rate) { return std::isfinite(rate) ? rate : 0.0; }
+
 }  // namespace
 
 void describe_torch_cuda(Environment& environment) {
@@ -55,27 +60,27 @@ Ceilings measure_ceilings() {
   try {
     // Random data: products of zeros run faster than real ones.
     const at::Tensor a = at::randn({n, n}, cuda.dtype(at::kBFloat16)), b = at::randn({n, n}, cuda.dtype(at::kBFloat16));
-    c.bf16_tflops = flops / median_seconds([&] { at::matmul(a, b); }) / 1e12;
+    c.bf16_tflops = measured_or_zero(flops / median_seconds([&] { at::matmul(a, b); }) / 1e12);
   } catch (const std::exception&) {
   }
   try {
     const at::Tensor a = at::randn({n, n}, cuda).to(at::kFloat8_e4m3fn);
     const at::Tensor b = at::randn({n, n}, cuda).to(at::kFloat8_e4m3fn);
     const at::Tensor one = at::ones({}, cuda.dtype(at::kFloat));
-    c.fp8_tflops = flops / median_seconds([&] { at::_scaled_mm(a, b.t(), one, one, std::nullopt, std::nullopt, at::kBFloat16); }) / 1e12;
+    c.fp8_tflops = measured_or_zero(flops / median_seconds([&] { at::_scaled_mm(a, b.t(), one, one, std::nullopt, std::nullopt, at::kBFloat16); }) / 1e12);
   } catch (const std::exception&) {
   }
   try {
     const at::Tensor a = at::randint(-128, 127, {n, n}, cuda.dtype(at::kChar));
     const at::Tensor b = at::randint(-128, 127, {n, n}, cuda.dtype(at::kChar));
-    c.int8_tops = flops / median_seconds([&] { at::_int_mm(a, b.t()); }) / 1e12;
+    c.int8_tops = measured_or_zero(flops / median_seconds([&] { at::_int_mm(a, b.t()); }) / 1e12);
   } catch (const std::exception&) {
   }
   try {
     const std::int64_t bytes = 1ll << 30;
     const at::Tensor src = at::randn({bytes / 4}, cuda.dtype(at::kFloat));
     at::Tensor dst = at::empty_like(src);
-    c.copy_gbps = 2.0 * static_cast<double>(bytes) / median_seconds([&] { dst.copy_(src); }) / 1e9;
+    c.copy_gbps = measured_or_zero(2.0 * static_cast<double>(bytes) / median_seconds([&] { dst.copy_(src); }) / 1e9);
   } catch (const std::exception&) {
   }
   return c;

@@ -479,14 +479,19 @@ int command_run(const RunArgs& args, const std::string& testlist, const std::str
   if (measure_gpu_ceilings && cuda_device_present()) {
     output.ceilings = measure_ceilings();
     auto& v = report.environment.values;
-    v["ceiling_bf16_tflops"] = fmt::format("{:.1f}", output.ceilings.bf16_tflops);
-    v["ceiling_fp8_tflops"] = fmt::format("{:.1f}", output.ceilings.fp8_tflops);
-    v["ceiling_int8_tops"] = fmt::format("{:.1f}", output.ceilings.int8_tops);
-    v["ceiling_copy_gbps"] = fmt::format("{:.1f}", output.ceilings.copy_gbps);
+    // 0: not measured (the operation failed, or a throttled GPU's timer kept no sample).
+    const auto rate = [](double value, int decimals) {
+      return value > 0 ? fmt::format("{:.{}f}", value, decimals) : std::string("not measured");
+    };
+    v["ceiling_bf16_tflops"] = rate(output.ceilings.bf16_tflops, 1);
+    v["ceiling_fp8_tflops"] = rate(output.ceilings.fp8_tflops, 1);
+    v["ceiling_int8_tops"] = rate(output.ceilings.int8_tops, 1);
+    v["ceiling_copy_gbps"] = rate(output.ceilings.copy_gbps, 1);
     if (!output.quiet) {
-      std::cout << fmt::format("{}: ceilings measured here: bf16 {:.0f} TFLOP/s, fp8 {:.0f} TFLOP/s, int8 {:.0f} TOPS, "
-                               "copy {:.0f} GB/s\n\n", v["gpu"], output.ceilings.bf16_tflops, output.ceilings.fp8_tflops,
-                               output.ceilings.int8_tops, output.ceilings.copy_gbps);
+      std::cout << fmt::format("{}: ceilings measured here: bf16 {} TFLOP/s, fp8 {} TFLOP/s, int8 {} TOPS, "
+                               "copy {} GB/s\n\n", v["gpu"], rate(output.ceilings.bf16_tflops, 0),
+                               rate(output.ceilings.fp8_tflops, 0), rate(output.ceilings.int8_tops, 0),
+                               rate(output.ceilings.copy_gbps, 0));
     }
   }
 #else

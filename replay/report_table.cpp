@@ -36,7 +36,7 @@ void print_call_table(const CallResult& call, std::ostream& out) {
   std::vector<std::string> footnotes;
   for (const KernelResult& k : call.kernels) {
     std::string time = "-", spread = "-", tflops = "-", gbps = "-", clock = "-";
-    if (k.timing) {
+    if (k.timing && !k.timing->untimed()) {  // else the call's notes say why
       time = fmt::format("{:.4g}", k.timing->median_s * 1e3);
       // The SM clock during the samples: at a power limit it sits well under the rated one.
       if (k.timing->sm_clock_median_mhz > 0) clock = fmt::format("{:.0f}", k.timing->sm_clock_median_mhz);
@@ -77,7 +77,7 @@ void print_call_table(const CallResult& call, std::ostream& out) {
                                           ? fmt::format(", {} runs per sample", k.timing->runs_per_sample)
                                           : std::string()));
     }
-    if (k.timing_with_preparation) {
+    if (k.timing_with_preparation && !k.timing_with_preparation->untimed()) {
       // The preparation's own time beside moving its bytes at the copy ceiling, where measured.
       std::string bound;
       if (const auto ratio = k.preparation_ratio()) {

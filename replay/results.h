@@ -1,6 +1,7 @@
 #pragma once
 // The results record. Measurement fills it; the table, CSV and JSON printers only read it.
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <optional>
 #include <string>
@@ -56,8 +57,10 @@ struct KernelResult {
   // it was timed (and for the ratio, when the bound is known).
   std::optional<double> preparation_s() const;
   std::optional<double> preparation_ratio() const;
-  double tflops() const { return timing ? work.tflops(timing->median_s) : 0.0; }
-  double gbytes_per_s() const { return timing ? work.gbytes_per_s(timing->median_s) : 0.0; }
+  // NaN where the timer kept no sample (TimingSummary::untimed), so that no rate is made up.
+  double tflops() const { return !timing ? 0.0 : timing->untimed() ? kUntimed : work.tflops(timing->median_s); }
+  double gbytes_per_s() const { return !timing ? 0.0 : timing->untimed() ? kUntimed : work.gbytes_per_s(timing->median_s); }
+  static constexpr double kUntimed = std::numeric_limits<double>::quiet_NaN();
   AttentionWork work;
 };
 

@@ -4,6 +4,8 @@
 
 #include <chrono>
 #include <filesystem>
+#include <iostream>
+#include <mutex>
 
 #include <unistd.h>
 
@@ -46,7 +48,7 @@ double Ceilings::matrix_tflops_for(DType dtype) const {
 }
 
 std::optional<double> KernelResult::preparation_s() const {
-  if (!timing_of_preparation) return std::nullopt;
+  if (!timing_of_preparation || timing_of_preparation->untimed()) return std::nullopt;
   return timing_of_preparation->median_s;
 }
 
@@ -228,6 +230,26 @@ BytePool::Hooks read_ahead_memory(const ReplayOptions& options) {
   return to_gpu ? pinned_memory(current_gpu().index()) : BytePool::Hooks{};
 }
 
+// Its figures are NaN, shown as "-" and null; stderr says it once a process, since a table may not
+// be printed.
+std::optional<std::string> untimed_note(const KernelResult& k) {
+  std::vector<std::string> untimed;
+  const TimingSummary* first = nullptr;
+  const std::pair<const std::optional<TimingSummary>*, const char*> timings[] = {
+      {&k.timing, "alone"}, {&k.timing_with_preparation, "with its input preparation"},
+      {&k.timing_of_preparation, "its input preparation alone"}};
+  for (const auto& [timing, what] : timings) {
+    if (!*timing || !(*timing)->untimed()) continue;
+    untimed.emplace_back(what);
+    if (!first) first = &**timing;
+  }
+  if (!first) return std::nullopt;
+  std::string note = fmt::format("{} ({}): {}", k.kernel, fmt::join(untimed, ", "), untimed_reason(*first));
+  static std::once_flag warned;
+  std::call_once(warned, [&note] { std::cerr << "attnreplay: warning: " << note << '\n'; });
+  return note;
+}
+
 CallResult replay_call(const AttentionCall& captured, const ReplayOptions& options, const std::string& rerun_input) {
   CallResult result;
   result.source = captured.source;
@@ -380,11 +402,12 @@ CallResult replay_call(const AttentionCall& captured, const ReplayOptions& optio
         measure_s += since(stage);
         stage = Clock::now();
       }
+      if (auto note = untimed_note(k)) result.notes.push_back(std::move(*note));
       if (const double bytes = prepared->preparation_bytes(); bytes > 0) {
         const double copy = options.ceilings.copy_gbps * 1e9;
         k.preparation = KernelResult::PreparationBound{bytes, copy > 0 ? bytes / copy : 0.0};
       }
-      if (on_gpu) {
+      if (on_gpu && k.timing && !k.timing->untimed()) {
         const double matrix = options.ceilings.matrix_tflops_for(call.q.dtype);
         if (matrix > 0) k.matrix_ceiling_fraction = k.tflops() / matrix;
         if (options.ceilings.copy_gbps > 0) k.copy_ceiling_fraction = k.gbytes_per_s() / options.ceilings.copy_gbps;

@@ -84,6 +84,10 @@ BytePool::Hooks read_ahead_memory(const ReplayOptions& options);
 // Replays one call; `rerun_input` is what goes before the flags of the rerun command.
 CallResult replay_call(const AttentionCall& call, const ReplayOptions& options, const std::string& rerun_input);
 
+// Where the timer discarded every sample of a kernel's timing (a throttled GPU): the call's note
+// naming the kernel, the timings and why, which the table, the JSON and stderr (once) carry.
+std::optional<std::string> untimed_note(const KernelResult& kernel);
+
 // The positions of `source` whose call index `wanted` accepts (all when it is empty), reading
 // headers only; a header that cannot be read is an error in `errors`.
 std::vector<std::size_t> wanted_positions(CaptureSource& source, const std::function<bool(std::int64_t)>& wanted,

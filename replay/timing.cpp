@@ -58,7 +58,10 @@ double robust_spread(std::vector<double> seconds) {
 TimingSummary summarize_samples(std::vector<double> seconds) {
   TimingSummary summary;
   summary.samples = static_cast<int>(seconds.size());
-  if (seconds.empty()) return summary;
+  if (seconds.empty()) {
+    summary.median_s = summary.min_s = summary.max_s = summary.mean_s = std::numeric_limits<double>::quiet_NaN();
+    return summary;
+  }
   std::sort(seconds.begin(), seconds.end());
   const std::size_t n = seconds.size();
   summary.min_s = seconds.front();
@@ -73,6 +76,18 @@ TimingSummary summarize_samples(std::vector<double> seconds) {
   }
   summary.spread_rel = robust_spread(std::move(seconds));
   return summary;
+}
+
+std::string untimed_reason(const TimingSummary& summary) {
+  // The GPU timers discard a sample taken while the SM clock ran under 75 % of its rated clock
+  // (nvbench's throttle guard), and CUPTI's a run it did not record in full.
+  const std::string cupti = summary.method == "cupti" ? " or that CUPTI did not record in full" : "";
+  const std::string clock = summary.sm_clock_median_mhz > 0
+                                ? fmt::format("; the driver read a median SM clock of {:.0f} MHz", summary.sm_clock_median_mhz)
+                                : std::string();
+  return fmt::format("not timed: the {} timer discarded all {} samples it took, each taken while the SM clock ran "
+                     "under 75 % of its rated clock{}{}. A throttled GPU gives no time to trust (docs/metrics.md)",
+                     summary.method, summary.discarded, cupti, clock);
 }
 
 void summarize_clocks(const ClockReadings& readings, TimingSummary& summary) {

@@ -37,6 +37,7 @@ struct TimingSummary {
   int warmup_runs = 0;
   int samples = 0;
   int discarded = 0;  // samples the timer rejected (e.g. taken while the GPU clock throttled)
+  // NaN where no sample was kept (untimed(), below): never a time of 0.
   double median_s = 0, min_s = 0, max_s = 0, mean_s = 0;
   double stdev_rel = 0;  // standard deviation / mean
   // 1.4826 * median absolute deviation / median: the relative standard deviation of normal noise,
@@ -52,7 +53,12 @@ struct TimingSummary {
   double sm_clock_median_mhz = 0, sm_clock_min_mhz = 0, sm_clock_max_mhz = 0;
   double power_median_w = 0;
   double power_capped_fraction = 0;  // of the readings, those with the power cap holding the clock down
+  // Sampling ended (at its timeout) with every sample discarded: there is no time to report.
+  bool untimed() const { return samples == 0; }
 };
+
+// Why a summary has no time, in one line for the report: the timer discarded every sample.
+std::string untimed_reason(const TimingSummary& summary);
 
 // The clocks and power a ClockMonitor read while one kernel's samples ran.
 struct ClockReadings {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "replay/report.h"
+#include "replay/runner.h"
 
 using namespace attnreplay;
 using Catch::Matchers::ContainsSubstring;
@@ -313,4 +314,62 @@ TEST_CASE("report: a preparation's time beside its bound at the copy ceiling") {
   // Without a measured ceiling there is no bound, and no ratio.
   kernel.preparation->bound_s = 0;
   CHECK(report_to_json(report).at("calls")[0].at("kernels")[0].at("preparation").at("ratio_to_bound").is_null());
+}
+
+TEST_CASE("report: a timing whose every sample was discarded shows no time, and the notes say why") {
+  // A throttled GPU: every sample ran under 75 % of the rated clock. No figure may read 0 ms.
+  Report report = sample_report();
+  KernelResult& kernel = report.calls[0].kernels[0];
+  TimingSummary untimed = summarize_samples({});
+  untimed.method = "cuda-event";
+  untimed.cache = "cold-l2";
+  untimed.discarded = 40;
+  untimed.stop_reason = "timeout";
+  untimed.sm_clock_median_mhz = 1005;
+  kernel.timing = untimed;
+  kernel.timing_with_preparation = untimed;
+  kernel.timing_of_preparation = untimed;
+  kernel.preparation = KernelResult::PreparationBound{300e6, 0.0001};
+  CHECK(std::isnan(kernel.tflops()));
+  CHECK_FALSE(kernel.preparation_s());
+  CHECK_FALSE(kernel.preparation_ratio());
+
+  const auto note = untimed_note(kernel);
+  REQUIRE(note);
+  CHECK_THAT(*note, ContainsSubstring("torch-math-cpu (alone, with its input preparation, its input preparation alone): "
+                                      "not timed: the cuda-event timer discarded all 40 samples"));
+  CHECK_THAT(*note, ContainsSubstring("1005 MHz"));
+  CHECK_FALSE(untimed_note(sample_report().calls[0].kernels[0]));  // timed: no note
+  report.calls[0].notes.push_back(*note);
+
+  const nlohmann::json json = report_to_json(report).at("calls")[0].at("kernels")[0];
+  CHECK(json.at("timing").at("samples") == 0);
+  CHECK(json.at("timing").at("discarded_samples") == 40);
+  CHECK(json.at("timing").at("median_s").is_null());
+  CHECK(json.at("tflops").is_null());
+  CHECK(json.at("timing_with_preparation").at("median_s").is_null());
+  CHECK(json.at("preparation").at("time_s").is_null());
+  CHECK(json.at("preparation").at("ratio_to_bound").is_null());
+
+  std::ostringstream csv;
+  write_csv(report, csv);
+  const auto fields = split_csv_line(lines_of(csv.str())[1]);
+  CHECK(fields[column("median_s")].empty());
+  CHECK(fields[column("tflops")].empty());
+  CHECK(fields[column("discarded_samples")] == "40");
+
+  std::ostringstream table;
+  print_table(report, table);
+  const std::string text = table.str();
+  CHECK(text.find("nan") == std::string::npos);
+  CHECK(text.find("with its input preparation (") == std::string::npos);  // no made-up whole-call time
+  CHECK_THAT(text, ContainsSubstring("note: torch-math-cpu (alone, with its input preparation, its input preparation "
+                                     "alone): not timed"));
+  const auto lines = lines_of(text);
+  const auto row = std::find_if(lines.begin(), lines.end(), [](const std::string& line) {
+    return line.find("torch-math-cpu") != std::string::npos && line.find("passed") != std::string::npos;
+  });
+  REQUIRE(row != lines.end());
+  CHECK_THAT(*row, ContainsSubstring(" - "));
+  CHECK(row->find(" 0 ") == std::string::npos);
 }

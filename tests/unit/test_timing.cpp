@@ -79,7 +79,11 @@ TEST_CASE("timing: stdev_rel is the sample standard deviation over the mean") {
   CHECK(summarize_samples({7.0}).stdev_rel == 0.0);  // one sample has no spread
   const TimingSummary none = summarize_samples({});
   CHECK(none.samples == 0);
-  CHECK(none.median_s == 0.0);
+  CHECK(none.untimed());
+  // No sample, no time: NaN (null in the JSON), never a median of 0 s.
+  CHECK(std::isnan(none.median_s));
+  CHECK(std::isnan(none.min_s));
+  CHECK(std::isnan(none.mean_s));
 }
 
 TEST_CASE("timing: noise_settled needs a full window that varies by under 5% of the latest") {
@@ -258,6 +262,11 @@ TEST_CASE("timing: a timer that discards everything still stops at the timeout")
   CHECK(t.samples == 0);
   CHECK(t.discarded == timer.calls);
   CHECK(t.discarded >= 1);
+  CHECK(t.untimed());
+  CHECK(std::isnan(t.median_s));
+  const std::string reason = untimed_reason(t);
+  CHECK(reason.find("not timed") == 0);
+  CHECK(reason.find(std::to_string(t.discarded) + " samples") != std::string::npos);
 }
 
 TEST_CASE("timing: the CPU clock timer measures a kernel that sleeps") {
