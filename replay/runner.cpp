@@ -230,8 +230,8 @@ BytePool::Hooks read_ahead_memory(const ReplayOptions& options) {
   return to_gpu ? pinned_memory(current_gpu().index()) : BytePool::Hooks{};
 }
 
-// Its figures are NaN, shown as "-" and null; stderr says it once a process, since a table may not
-// be printed.
+// An untimed kernel's figures are NaN, shown as "-" and null. stderr says so once a process too,
+// since a table may not be printed.
 std::optional<std::string> untimed_note(const KernelResult& k) {
   std::vector<std::string> untimed;
   const TimingSummary* first = nullptr;

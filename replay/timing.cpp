@@ -81,7 +81,7 @@ TimingSummary summarize_samples(std::vector<double> seconds) {
 std::string untimed_reason(const TimingSummary& summary) {
   // The GPU timers discard a sample taken while the SM clock ran under 75 % of its rated clock
   // (nvbench's throttle guard), and CUPTI's a run it did not record in full.
-  const std::string cupti = summary.method == "cupti" ? " or that CUPTI did not record in full" : "";
+  const std::string cupti = summary.method == "cupti" ? ", or not recorded in full by CUPTI" : "";
   const std::string clock = summary.sm_clock_median_mhz > 0
                                 ? fmt::format("; the driver read a median SM clock of {:.0f} MHz", summary.sm_clock_median_mhz)
                                 : std::string();
