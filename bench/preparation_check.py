@@ -83,7 +83,7 @@ def mhz(value):
 
 def median_stderr(timing):
     # An untimed preparation (every sample discarded on a throttled GPU) has a null median.
-    if timing.get("median_s") is None or timing.get("spread_rel") is None:
+    if timing.get("median_s") is None:
         return None
     return 1.2533 * timing["spread_rel"] * timing["median_s"] / max(1, timing["samples"]) ** 0.5
 

@@ -151,7 +151,7 @@ void summarize_audit(AuditReport& report, const RefcheckThresholds& thresholds,
         for (const std::string& statistic : audited_statistics()) values[statistic].push_back(statistic_of(*k->error, statistic));
         limits.insert(describe_limits(refcheck_limits(thresholds, judged_dtype(name, calls[i]))));
       }
-      if (k->timing && k->timing->samples > 0) {
+      if (k->timing && !k->timing->untimed()) {
         times.push_back(k->timing->median_s);
         tflops.push_back(k->tflops());
       }
@@ -208,7 +208,7 @@ void summarize_audit(AuditReport& report, const RefcheckThresholds& thresholds,
         rel_l2.push_back(k->error->rel_l2);
         cosine.push_back(k->error->cosine);
         max_abs.push_back(k->error->max_abs);
-        if (k->timing && k->timing->samples > 0) times.push_back(k->timing->median_s), tflops.push_back(k->tflops());
+        if (k->timing && !k->timing->untimed()) times.push_back(k->timing->median_s), tflops.push_back(k->tflops());
       }
       summary.calls = static_cast<std::int64_t>(rel_l2.size());
       if (summary.calls == 0) continue;
