@@ -7,8 +7,8 @@ the attention alone and the whole call, with the preparation's standard error an
 the three timings. Beside them, a plain copy of the bytes a one-read preparation moves: what a
 launch of that size reaches, where the bound takes the rate of a 1 GiB copy. A variant is a set of
 environment variables: to compare a change with what it replaces side by side, put both behind a
-variable for the measurement (bench/results/2026-11-25-h100-preparation-fusion/ did). Used by
-bench/gpu.sh's `prep` step.
+variable for the measurement (as the preparation-fusion measurement did: bench/results/experiments.md).
+Used by bench/gpu.sh's `prep` step.
 """
 import argparse
 import functools
