@@ -21,8 +21,8 @@ install(DIRECTORY formats/ DESTINATION ${CMAKE_INSTALL_DATADIR}/attnreplay/captu
 install(FILES scripts/attnreplay-capture-build.in DESTINATION ${CMAKE_INSTALL_DATADIR}/attnreplay/capture-source/scripts)
 
 # The kernel interface a plug-in library compiles against, with the paths its includes name.
-install(FILES kernels/kernel.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/attnreplay/kernels)
-install(FILES formats/attention_call.h formats/host_tensor.h formats/dtype.h
+install(FILES kernels/kernel.h kernels/quant_options.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/attnreplay/kernels)
+install(FILES formats/attention_call.h formats/attention_shape.h formats/host_tensor.h formats/dtype.h
         DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/attnreplay/formats)
 install(FILES cmake/attnreplayConfig.cmake DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/attnreplay)
 write_basic_package_version_file(${CMAKE_CURRENT_BINARY_DIR}/attnreplayConfigVersion.cmake
@@ -30,7 +30,7 @@ write_basic_package_version_file(${CMAKE_CURRENT_BINARY_DIR}/attnreplayConfigVer
 install(FILES ${CMAKE_CURRENT_BINARY_DIR}/attnreplayConfigVersion.cmake
         DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/attnreplay)
 
-install(FILES kernels/python/attnreplay_plugin.py formats/python/attnreplay_h5.py
+install(FILES kernels/python/attnreplay_plugin.py formats/python/attnreplay_h5.py scripts/plot_audit.py
         DESTINATION ${CMAKE_INSTALL_DATADIR}/attnreplay/python)
 install(DIRECTORY kernels/adapters/ DESTINATION ${CMAKE_INSTALL_DATADIR}/attnreplay/adapters
         FILES_MATCHING PATTERN "*.py" PATTERN "__pycache__" EXCLUDE)

@@ -28,6 +28,11 @@ std::optional<Layout> parse_layout(std::string_view text) {
   return std::nullopt;
 }
 
+const std::vector<std::string>& layout_names() {
+  static const std::vector<std::string> names{"bhsd", "bshd", "thd"};
+  return names;
+}
+
 std::string_view causal_alignment_name(CausalAlignment alignment) {
   return alignment == CausalAlignment::top_left ? "top_left" : "bottom_right";
 }
@@ -36,6 +41,11 @@ std::optional<CausalAlignment> parse_causal_alignment(std::string_view text) {
   if (text == "top_left") return CausalAlignment::top_left;
   if (text == "bottom_right") return CausalAlignment::bottom_right;
   return std::nullopt;
+}
+
+const std::vector<std::string>& causal_alignment_names() {
+  static const std::vector<std::string> names{"top_left", "bottom_right"};
+  return names;
 }
 
 std::string AttentionShape::to_string() const {

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "formats/attention_shape.h"
 #include "formats/host_tensor.h"
 
 namespace attnreplay {
@@ -24,22 +25,11 @@ enum class CausalAlignment { top_left, bottom_right };
 
 std::string_view layout_name(Layout layout);
 std::optional<Layout> parse_layout(std::string_view text);
+const std::vector<std::string>& layout_names();  // "bhsd", "bshd", "thd"
 std::string_view causal_alignment_name(CausalAlignment alignment);
 std::optional<CausalAlignment> parse_causal_alignment(std::string_view text);
+const std::vector<std::string>& causal_alignment_names();
 
-struct AttentionShape {
-  std::int64_t batch = 0;
-  std::int64_t heads_q = 0;
-  std::int64_t heads_kv = 0;
-  std::int64_t seq_q = 0;
-  std::int64_t seq_kv = 0;
-  std::int64_t head_dim_qk = 0;
-  std::int64_t head_dim_vo = 0;
-
-  bool is_gqa() const { return heads_q != heads_kv; }
-  std::string to_string() const;  // "b2 hq24 hkv24 sq4250 skv4250 dqk64 dvo64"
-  bool operator==(const AttentionShape&) const = default;
-};
 
 struct AttentionCall {
   std::int64_t call_index = 0;

@@ -55,6 +55,16 @@ std::string_view dtype_name(DType dtype) {
   return "?";
 }
 
+const std::vector<std::string>& floating_dtype_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> out;
+    for (DType dtype : kAllDTypes)
+      if (dtype_is_floating(dtype)) out.emplace_back(dtype_name(dtype));
+    return out;
+  }();
+  return names;
+}
+
 std::optional<DType> parse_dtype(std::string_view text) {
   if (text.starts_with("torch.")) text.remove_prefix(6);
   for (DType dtype : kAllDTypes) {

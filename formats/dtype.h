@@ -3,7 +3,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
+#include <vector>
 
 namespace attnreplay {
 
@@ -32,6 +34,8 @@ bool dtype_is_floating(DType dtype);
 std::string_view dtype_name(DType dtype);
 // Accepts torch's names with or without "torch.", and the short forms bf16, fp16, fp32, fp8.
 std::optional<DType> parse_dtype(std::string_view text);
+// The floating dtypes' names, as messages list what a flag takes.
+const std::vector<std::string>& floating_dtype_names();
 
 double element_to_double(DType dtype, const std::byte* element);
 // Rounds to nearest even through float, as torch's casts do. fp8 e4m3fn has no infinity: like

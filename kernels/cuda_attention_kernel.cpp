@@ -18,43 +18,9 @@ namespace {
 
 namespace cu = cuda_attention;
 
-cu::Kind cuda_kind(QuantizedKind kind) {
-  switch (kind) {
-    case QuantizedKind::flash: return cu::Kind::flash;
-    case QuantizedKind::sage1_int8: return cu::Kind::sage1_int8;
-    case QuantizedKind::sage2_int8_fp8: return cu::Kind::sage2_int8_fp8;
-    case QuantizedKind::fa3_fp8: return cu::Kind::fa3_fp8;
-  }
-  return cu::Kind::flash;
-}
-
-cu::Options cuda_options(const QuantOptions& options) {
-  cu::Options out;
-  switch (options.quant_gran) {
-    case QuantGranularity::per_block: out.granularity = cu::Granularity::per_block; break;
-    case QuantGranularity::per_warp: out.granularity = cu::Granularity::per_warp; break;
-    case QuantGranularity::per_thread: out.granularity = cu::Granularity::per_thread; break;
-  }
-  out.k_smooth = options.k_smooth;
-  switch (options.pv_accum) {
-    case PvAccum::fp32: out.pv_accumulation = cu::PvAccumulation::fp32; break;
-    case PvAccum::fp32_fp32: out.pv_accumulation = cu::PvAccumulation::fp32_fp32; break;
-    case PvAccum::fp32_fp16: out.pv_accumulation = cu::PvAccumulation::fp32_fp16; break;
-  }
-  out.fp8_scale = options.fp8_scale == Fp8Scale::per_tensor ? cu::Fp8ScaleGranularity::per_tensor
-                                                            : cu::Fp8ScaleGranularity::per_head;
-  return out;
-}
-
 cu::Problem cuda_problem(const AttentionCall& call) {
-  const AttentionShape s = call.shape();
   cu::Problem p;
-  p.batch = s.batch;
-  p.heads_q = s.heads_q;
-  p.heads_kv = s.heads_kv;
-  p.seq_q = s.seq_q;
-  p.seq_kv = s.seq_kv;
-  p.head_dim = s.head_dim_qk;
+  p.shape = call.shape();
   p.element = call.q.dtype == DType::float16 ? cu::Element::fp16 : cu::Element::bf16;
   // A 3-dim (N, L, E) tensor is one head, the same bytes in either layout.
   p.bshd = call.layout == Layout::bshd && call.q.rank() == 4;
@@ -79,8 +45,7 @@ class PreparedCudaAttention final : public PreparedKernel, public DeviceOutput {
   PreparedCudaAttention(const AttentionCall& call, QuantizedKind kind, const QuantOptions& options)
       : dtype_(call.q.dtype),
         shape_(call.shape()),
-        attention_(cuda_kind(kind), cuda_problem(call), cuda_options(options), call.q.data(), call.k.data(),
-                   call.v.data()) {}
+        attention_(kind, cuda_problem(call), options, call.q.data(), call.k.data(), call.v.data()) {}
   bool has_preparation() const override { return attention_.has_preparation(); }
   void prepare_inputs() override { attention_.prepare_inputs(current_stream()); }
   double preparation_bytes() const override { return static_cast<double>(attention_.preparation_bytes()); }
@@ -110,6 +75,9 @@ class PreparedCudaAttention final : public PreparedKernel, public DeviceOutput {
 
 }  // namespace
 
+CudaAttentionKernel::CudaAttentionKernel(const QuantizedKindSpec& spec)
+    : QuantizedAttentionKernel(spec.kind, {spec.name, spec.gpu_summary, "cuda", false, spec.reduced_precision}) {}
+
 std::optional<std::string> CudaAttentionKernel::unsupported_reason(const AttentionCall& call) const {
   if (auto reason = quantized_inputs_unsupported_reason(call)) return reason;
   if (call.mask) return "masks other than causal are not supported";
@@ -118,8 +86,20 @@ std::optional<std::string> CudaAttentionKernel::unsupported_reason(const Attenti
   return std::nullopt;
 }
 
-std::unique_ptr<PreparedKernel> CudaAttentionKernel::prepare(const AttentionCall& call) const {
-  return std::make_unique<PreparedCudaAttention>(call, kind(), quant_options());
+std::unique_ptr<PreparedKernel> CudaAttentionKernel::prepare(const AttentionCall& call,
+                                                             const KernelOptions& options) const {
+  return std::make_unique<PreparedCudaAttention>(call, kind(), options.quant);
 }
+
+namespace {
+
+const bool registered = [] {
+  for (const QuantizedKindSpec& spec : quantized_kinds()) {
+    KernelRegistry::instance().add(std::make_unique<CudaAttentionKernel>(spec));
+  }
+  return true;
+}();
+
+}  // namespace
 
 }  // namespace attnreplay

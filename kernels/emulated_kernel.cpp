@@ -26,12 +26,30 @@ class PreparedEmulation final : public PreparedKernel {
 
 }  // namespace
 
+EmulatedAttentionKernel::EmulatedAttentionKernel(const QuantizedKindSpec& spec)
+    : QuantizedAttentionKernel(spec.kind, {spec.name + "-cpu",
+                                           fmt::format("{} ({}) emulated on the CPU (docs/quantized.md)", spec.name,
+                                                       spec.definition),
+                                           "cpu", false, spec.reduced_precision}) {}
+
 std::optional<std::string> EmulatedAttentionKernel::unsupported_reason(const AttentionCall& call) const {
   return quantized_inputs_unsupported_reason(call);
 }
 
-std::unique_ptr<PreparedKernel> EmulatedAttentionKernel::prepare(const AttentionCall& call) const {
-  return std::make_unique<PreparedEmulation>(call, kind(), quant_options());
+std::unique_ptr<PreparedKernel> EmulatedAttentionKernel::prepare(const AttentionCall& call,
+                                                                 const KernelOptions& options) const {
+  return std::make_unique<PreparedEmulation>(call, kind(), options.quant);
 }
+
+namespace {
+
+const bool registered = [] {
+  for (const QuantizedKindSpec& spec : quantized_kinds()) {
+    KernelRegistry::instance().add(std::make_unique<EmulatedAttentionKernel>(spec));
+  }
+  return true;
+}();
+
+}  // namespace
 
 }  // namespace attnreplay

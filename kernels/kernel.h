@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "formats/attention_call.h"
+#include "kernels/quant_options.h"
 
 namespace attnreplay {
 
@@ -40,6 +41,11 @@ struct KernelDescription {
 
 // What `call` needs that `kernel` does not compute, in words ("a softcap of 30"); empty when none.
 std::vector<std::string> missing_extensions(const KernelDescription& kernel, const AttentionCall& call);
+
+// What a run's flags set for the kernels; each kernel's prepare() reads the part that concerns it.
+struct KernelOptions {
+  QuantOptions quant;  // the quantized kinds' (docs/quantized.md): --quant_gran, --pv_accum_dtype, ...
+};
 
 // A kernel bound to one call with its inputs in place (layout changed, uploaded). run() does
 // only the attention work so that it can be timed; output() is read once afterwards.
@@ -92,7 +98,7 @@ class Kernel {
   virtual const KernelDescription& description() const = 0;
   // nullopt when the call is supported; otherwise the reason, shown to the user as is.
   virtual std::optional<std::string> unsupported_reason(const AttentionCall& call) const = 0;
-  virtual std::unique_ptr<PreparedKernel> prepare(const AttentionCall& call) const = 0;
+  virtual std::unique_ptr<PreparedKernel> prepare(const AttentionCall& call, const KernelOptions& options) const = 0;
   const std::string& name() const { return description().name; }
 };
 

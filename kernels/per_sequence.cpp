@@ -130,14 +130,14 @@ std::optional<std::string> PerSequenceKernel::unsupported_reason(const Attention
   return std::nullopt;
 }
 
-std::unique_ptr<PreparedKernel> PerSequenceKernel::prepare(const AttentionCall& call) const {
+std::unique_ptr<PreparedKernel> PerSequenceKernel::prepare(const AttentionCall& call, const KernelOptions& options) const {
   const auto sequences = call.sequences();
   std::vector<PreparedPerSequence::Part> parts;
   for (std::size_t b = 0; b < sequences.size(); ++b) {
     if (sequences[b].q_len == 0) continue;
     PreparedPerSequence::Part part;
     part.rows = sequences[b].q_len;
-    if (sequences[b].k_len > 0) part.kernel = kernel_.prepare(call.sequence_call(b, sequences));
+    if (sequences[b].k_len > 0) part.kernel = kernel_.prepare(call.sequence_call(b, sequences), options);
     parts.push_back(std::move(part));
   }
   auto prepared = std::make_unique<PreparedPerSequence>(std::move(parts), call.shape());

@@ -14,7 +14,7 @@ class PerSequenceKernel final : public Kernel {
   // The first sequence the kernel declines, named with its index; a kernel that does not
   // compute an extension is refused before (missing_extensions).
   std::optional<std::string> unsupported_reason(const AttentionCall& call) const override;
-  std::unique_ptr<PreparedKernel> prepare(const AttentionCall& call) const override;
+  std::unique_ptr<PreparedKernel> prepare(const AttentionCall& call, const KernelOptions& options) const override;
 
  private:
   const Kernel& kernel_;

@@ -1,4 +1,5 @@
 #include "kernels/quantized_attention.h"
+#include "kernels/quantized_kinds.h"
 
 #include <algorithm>
 #include <atomic>
@@ -56,9 +57,6 @@ std::vector<std::string> names_of(const Spelling<Enum> (&table)[N]) {
   return names;
 }
 
-std::mutex options_mutex;
-QuantOptions current_options;
-
 }  // namespace
 
 std::string_view to_string(QuantGranularity granularity) { return name_of(kGranularities, granularity); }
@@ -81,28 +79,6 @@ const std::vector<std::string>& pv_accum_names() {
 const std::vector<std::string>& fp8_scale_names() {
   static const std::vector<std::string> names = names_of(kFp8Scales);
   return names;
-}
-
-std::string quant_option_flags(const QuantOptions& options) {
-  const QuantOptions defaults;
-  std::string flags;
-  if (options.quant_gran != defaults.quant_gran) {
-    flags += fmt::format(" --quant_gran {}", to_string(options.quant_gran));
-  }
-  if (!options.k_smooth) flags += " --no_k_smooth";
-  if (options.pv_accum != defaults.pv_accum) flags += fmt::format(" --pv_accum_dtype {}", to_string(options.pv_accum));
-  if (options.fp8_scale != defaults.fp8_scale) flags += fmt::format(" --fp8_scale {}", to_string(options.fp8_scale));
-  return flags;
-}
-
-QuantOptions quant_options() {
-  std::lock_guard lock(options_mutex);
-  return current_options;
-}
-
-void set_quant_options(const QuantOptions& options) {
-  std::lock_guard lock(options_mutex);
-  current_options = options;
 }
 
 // ---- Element conversions ----
@@ -321,15 +297,7 @@ std::optional<std::string> quantized_inputs_unsupported_reason(const AttentionCa
 
 // ---- The emulation ----
 
-std::string_view to_string(QuantizedKind kind) {
-  switch (kind) {
-    case QuantizedKind::flash: return "flash";
-    case QuantizedKind::sage1_int8: return "sage1-int8";
-    case QuantizedKind::sage2_int8_fp8: return "sage2-int8-fp8";
-    case QuantizedKind::fa3_fp8: return "fa3-fp8";
-  }
-  return "?";
-}
+std::string_view to_string(QuantizedKind kind) { return quantized_kind(kind).name; }
 
 namespace {
 

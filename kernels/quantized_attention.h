@@ -12,23 +12,13 @@
 #include <vector>
 
 #include "formats/attention_call.h"
+#include "kernels/quant_options.h"
 
 namespace attnreplay {
 
 // ---- Options (flags of `attnreplay run`, recorded with the results) ----
 
-enum class QuantGranularity { per_block, per_warp, per_thread };  // --quant_gran
-enum class PvAccum { fp32, fp32_fp32, fp32_fp16 };                // --pv_accum_dtype
-enum class Fp8Scale { per_tensor, per_head };                     // --fp8_scale
-
-struct QuantOptions {
-  QuantGranularity quant_gran = QuantGranularity::per_warp;
-  bool k_smooth = true;  // --no_k_smooth clears it
-  PvAccum pv_accum = PvAccum::fp32_fp32;
-  Fp8Scale fp8_scale = Fp8Scale::per_head;
-  bool operator==(const QuantOptions&) const = default;
-};
-
+// QuantOptions and the enums are in kernels/quant_options.h, which the CUDA kernels share.
 // The flag spellings: "per_warp", "fp32+fp32", "per_head".
 std::string_view to_string(QuantGranularity granularity);
 std::string_view to_string(PvAccum accumulation);
@@ -40,15 +30,6 @@ std::optional<Fp8Scale> parse_fp8_scale(std::string_view text);
 const std::vector<std::string>& quant_granularity_names();
 const std::vector<std::string>& pv_accum_names();
 const std::vector<std::string>& fp8_scale_names();
-// The flags that select `options` where they differ from the defaults, each with a leading space
-// (" --quant_gran per_block --no_k_smooth"), for rerun commands.
-std::string quant_option_flags(const QuantOptions& options);
-
-// What the quantized kernels use when they prepare a call. Kernel::prepare() takes only the call,
-// so the replay publishes the options of the run here first.
-QuantOptions quant_options();
-void set_quant_options(const QuantOptions& options);
-
 // The inputs the definition takes (bf16/fp16 Q, K, V of one dtype, equal head dims): nullopt, or
 // why not. The CUDA kernels add their own limits (masks, head dims, devices).
 std::optional<std::string> quantized_inputs_unsupported_reason(const AttentionCall& call);
@@ -139,8 +120,7 @@ Fp8PerChannel quantize_fp8_per_channel(const HeadMatrix& v, float target = kFp8M
 
 // ---- The emulation ----
 
-enum class QuantizedKind { flash, sage1_int8, sage2_int8_fp8, fa3_fp8 };
-std::string_view to_string(QuantizedKind kind);  // "flash", "sage1-int8", ...
+std::string_view to_string(QuantizedKind kind);  // "flash", "sage1-int8", ... (kernels/quantized_kinds.h)
 
 // Which of a kind's reduced-precision steps are applied, to attribute its error. A step left out
 // runs in fp32 on the exact inputs. With all three off every kind is the plain flash emulation

@@ -1,8 +1,10 @@
 #pragma once
-// A registered kernel that implements one kind of docs/quantized.md, on the GPU or emulated on the
-// CPU: the kind is what the audit's staged emulation and input diagnostics follow.
+// A registered kernel that implements one kind of docs/quantized.md (kernels/quantized_kinds.h), on
+// the GPU or emulated on the CPU: the kind is what the audit's staged emulation and input
+// diagnostics follow.
 #include "kernels/kernel.h"
 #include "kernels/quantized_attention.h"
+#include "kernels/quantized_kinds.h"
 
 namespace attnreplay {
 

@@ -264,7 +264,7 @@ std::optional<std::string> ReferenceKernel::unsupported_reason(const AttentionCa
   return std::nullopt;
 }
 
-std::unique_ptr<PreparedKernel> ReferenceKernel::prepare(const AttentionCall& call) const {
+std::unique_ptr<PreparedKernel> ReferenceKernel::prepare(const AttentionCall& call, const KernelOptions&) const {
   return std::make_unique<PreparedReference>(call, compute_);
 }
 

@@ -22,13 +22,13 @@ struct ReferenceOutput {
   // GPU (`device_values`): host_values() brings them over.
   std::vector<double> values;
   // The same on the GPU when it computed them: outputs are then compared there
-  // (replay/error_stats.h), without moving the reference to the host.
+  // (replay/judge/error_stats.h), without moving the reference to the host.
   std::optional<at::Tensor> device_values;
   // Rows whose every key is masked out. Their output is 0, as torch's math backend gives.
   std::int64_t fully_masked_rows = 0;
   // Per (batch, head, row slot), 1 where the row sees no key; empty when every row sees one. Such
   // rows (a left-padded prompt's pads) have no defined attention, and backends disagree on them:
-  // errors are also reported over the other rows (replay/error_stats.h).
+  // errors are also reported over the other rows (replay/judge/error_stats.h).
   std::vector<std::uint8_t> no_key;
 
   double at(std::int64_t b, std::int64_t h, std::size_t row_slot, std::int64_t d) const {
@@ -78,7 +78,7 @@ class ReferenceKernel final : public Kernel {
       : description_(std::move(description)), compute_(compute), available_(available) {}
   const KernelDescription& description() const override { return description_; }
   std::optional<std::string> unsupported_reason(const AttentionCall&) const override;
-  std::unique_ptr<PreparedKernel> prepare(const AttentionCall& call) const override;
+  std::unique_ptr<PreparedKernel> prepare(const AttentionCall& call, const KernelOptions& options) const override;
 
  private:
   KernelDescription description_;

@@ -213,7 +213,7 @@ class CudaReferenceKernel final : public Kernel {
     if (!gpu_reference_available()) return "no CUDA device";
     return std::nullopt;
   }
-  std::unique_ptr<PreparedKernel> prepare(const AttentionCall& call) const override {
+  std::unique_ptr<PreparedKernel> prepare(const AttentionCall& call, const KernelOptions&) const override {
     return std::make_unique<PreparedCudaReference>(call);
   }
 };

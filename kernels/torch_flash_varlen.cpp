@@ -100,7 +100,7 @@ class TorchFlashVarlen final : public Kernel {
     }
     return std::nullopt;
   }
-  std::unique_ptr<PreparedKernel> prepare(const AttentionCall& call) const override {
+  std::unique_ptr<PreparedKernel> prepare(const AttentionCall& call, const KernelOptions&) const override {
     return std::make_unique<PreparedVarlen>(call);
   }
 };

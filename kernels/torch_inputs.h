@@ -65,7 +65,7 @@ struct PackedKeyRows {
 PackedKeyRows packed_key_rows(const AttentionCall& call, at::Device device);
 
 // The GPU this process runs on: the current CUDA device, which a sharded run sets to its local one
-// (replay/sharding.h). Every GPU kernel and the GPU reference put their tensors there.
+// (replay/run/sharding.h). Every GPU kernel and the GPU reference put their tensors there.
 at::Device current_gpu();
 
 }  // namespace attnreplay

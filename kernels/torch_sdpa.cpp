@@ -153,7 +153,7 @@ class TorchSdpaKernel final : public Kernel {
     at::Tensor output_;
   };
 
-  std::unique_ptr<PreparedKernel> prepare(const AttentionCall& call) const override {
+  std::unique_ptr<PreparedKernel> prepare(const AttentionCall& call, const KernelOptions&) const override {
     return std::make_unique<Prepared>(backend_, call);
   }
 

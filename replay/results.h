@@ -8,11 +8,10 @@
 #include <vector>
 
 #include "formats/attention_call.h"
-#include "kernels/quantized_attention.h"
-#include "replay/attention_work.h"
-#include "replay/error_stats.h"
-#include "replay/sharding.h"
-#include "replay/timing.h"
+#include "kernels/quant_options.h"
+#include "replay/judge/attention_work.h"
+#include "replay/judge/error_stats.h"
+#include "replay/measure/timing_summary.h"
 
 namespace attnreplay {
 
@@ -42,7 +41,7 @@ struct KernelResult {
   std::optional<ErrorStats> error;
   std::vector<std::string> refcheck_failures;  // which thresholds were exceeded
   std::string rerun;                           // the command that reruns this row
-  // Where the timing was measured when this call reused its group's (replay/timing_groups.h).
+  // Where the timing was measured when this call reused its group's (replay/run/timing_groups.h).
   std::string timing_shared_from;
   // Achieved rates over the ceilings measured on the same GPU at start-up, when measured.
   std::optional<double> matrix_ceiling_fraction, copy_ceiling_fraction;
@@ -95,7 +94,7 @@ struct CallResult {
   std::map<std::string, double> replay_seconds;
 };
 
-// Rates measured on the GPU at start-up (replay/ceilings.h), the yardsticks for a kernel's rate.
+// Rates measured on the GPU at start-up (replay/measure/ceilings.h), the yardsticks for a kernel's rate.
 struct Ceilings {
   double bf16_tflops = 0;  // dense bf16 matrix product
   double fp8_tflops = 0;   // dense fp8 (e4m3) matrix product
@@ -109,8 +108,21 @@ struct Environment {
   std::map<std::string, std::string> values;  // "cpu", "cores", "torch", "hdf5", "compiler", ...
 };
 
+// One process of a run shared among processes (replay/run/sharding.h says how it is found).
+struct Shard {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;    // which of the node's GPUs this process takes
+  std::string launcher;  // "torchrun", "srun", "Slurm job array", "Open MPI", "PMI", "--shard"; empty alone
+  // What every process of one launch shares (a job or run id), so that parts of an earlier launch
+  // are never merged into this one; empty when the launcher gives none.
+  std::string launch_id;
+  bool sharded() const { return world_size > 1; }
+  std::string describe() const;  // "rank 1 of 4 (torchrun, local rank 1)"
+};
+
 // What a sharded process writes beside its calls, so that `attnreplay merge` can join the parts
-// (replay/merge.h).
+// (replay/run/merge.h).
 struct ShardPart {
   Shard shard;
   std::string host;

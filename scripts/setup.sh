@@ -100,11 +100,26 @@ configure_and_build() {
   fi
   log "building (2 jobs)"
   cmake --build "$BUILD" -j "${ATTNREPLAY_JOBS:-2}"
+  link_binaries
   # A tree that works from anywhere (docs/capture.md), when asked for.
   if [ -n "${ATTNREPLAY_PREFIX:-}" ]; then
     log "installing into $ATTNREPLAY_PREFIX"
     cmake --install "$BUILD" --prefix "$ATTNREPLAY_PREFIX" > /dev/null
   fi
+}
+
+# `attnreplay` where a user looks for it: linked into ~/.local/bin (ATTNREPLAY_BIN_DIR moves it;
+# "none" leaves it alone), which most shells already have on PATH.
+BIN_DIR="${ATTNREPLAY_BIN_DIR:-$HOME/.local/bin}"
+link_binaries() {
+  [ "$BIN_DIR" = none ] && return 0
+  mkdir -p "$BIN_DIR"
+  ln -sfn "$BUILD/replay/attnreplay" "$BIN_DIR/attnreplay"
+  ln -sfn "$BUILD/bin/attnreplay-capture-build" "$BIN_DIR/attnreplay-capture-build"
+  case ":$PATH:" in
+    *":$BIN_DIR:"*) log "attnreplay is $BUILD/replay/attnreplay, linked as $BIN_DIR/attnreplay" ;;
+    *) log "attnreplay is $BUILD/replay/attnreplay, linked as $BIN_DIR/attnreplay; $BIN_DIR is not on PATH: export PATH=\"$BIN_DIR:\$PATH\"" ;;
+  esac
 }
 
 # Other scripts source this file for its paths and functions.

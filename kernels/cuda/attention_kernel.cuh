@@ -36,10 +36,10 @@
 
 namespace attnreplay::cuda_attention {
 
-template <Kind kKindT, int kDimT, typename ElementT, PvAccumulation kPvT, bool kPerThreadKT = false>
+template <QuantizedKind kKindT, int kDimT, typename ElementT, PvAccum kPvT, bool kPerThreadKT = false>
 struct AttentionTile {
   using Elem = ElementT;
-  static constexpr Kind kKind = kKindT;
+  static constexpr QuantizedKind kKind = kKindT;
   static constexpr int kDim = kDimT;
   // A consumer warpgroup per 64-row query block, and one producer warpgroup. Three schedules:
   // - overlapped (flash at head dim 128; all but sage2 at 64): the consumers take turns on the
@@ -65,19 +65,19 @@ struct AttentionTile {
   //   +6 %). The other kinds lost under it: fa3 5-45 % at head dim 128 (its block sums spill at
   //   168 registers); at 64, on CogVideoX, fa3, sage1 and flash 5-17 % (at most +3 % at 4250
   //   keys); sage1's 16-bit V would leave room for only two CTAs at 128.
-  static constexpr bool kInt8Scores = kKind == Kind::sage1_int8 || kKind == Kind::sage2_int8_fp8;
-  static constexpr bool kFp8Scores = kKind == Kind::fa3_fp8;
-  static constexpr bool kFp8Values = kKind == Kind::sage2_int8_fp8 || kKind == Kind::fa3_fp8;
-  static constexpr bool kSolo = kKindT == Kind::sage2_int8_fp8;
+  static constexpr bool kInt8Scores = kKind == QuantizedKind::sage1_int8 || kKind == QuantizedKind::sage2_int8_fp8;
+  static constexpr bool kFp8Scores = kKind == QuantizedKind::fa3_fp8;
+  static constexpr bool kFp8Values = kKind == QuantizedKind::sage2_int8_fp8 || kKind == QuantizedKind::fa3_fp8;
+  static constexpr bool kSolo = kKindT == QuantizedKind::sage2_int8_fp8;
   // sage2 quantizes its Q block itself, from the uploaded Q (QuantizedQBlock): the preparation
   // then neither reads Q nor writes its codes. A solo CTA's one warpgroup does it once, before its
   // first key block.
   static constexpr bool kQuantizesQ = kSolo;
-  static constexpr bool kSerial = kSolo || (kDimT == 128 && kKindT != Kind::flash);
+  static constexpr bool kSerial = kSolo || (kDimT == 128 && kKindT != QuantizedKind::flash);
   static constexpr int kConsumers = kSolo ? 1 : kDim == 64 || kSerial ? 3 : 2;
   static constexpr int kConsumerThreads = 128 * kConsumers;
   static constexpr int kThreads = kConsumerThreads + (kSolo ? 0 : 128);
-  static constexpr int kCtasPerSm = kSolo ? (kDimT == 64 ? 4 : (kPvT == PvAccumulation::fp32_fp16 ? 2 : 3)) : 1;
+  static constexpr int kCtasPerSm = kSolo ? (kDimT == 64 ? 4 : (kPvT == PvAccum::fp32_fp16 ? 2 : 3)) : 1;
   static constexpr int kCtaQ = kBlockQ * kConsumers;
   // Solo: whether the wait for V comes after the softmax (see parity_after), or where ptxas puts
   // it, at the softmax's start. On an H100 (bench/results/2026-11-23-h100-late-values): at head
@@ -92,7 +92,7 @@ struct AttentionTile {
   // needs few.
   static constexpr int kProducerRegisters = kConsumers == 2 ? 24 : 32;
   static constexpr int kConsumerRegisters = kConsumers == 2 ? 240 : 160;
-  static constexpr PvAccumulation kPv = kPvT;
+  static constexpr PvAccum kPv = kPvT;
   // Sage: K's scales per_thread (keys 2t and 2t + 1 of a block in groups of their own, two
   // factors) or one per block (per_warp, per_block). A compile-time choice: with one factor the
   // loop is 8-10 instructions shorter than when the choice was made at run time and, on an
@@ -102,11 +102,11 @@ struct AttentionTile {
   // How P·V reaches acc: 16-bit MMAs accumulate in fp32 exactly as the definition does, straight
   // into acc; the FP8 kinds sum each block in a fresh accumulator first (Hopper's FP8 MMA keeps
   // fewer bits than fp32 when it adds), except sage2 asked for fp32 (straight) or fp32+fp16.
-  static constexpr bool kChunkedPv = kKind == Kind::sage2_int8_fp8 && kPv == PvAccumulation::fp32_fp16;
+  static constexpr bool kChunkedPv = kKind == QuantizedKind::sage2_int8_fp8 && kPv == PvAccum::fp32_fp16;
   static constexpr bool kBlockSumPv =
-      (kKind == Kind::sage2_int8_fp8 && kPv == PvAccumulation::fp32_fp32) || kKind == Kind::fa3_fp8;
+      (kKind == QuantizedKind::sage2_int8_fp8 && kPv == PvAccum::fp32_fp32) || kKind == QuantizedKind::fa3_fp8;
   // sage2 scales P by 448 into e4m3's range inside exp2: exp2(x + log2 448), and l with it.
-  static constexpr float kLog2PScale = kKind == Kind::sage2_int8_fp8 ? 8.80735492205760410f : 0.0f;
+  static constexpr float kLog2PScale = kKind == QuantizedKind::sage2_int8_fp8 ? 8.80735492205760410f : 0.0f;
   static constexpr int kQkRowBytes = kDim * (kInt8Scores || kFp8Scores ? 1 : 2);
   // One MMA k-step is 32 bytes of a row: k16 of 16-bit elements, k32 of 8-bit ones.
   static constexpr int kQkSteps = kQkRowBytes / 32;
@@ -252,13 +252,13 @@ struct QuantizedQBlock {
     amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));  // the row
     // per_thread: rows r and r + 8 of the warp tile (lanes l and l ^ 16); else the warp's 16 rows,
     // and per_block the 4 warps' too.
-    if (a.granularity == Granularity::per_thread) {
+    if (a.granularity == QuantGranularity::per_thread) {
       amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 16));
     } else {
 #pragma unroll
       for (int offset = 2; offset < 32; offset *= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
     }
-    if (a.granularity == Granularity::per_block) {
+    if (a.granularity == QuantGranularity::per_block) {
       if (lane == 0) warp_amax[warp] = amax;
       __syncthreads();
       amax = fmaxf(fmaxf(warp_amax[0], warp_amax[1]), fmaxf(warp_amax[2], warp_amax[3]));
@@ -445,8 +445,8 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kCtasPerSm) attention_ke
   } else if constexpr (Tile::kInt8Scores) {
     if (q0 < a.q_rows) {
       std::int64_t group = q_block;
-      if (a.granularity == Granularity::per_warp) group = q_block * 4 + warp;
-      if (a.granularity == Granularity::per_thread) group = (q_block * 4 + warp) * 8 + g;
+      if (a.granularity == QuantGranularity::per_warp) group = q_block * 4 + warp;
+      if (a.granularity == QuantGranularity::per_thread) group = (q_block * 4 + warp) * 8 + g;
       q_scale = a.q_scale[head_q * a.q_groups + group];
     }
   }
@@ -828,14 +828,14 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kCtasPerSm) attention_ke
   // shuffles, so that their latency overlaps them.
   float channel_factor[Tile::kOutTiles][2];  // sage2: V's scale per channel
   float head_factor = 1.0f;                  // fa3: V's scale
-  if constexpr (Tile::kKind == Kind::sage2_int8_fp8) {
+  if constexpr (Tile::kKind == QuantizedKind::sage2_int8_fp8) {
 #pragma unroll
     for (int dt = 0; dt < Tile::kOutTiles; ++dt) {
       const float2 f = *reinterpret_cast<const float2*>(a.v_scale + head_kv * kDim + dt * 8 + 2 * t4);
       channel_factor[dt][0] = f.x;
       channel_factor[dt][1] = f.y;
     }
-  } else if constexpr (Tile::kKind == Kind::fa3_fp8) {
+  } else if constexpr (Tile::kKind == QuantizedKind::fa3_fp8) {
     head_factor = a.v_scale[head_kv];
   }
 #pragma unroll
@@ -853,10 +853,10 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kCtasPerSm) attention_ke
     for (int dt = 0; dt < Tile::kOutTiles; ++dt) {
       float o0 = acc[4 * dt + 2 * rh] * inverse_l;
       float o1 = acc[4 * dt + 2 * rh + 1] * inverse_l;
-      if constexpr (Tile::kKind == Kind::sage2_int8_fp8) {
+      if constexpr (Tile::kKind == QuantizedKind::sage2_int8_fp8) {
         o0 *= channel_factor[dt][0];
         o1 *= channel_factor[dt][1];
-      } else if constexpr (Tile::kKind == Kind::fa3_fp8) {
+      } else if constexpr (Tile::kKind == QuantizedKind::fa3_fp8) {
         o0 *= head_factor;
         o1 *= head_factor;
       }
@@ -900,7 +900,7 @@ void launch_attention(const AttentionArgs& a, Order order, cudaStream_t stream) 
 }
 
 // Picks the instantiation for the call's head dim, element type and (Sage) K scale granularity.
-template <Kind kKind, PvAccumulation kPv, bool kPerThreadK>
+template <QuantizedKind kKind, PvAccum kPv, bool kPerThreadK>
 void dispatch_head_dim(const AttentionArgs& a, Order order, cudaStream_t stream) {
   const bool bf16 = a.element == Element::bf16;
   if (a.head_dim == 64 && bf16) return launch_attention<AttentionTile<kKind, 64, __nv_bfloat16, kPv, kPerThreadK>>(a, order, stream);
@@ -910,10 +910,10 @@ void dispatch_head_dim(const AttentionArgs& a, Order order, cudaStream_t stream)
   throw std::invalid_argument("attention kernel: head dim " + std::to_string(a.head_dim) + " (64 or 128 only)");
 }
 
-template <Kind kKind, PvAccumulation kPv>
+template <QuantizedKind kKind, PvAccum kPv>
 void dispatch_attention(const AttentionArgs& a, Order order, cudaStream_t stream) {
-  if constexpr (kKind == Kind::sage1_int8 || kKind == Kind::sage2_int8_fp8) {
-    if (a.granularity == Granularity::per_thread) return dispatch_head_dim<kKind, kPv, true>(a, order, stream);
+  if constexpr (kKind == QuantizedKind::sage1_int8 || kKind == QuantizedKind::sage2_int8_fp8) {
+    if (a.granularity == QuantGranularity::per_thread) return dispatch_head_dim<kKind, kPv, true>(a, order, stream);
   }
   dispatch_head_dim<kKind, kPv, false>(a, order, stream);
 }

@@ -53,8 +53,8 @@ struct AttentionArgs {
   int batch = 0;
   int head_dim = 0;
   Element element = Element::bf16;
-  Granularity granularity = Granularity::per_warp;
-  PvAccumulation pv_accumulation = PvAccumulation::fp32_fp32;
+  QuantGranularity granularity = QuantGranularity::per_warp;
+  PvAccum pv_accumulation = PvAccum::fp32_fp32;
   float score_scale = 0;  // softmax scale * log2e, in fp32 as the emulation computes it
   bool causal = false;
   std::int64_t causal_offset = 0;  // key j visible to row i when j <= i + causal_offset

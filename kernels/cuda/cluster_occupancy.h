@@ -1,6 +1,6 @@
 #pragma once
 // How many thread block clusters of a kernel the GPU holds at once: asked by the preparation's
-// plans (kernels/cuda/quantize.cu) and reported with the device (replay/cuda_clock.cu).
+// plans (kernels/cuda/quantize.cu) and reported with the device (replay/measure/cuda_clock.cu).
 // C++17: nvcc compiles it.
 #include <cuda_runtime.h>
 

@@ -93,22 +93,22 @@ std::string device_unsupported_reason() {
 }
 
 std::string problem_unsupported_reason(const Problem& p) {
-  if (p.head_dim != 64 && p.head_dim != 128) {
-    return "head dim " + std::to_string(p.head_dim) + ": the CUDA kernels take 64 or 128";
+  if (p.shape.head_dim_qk != 64 && p.shape.head_dim_qk != 128) {
+    return "head dim " + std::to_string(p.shape.head_dim_qk) + ": the CUDA kernels take 64 or 128";
   }
   constexpr std::int64_t kGridLimit = 65535;  // grid y (heads) and z (batch)
-  if (p.heads_q > kGridLimit || p.batch > kGridLimit) {
-    return "more than 65535 heads or batch entries (" + std::to_string(p.heads_q) + ", " + std::to_string(p.batch) + ")";
+  if (p.shape.heads_q > kGridLimit || p.shape.batch > kGridLimit) {
+    return "more than 65535 heads or batch entries (" + std::to_string(p.shape.heads_q) + ", " + std::to_string(p.shape.batch) + ")";
   }
-  if (p.heads_kv <= 0 || p.heads_q % p.heads_kv != 0) return "heads_q must be a multiple of heads_kv";
-  if (ceil_div(p.seq_q, kBlockQ) > std::numeric_limits<int>::max()) return "seq_q too long for the grid";
+  if (p.shape.heads_kv <= 0 || p.shape.heads_q % p.shape.heads_kv != 0) return "heads_q must be a multiple of heads_kv";
+  if (ceil_div(p.shape.seq_q, kBlockQ) > std::numeric_limits<int>::max()) return "seq_q too long for the grid";
   return "";
 }
 
 struct Attention::State {
-  Kind kind = Kind::flash;
+  QuantizedKind kind = QuantizedKind::flash;
   Problem p;
-  Options options;
+  QuantOptions options;
   DeviceBuffer q_in, k_in, v_in;        // as uploaded, in the call's layout
   DeviceBuffer q_work, k_work, v_work;  // what the attention reads, when not the uploads
   DeviceBuffer q_scale, k_scale, v_scale, k_mean;
@@ -125,22 +125,22 @@ struct Attention::State {
   InputView view(const DeviceBuffer& buffer, std::int64_t heads, std::int64_t seq) const {
     InputView v;
     v.data = buffer.as();
-    const std::int64_t d = p.head_dim;
+    const std::int64_t d = p.shape.head_dim_qk;
     if (p.bshd) v.stride_b = seq * heads * d, v.stride_h = d, v.stride_s = heads * d;
     else v.stride_b = heads * seq * d, v.stride_h = seq * d, v.stride_s = d;
-    v.batch = static_cast<int>(p.batch);
+    v.batch = static_cast<int>(p.shape.batch);
     v.heads = static_cast<int>(heads);
     v.seq = seq;
     v.head_dim = static_cast<int>(d);
     v.element = p.element;
     return v;
   }
-  InputView q_view() const { return view(q_in, p.heads_q, p.seq_q); }
-  InputView k_view() const { return view(k_in, p.heads_kv, p.seq_kv); }
-  InputView v_view() const { return view(v_in, p.heads_kv, p.seq_kv); }
+  InputView q_view() const { return view(q_in, p.shape.heads_q, p.shape.seq_q); }
+  InputView k_view() const { return view(k_in, p.shape.heads_kv, p.shape.seq_kv); }
+  InputView v_view() const { return view(v_in, p.shape.heads_kv, p.shape.seq_kv); }
 };
 
-Attention::Attention(Kind kind, const Problem& p, const Options& options, const void* q, const void* k,
+Attention::Attention(QuantizedKind kind, const Problem& p, const QuantOptions& options, const void* q, const void* k,
                      const void* v)
     : state_(std::make_unique<State>()) {
   if (const std::string reason = problem_unsupported_reason(p); !reason.empty()) throw std::invalid_argument(reason);
@@ -148,9 +148,9 @@ Attention::Attention(Kind kind, const Problem& p, const Options& options, const 
   s.kind = kind;
   s.p = p;
   s.options = options;
-  const std::size_t d = static_cast<std::size_t>(p.head_dim);
-  const std::size_t q_rows_all = static_cast<std::size_t>(p.batch * p.heads_q * p.seq_q);
-  const std::size_t kv_rows_all = static_cast<std::size_t>(p.batch * p.heads_kv * p.seq_kv);
+  const std::size_t d = static_cast<std::size_t>(p.shape.head_dim_qk);
+  const std::size_t q_rows_all = static_cast<std::size_t>(p.shape.batch * p.shape.heads_q * p.shape.seq_q);
+  const std::size_t kv_rows_all = static_cast<std::size_t>(p.shape.batch * p.shape.heads_kv * p.shape.seq_kv);
   s.q_in.allocate(q_rows_all * d * 2, "Q");
   s.k_in.allocate(kv_rows_all * d * 2, "K");
   s.v_in.allocate(kv_rows_all * d * 2, "V");
@@ -161,27 +161,27 @@ Attention::Attention(Kind kind, const Problem& p, const Options& options, const 
 
   AttentionArgs& a = s.args;
   a.out = s.out.as();
-  a.seq_q = p.seq_q;
-  a.seq_kv = p.seq_kv;
-  a.heads_q = static_cast<int>(p.heads_q);
-  a.heads_kv = static_cast<int>(p.heads_kv);
-  a.batch = static_cast<int>(p.batch);
-  a.head_dim = static_cast<int>(p.head_dim);
+  a.seq_q = p.shape.seq_q;
+  a.seq_kv = p.shape.seq_kv;
+  a.heads_q = static_cast<int>(p.shape.heads_q);
+  a.heads_kv = static_cast<int>(p.shape.heads_kv);
+  a.batch = static_cast<int>(p.shape.batch);
+  a.head_dim = static_cast<int>(p.shape.head_dim_qk);
   a.element = p.element;
-  a.granularity = options.granularity;
-  a.pv_accumulation = options.pv_accumulation;
+  a.granularity = options.quant_gran;
+  a.pv_accumulation = options.pv_accum;
   // In fp32 as the emulation has it: float(scale) * float(log2 e).
   a.score_scale = static_cast<float>(p.scale) * 1.4426950408889634f;
   a.causal = p.causal;
-  a.causal_offset = p.causal && p.bottom_right ? p.seq_kv - p.seq_q : 0;
+  a.causal_offset = p.causal && p.bottom_right ? p.shape.seq_kv - p.shape.seq_q : 0;
 
-  const std::int64_t q_rows = ceil_div(p.seq_q, kBlockQ) * kBlockQ;  // padded, quantized kinds
-  const std::int64_t k_rows = ceil_div(p.seq_kv, kBlockK) * kBlockK;
-  const std::size_t bq = static_cast<std::size_t>(p.batch * p.heads_q);
-  const std::size_t bkv = static_cast<std::size_t>(p.batch * p.heads_kv);
+  const std::int64_t q_rows = ceil_div(p.shape.seq_q, kBlockQ) * kBlockQ;  // padded, quantized kinds
+  const std::int64_t k_rows = ceil_div(p.shape.seq_kv, kBlockK) * kBlockK;
+  const std::size_t bq = static_cast<std::size_t>(p.shape.batch * p.shape.heads_q);
+  const std::size_t bkv = static_cast<std::size_t>(p.shape.batch * p.shape.heads_kv);
   switch (kind) {
-    case Kind::flash:
-      a.q_rows = p.seq_q, a.k_rows = p.seq_kv, a.v_length = p.seq_kv;
+    case QuantizedKind::flash:
+      a.q_rows = p.shape.seq_q, a.k_rows = p.shape.seq_kv, a.v_length = p.shape.seq_kv;
       if (p.bshd) {
         s.q_work.allocate(s.q_in.bytes(), "Q (bhsd)");
         s.k_work.allocate(s.k_in.bytes(), "K (bhsd)");
@@ -191,14 +191,14 @@ Attention::Attention(Kind kind, const Problem& p, const Options& options, const 
         a.q = s.q_in.as(), a.k = s.k_in.as(), a.v = s.v_in.as();
       }
       break;
-    case Kind::sage1_int8:
-    case Kind::sage2_int8_fp8: {
+    case QuantizedKind::sage1_int8:
+    case QuantizedKind::sage2_int8_fp8: {
       a.q_rows = q_rows, a.k_rows = k_rows;
-      a.k_groups = k_rows / kBlockK * int8_groups_per_block(true, options.granularity);
+      a.k_groups = k_rows / kBlockK * int8_groups_per_block(true, options.quant_gran);
       s.k_work.allocate(bkv * static_cast<std::size_t>(k_rows) * d, "K codes");
       s.k_scale.allocate(bkv * static_cast<std::size_t>(a.k_groups) * sizeof(float), "K scales");
-      if (kind == Kind::sage1_int8) {
-        a.q_groups = q_rows / kBlockQ * int8_groups_per_block(false, options.granularity);
+      if (kind == QuantizedKind::sage1_int8) {
+        a.q_groups = q_rows / kBlockQ * int8_groups_per_block(false, options.quant_gran);
         s.q_work.allocate(bq * static_cast<std::size_t>(q_rows) * d, "Q codes");
         s.q_scale.allocate(bq * static_cast<std::size_t>(a.q_groups) * sizeof(float), "Q scales");
         a.q = s.q_work.as(), a.q_scale = s.q_scale.as<float>();
@@ -206,7 +206,7 @@ Attention::Attention(Kind kind, const Problem& p, const Options& options, const 
         const InputView q = s.q_view();
         a.q = s.q_in.as(), a.q_stride_s = q.stride_s, a.q_stride_h = q.stride_h, a.q_stride_b = q.stride_b;
       }
-      s.k_one_read = options.k_smooth && p.seq_kv > 0 && int8_key_heads_fit(k_rows, s.k_view());
+      s.k_one_read = options.k_smooth && p.shape.seq_kv > 0 && int8_key_heads_fit(k_rows, s.k_view());
       if (s.k_one_read) {
         if (const std::size_t bytes = int8_key_heads_work_bytes(k_rows, s.k_view()); bytes > 0) {
           s.k_mean_work.allocate_zeroed(bytes, "K block sums");
@@ -216,8 +216,8 @@ Attention::Attention(Kind kind, const Problem& p, const Options& options, const 
         s.k_mean_work.allocate_zeroed(channel_means_work_bytes(s.k_view()), "K block sums");
       }
       a.k = s.k_work.as(), a.k_scale = s.k_scale.as<float>();
-      if (kind == Kind::sage1_int8) {
-        a.v_length = p.seq_kv;
+      if (kind == QuantizedKind::sage1_int8) {
+        a.v_length = p.shape.seq_kv;
         if (p.bshd) s.v_work.allocate(s.v_in.bytes(), "V (bhsd)");
         a.v = p.bshd ? s.v_work.as() : s.v_in.as();
       } else {
@@ -246,12 +246,12 @@ Attention::Attention(Kind kind, const Problem& p, const Options& options, const 
       }
       break;
     }
-    case Kind::fa3_fp8:
+    case QuantizedKind::fa3_fp8:
       a.q_rows = q_rows, a.k_rows = k_rows, a.v_length = k_rows;
       s.q_work.allocate(bq * static_cast<std::size_t>(q_rows) * d, "Q (e4m3)");
       s.k_work.allocate(bkv * static_cast<std::size_t>(k_rows) * d, "K (e4m3)");
       s.v_work.allocate(bkv * d * static_cast<std::size_t>(k_rows), "V (e4m3)");
-      s.fp8_one_read = options.fp8_scale == Fp8ScaleGranularity::per_head &&
+      s.fp8_one_read = options.fp8_scale == Fp8Scale::per_head &&
                        fp8_heads_fit(std::max(q_rows, k_rows), s.q_view());
       if (!s.fp8_one_read) {
         s.amax.allocate((bq + 2 * bkv) * sizeof(unsigned), "Q, K and V amax");
@@ -272,7 +272,7 @@ Attention::Attention(Kind kind, const Problem& p, const Options& options, const 
 
 Attention::~Attention() = default;
 
-bool Attention::has_preparation() const { return state_->kind != Kind::flash || state_->p.bshd; }
+bool Attention::has_preparation() const { return state_->kind != QuantizedKind::flash || state_->p.bshd; }
 
 std::size_t Attention::preparation_bytes() const {
   const State& s = *state_;
@@ -296,19 +296,19 @@ void Attention::prepare_inputs(cudaStream_t stream) {
   Order order = Order::after_all;
   auto next = [&order] { return std::exchange(order, Order::overlapping); };
   switch (s.kind) {
-    case Kind::flash:
+    case QuantizedKind::flash:
       if (s.p.bshd) {
         copy_to_bhsd(s.q_view(), s.q_work.as(), next(), stream);
         copy_to_bhsd(s.k_view(), s.k_work.as(), next(), stream);
         copy_to_bhsd(s.v_view(), s.v_work.as(), next(), stream);
       }
       break;
-    case Kind::sage1_int8:
-    case Kind::sage2_int8_fp8: {
-      const bool sage2 = s.kind == Kind::sage2_int8_fp8;
+    case QuantizedKind::sage1_int8:
+    case QuantizedKind::sage2_int8_fp8: {
+      const bool sage2 = s.kind == QuantizedKind::sage2_int8_fp8;
       // Under fp32+fp16, V's amax maps to 2.25 rather than 448: a 32-key chunk of P·V then stays
       // inside fp16's range (docs/quantized.md).
-      const float v_target = s.options.pv_accumulation == PvAccumulation::fp32_fp16 ? 2.25f : 448.0f;
+      const float v_target = s.options.pv_accum == PvAccum::fp32_fp16 ? 2.25f : 448.0f;
       auto quantize_v_one_read = [&] {
         quantize_fp8_heads({{s.v_view(), true, true, v_target, s.v_scale.as<float>(), s.v_work.as<std::uint8_t>(),
                              a.v_length}},
@@ -338,20 +338,20 @@ void Attention::prepare_inputs(cudaStream_t stream) {
       if (s.k_one_read) {
         const HeadTarget v_head{s.v_view(), true, true, v_target, s.v_scale.as<float>(), s.v_work.as<std::uint8_t>(),
                                 a.v_length};
-        const bool beside_keys = quantize_int8_key_heads(k, s.options.granularity, s.k_mean_work.as(), next(), stream,
+        const bool beside_keys = quantize_int8_key_heads(k, s.options.quant_gran, s.k_mean_work.as(), next(), stream,
                                                          sage2 ? nullptr : &q,
                                                          sage2 && s.fp8_one_read && !v_first ? &v_head : nullptr,
                                                          s.fp8_heads_work.as());
-        if (!sage2 && !beside_keys) quantize_int8({q}, s.options.granularity, next(), stream);
+        if (!sage2 && !beside_keys) quantize_int8({q}, s.options.quant_gran, next(), stream);
         v_done = sage2 && beside_keys;
       } else if (sage2) {
-        quantize_int8({k}, s.options.granularity, next(), stream);
+        quantize_int8({k}, s.options.quant_gran, next(), stream);
       } else {
         // K's blocks first: where K is smoothed, channel_means has just read it, and part of it is
         // still in L2. Q's blocks first here changed nothing on the short shapes; Q in a launch of
         // its own before the means, which then run beside it, was mixed: -2.5 % at Flux, +4 % at
         // 2x24x4250x64 (H100, bench/results/2026-11-25-h100-no-wait/).
-        quantize_int8({k, q}, s.options.granularity, next(), stream);
+        quantize_int8({k, q}, s.options.quant_gran, next(), stream);
       }
       if (!sage2) {
         if (s.p.bshd) copy_to_bhsd(s.v_view(), s.v_work.as(), next(), stream);
@@ -363,7 +363,7 @@ void Attention::prepare_inputs(cudaStream_t stream) {
       }
       break;
     }
-    case Kind::fa3_fp8: {
+    case QuantizedKind::fa3_fp8: {
       if (s.fp8_one_read) {  // one launch, each input read once
         quantize_fp8_heads({{s.q_view(), false, false, 448.0f, s.q_scale.as<float>(), s.q_work.as<std::uint8_t>(),
                              a.q_rows},
@@ -374,10 +374,10 @@ void Attention::prepare_inputs(cudaStream_t stream) {
                            s.fp8_heads_work.as(), next(), stream);
         break;
       }
-      const bool per_tensor = s.options.fp8_scale == Fp8ScaleGranularity::per_tensor;
+      const bool per_tensor = s.options.fp8_scale == Fp8Scale::per_tensor;
       unsigned* q_amax = s.amax.as<unsigned>();
-      unsigned* k_amax = q_amax + s.p.batch * s.p.heads_q;
-      unsigned* v_amax = k_amax + s.p.batch * s.p.heads_kv;
+      unsigned* k_amax = q_amax + s.p.shape.batch * s.p.shape.heads_q;
+      unsigned* v_amax = k_amax + s.p.shape.batch * s.p.shape.heads_kv;
       ATTNREPLAY_CUDA_CHECK(cudaMemsetAsync(s.amax.as(), 0, s.amax.bytes(), stream));
       // One launch for the three maxima and one for Q's and K's codes: fewer launches is what the
       // short calls' preparation is made of.
@@ -400,10 +400,10 @@ void Attention::run(cudaStream_t stream) {
   const AttentionArgs& a = state_->args;
   const Order order = std::exchange(state_->attention_order, Order::after_all);
   switch (state_->kind) {
-    case Kind::flash: return launch_flash(a, order, stream);
-    case Kind::sage1_int8: return launch_sage1_int8(a, order, stream);
-    case Kind::sage2_int8_fp8: return launch_sage2_int8_fp8(a, order, stream);
-    case Kind::fa3_fp8: return launch_fa3_fp8(a, order, stream);
+    case QuantizedKind::flash: return launch_flash(a, order, stream);
+    case QuantizedKind::sage1_int8: return launch_sage1_int8(a, order, stream);
+    case QuantizedKind::sage2_int8_fp8: return launch_sage2_int8_fp8(a, order, stream);
+    case QuantizedKind::fa3_fp8: return launch_fa3_fp8(a, order, stream);
   }
 }
 

@@ -9,33 +9,20 @@
 #include <memory>
 #include <string>
 
+#include "formats/attention_shape.h"
+#include "kernels/quant_options.h"
+
 namespace attnreplay::cuda_attention {
 
-enum class Kind { flash, sage1_int8, sage2_int8_fp8, fa3_fp8 };
 enum class Element { bf16, fp16 };
-enum class Granularity { per_block, per_warp, per_thread };
-enum class PvAccumulation { fp32, fp32_fp32, fp32_fp16 };
-enum class Fp8ScaleGranularity { per_tensor, per_head };
 
 struct Problem {
-  std::int64_t batch = 0;
-  std::int64_t heads_q = 0;
-  std::int64_t heads_kv = 0;
-  std::int64_t seq_q = 0;
-  std::int64_t seq_kv = 0;
-  std::int64_t head_dim = 0;  // of Q, K and V alike
+  AttentionShape shape;  // head_dim_qk is V's and the output's too
   Element element = Element::bf16;
   bool bshd = false;  // Q, K, V are (batch, seq, heads, dim); otherwise (batch, heads, seq, dim)
   bool causal = false;
   bool bottom_right = false;  // causal alignment: key j visible to row i when j <= i + s_kv - s_q
   double scale = 0;           // softmax scale
-};
-
-struct Options {
-  Granularity granularity = Granularity::per_warp;
-  bool k_smooth = true;
-  PvAccumulation pv_accumulation = PvAccumulation::fp32_fp32;
-  Fp8ScaleGranularity fp8_scale = Fp8ScaleGranularity::per_head;
 };
 
 // Empty when the current CUDA device can run the kernels (every kind needs the same); otherwise why
@@ -50,7 +37,7 @@ std::string problem_unsupported_reason(const Problem& problem);
 class Attention {
  public:
   // q, k, v: the call's host bytes in its layout (contiguous). Uploads and prepares once.
-  Attention(Kind kind, const Problem& problem, const Options& options, const void* q, const void* k,
+  Attention(QuantizedKind kind, const Problem& problem, const QuantOptions& options, const void* q, const void* k,
             const void* v);
   ~Attention();
   Attention(const Attention&) = delete;

@@ -215,7 +215,7 @@ __global__ void __launch_bounds__(kQuantThreads) channel_mean_kernel(const Input
 // ---- INT8 codes with a scale per group ----
 
 struct Int8Job {
-  Granularity granularity = Granularity::per_warp;
+  QuantGranularity granularity = QuantGranularity::per_warp;
   float pre_scale = 1.0f;
   const float* mean = nullptr;
   Int8Output out;
@@ -227,20 +227,20 @@ struct Int8Group {
   int first, stride, count;
 };
 template <bool kIsKey, int kRows>
-__device__ __forceinline__ Int8Group int8_group(int g, Granularity granularity) {
-  if (!kIsKey && granularity == Granularity::per_warp) return {g * kWarpQ, 1, kWarpQ};
+__device__ __forceinline__ Int8Group int8_group(int g, QuantGranularity granularity) {
+  if (!kIsKey && granularity == QuantGranularity::per_warp) return {g * kWarpQ, 1, kWarpQ};
   // Rows r and r + 8 of a warp tile: the rows one thread's MMA fragment holds.
-  if (!kIsKey && granularity == Granularity::per_thread) return {g / 8 * kWarpQ + g % 8, 8, 2};
+  if (!kIsKey && granularity == QuantGranularity::per_thread) return {g / 8 * kWarpQ + g % 8, 8, 2};
   // Keys with equal index mod 8: the key columns one thread's fragment holds.
-  if (kIsKey && granularity == Granularity::per_thread) return {g, 8, kRows / 8};
+  if (kIsKey && granularity == QuantGranularity::per_thread) return {g, 8, kRows / 8};
   return {0, 1, kRows};
 }
 // The group that row `r` of a block belongs to.
 template <bool kIsKey, int kRows>
-__device__ __forceinline__ int int8_group_of(int r, Granularity granularity) {
-  if (!kIsKey && granularity == Granularity::per_warp) return r / kWarpQ;
-  if (!kIsKey && granularity == Granularity::per_thread) return r / kWarpQ * 8 + r % 8;
-  if (kIsKey && granularity == Granularity::per_thread) return r % 8;
+__device__ __forceinline__ int int8_group_of(int r, QuantGranularity granularity) {
+  if (!kIsKey && granularity == QuantGranularity::per_warp) return r / kWarpQ;
+  if (!kIsKey && granularity == QuantGranularity::per_thread) return r / kWarpQ * 8 + r % 8;
+  if (kIsKey && granularity == QuantGranularity::per_thread) return r % 8;
   return 0;
 }
 
@@ -415,7 +415,7 @@ __device__ __forceinline__ void quantize_int8_block(const InputView& in, const I
 // Q's blocks at d64 (8 kB) run in CTAs of 128 threads instead, twelve an SM (quantize_int8 says why).
 template <typename Elem, int kDim, int kThreads>
 __global__ void __launch_bounds__(kThreads, 6 * kQuantThreads / kThreads)
-    quantize_int8_kernel(const LaunchTargets<Int8Target, 2> targets, Granularity granularity) {
+    quantize_int8_kernel(const LaunchTargets<Int8Target, 2> targets, QuantGranularity granularity) {
   __shared__ Int8Shared<kDim> shared;
   let_next_kernel_start();
   const std::int64_t cta = blockIdx.x;
@@ -1233,7 +1233,7 @@ unsigned int8_key_group(std::int64_t rows, std::int64_t heads) {
   }
 }
 template <typename Elem, int kDim>
-bool launch_int8_key_heads(const Int8Target& keys, Granularity granularity, void* work, Order order,
+bool launch_int8_key_heads(const Int8Target& keys, QuantGranularity granularity, void* work, Order order,
                            cudaStream_t stream, const Int8Target* queries, const HeadTarget* values,
                            void* values_work, bool& others_done) {
   const Int8Job job{granularity, 1.0f, nullptr, keys.out, int8_groups_per_block(true, granularity)};
@@ -1325,7 +1325,7 @@ void channel_means(const InputView& keys, float* mean, void* work, const MaxTarg
                                                      job, values));
 }
 
-void quantize_int8(std::initializer_list<Int8Target> inputs, Granularity granularity, Order order,
+void quantize_int8(std::initializer_list<Int8Target> inputs, QuantGranularity granularity, Order order,
                    cudaStream_t stream) {
   const auto blocks = [](const Int8Target& t) {
     return t.out.rows / (t.is_key ? kBlockK : kBlockQ) * t.in.batch * t.in.heads;  // a CTA a block
@@ -1429,7 +1429,7 @@ std::size_t int8_key_heads_values_work_bytes(const InputView& values) {
   return group_work_bytes(static_cast<std::int64_t>(values.batch) * values.heads, values.head_dim);
 }
 
-bool quantize_int8_key_heads(const Int8Target& keys, Granularity granularity, void* work, Order order,
+bool quantize_int8_key_heads(const Int8Target& keys, QuantGranularity granularity, void* work, Order order,
                              cudaStream_t stream, const Int8Target* queries, const HeadTarget* values,
                              void* values_work) {
   if (!keys.is_key || keys.in.seq == 0 || keys.out.rows != ceil_div(keys.in.seq, kBlockK) * kBlockK) {

@@ -38,9 +38,9 @@ struct Int8Output {
   std::int64_t groups = 0;       // per head: blocks * groups a block (see int8_groups_per_block)
 };
 // Scale groups in one 64-row (Q) or 128-key (K) block.
-__host__ __device__ inline int int8_groups_per_block(bool is_key, Granularity granularity) {
-  if (granularity == Granularity::per_thread) return is_key ? 8 : 32;
-  if (granularity == Granularity::per_warp && !is_key) return kBlockQ / kWarpQ;
+__host__ __device__ inline int int8_groups_per_block(bool is_key, QuantGranularity granularity) {
+  if (granularity == QuantGranularity::per_thread) return is_key ? 8 : 32;
+  if (granularity == QuantGranularity::per_warp && !is_key) return kBlockQ / kWarpQ;
   return 1;
 }
 // Q: x = Q * pre_scale; K: x = K - mean (mean null: not smoothed). Codes and per-group scales.
@@ -53,7 +53,7 @@ struct Int8Target {
 };
 // Q's and K's codes in one launch (of one element type and head dim): one launch fewer is what
 // the short calls' preparation is made of. At head dim 64, a launch each, Q's in smaller CTAs.
-void quantize_int8(std::initializer_list<Int8Target> inputs, Granularity granularity, Order order,
+void quantize_int8(std::initializer_list<Int8Target> inputs, QuantGranularity granularity, Order order,
                    cudaStream_t stream);
 // K smoothed and coded from one read: a thread block cluster holds one (b, h) of K in shared memory,
 // a 128-key block a CTA, takes the head's channel means as channel_means does, bit for bit, and
@@ -72,7 +72,7 @@ bool int8_key_heads_fit(std::int64_t rows, const InputView& keys);
 // the first launch; each launch leaves its counters zeroed.
 std::size_t int8_key_heads_work_bytes(std::int64_t rows, const InputView& keys);
 struct HeadTarget;
-bool quantize_int8_key_heads(const Int8Target& keys, Granularity granularity, void* work, Order order,
+bool quantize_int8_key_heads(const Int8Target& keys, QuantGranularity granularity, void* work, Order order,
                              cudaStream_t stream, const Int8Target* queries = nullptr,
                              const HeadTarget* values = nullptr, void* values_work = nullptr);
 std::size_t int8_key_heads_values_work_bytes(const InputView& values);

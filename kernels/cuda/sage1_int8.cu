@@ -5,7 +5,7 @@
 namespace attnreplay::cuda_attention {
 
 void launch_sage1_int8(const AttentionArgs& args, Order order, cudaStream_t stream) {
-  dispatch_attention<Kind::sage1_int8, PvAccumulation::fp32_fp32>(args, order, stream);
+  dispatch_attention<QuantizedKind::sage1_int8, PvAccum::fp32_fp32>(args, order, stream);
 }
 
 }  // namespace attnreplay::cuda_attention

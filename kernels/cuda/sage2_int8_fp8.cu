@@ -6,9 +6,9 @@ namespace attnreplay::cuda_attention {
 
 void launch_sage2_int8_fp8(const AttentionArgs& args, Order order, cudaStream_t stream) {
   switch (args.pv_accumulation) {
-    case PvAccumulation::fp32: return dispatch_attention<Kind::sage2_int8_fp8, PvAccumulation::fp32>(args, order, stream);
-    case PvAccumulation::fp32_fp32: return dispatch_attention<Kind::sage2_int8_fp8, PvAccumulation::fp32_fp32>(args, order, stream);
-    case PvAccumulation::fp32_fp16: return dispatch_attention<Kind::sage2_int8_fp8, PvAccumulation::fp32_fp16>(args, order, stream);
+    case PvAccum::fp32: return dispatch_attention<QuantizedKind::sage2_int8_fp8, PvAccum::fp32>(args, order, stream);
+    case PvAccum::fp32_fp32: return dispatch_attention<QuantizedKind::sage2_int8_fp8, PvAccum::fp32_fp32>(args, order, stream);
+    case PvAccum::fp32_fp16: return dispatch_attention<QuantizedKind::sage2_int8_fp8, PvAccum::fp32_fp16>(args, order, stream);
   }
   throw std::invalid_argument("sage2-int8-fp8: unknown P·V accumulation");
 }

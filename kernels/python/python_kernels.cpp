@@ -152,9 +152,8 @@ std::pair<ModelInputs, py::dict> ragged_inputs(const AttentionCall& call, at::De
   return {std::move(in), std::move(batch)};
 }
 
-py::dict spec_fields(const AttentionCall& call) {
+py::dict spec_fields(const AttentionCall& call, const QuantOptions& quant) {
   const AttentionShape s = call.shape();
-  const QuantOptions quant = quant_options();
   py::dict fields;
   fields["index"] = call.call_index;
   fields["op"] = call.op;
@@ -218,7 +217,7 @@ class PythonKernel final : public Kernel {
     if (description_.device == "cuda" && !have_cuda()) return "no CUDA device";
     return std::nullopt;
   }
-  std::unique_ptr<PreparedKernel> prepare(const AttentionCall& call) const override;
+  std::unique_ptr<PreparedKernel> prepare(const AttentionCall& call, const KernelOptions& options) const override;
   const py::object& object() const { return kernel_; }
 
  private:
@@ -228,12 +227,12 @@ class PythonKernel final : public Kernel {
 
 class PythonPrepared final : public PreparedKernel, public DeviceOutput {
  public:
-  PythonPrepared(const PythonKernel& kernel, const AttentionCall& call)
+  PythonPrepared(const PythonKernel& kernel, const AttentionCall& call, const KernelOptions& options)
       : on_gpu_(kernel.description().device == "cuda") {
     c10::AutoGradMode no_grad(false);
     py::gil_scoped_acquire gil;
     try {
-      bind(kernel, call);
+      bind(kernel, call, options);
     } catch (...) {
       // Members outlive `gil` while the exception unwinds: drop them while it is held.
       run_ = py::object();
@@ -280,11 +279,11 @@ class PythonPrepared final : public PreparedKernel, public DeviceOutput {
   }
 
  private:
-  void bind(const PythonKernel& kernel, const AttentionCall& call) {
+  void bind(const PythonKernel& kernel, const AttentionCall& call, const KernelOptions& options) {
     const py::object& plugin = interpreter().plugin;
     py::object spec;
     try {
-      spec = plugin.attr("_make_spec")(kernel.object(), spec_fields(call));
+      spec = plugin.attr("_make_spec")(kernel.object(), spec_fields(call, options.quant));
     } catch (py::error_already_set& error) {
       throw_failure(error, "describing the call");
     }
@@ -341,8 +340,8 @@ class PythonPrepared final : public PreparedKernel, public DeviceOutput {
   py::object run_;  // prepared_.run, looked up once
 };
 
-std::unique_ptr<PreparedKernel> PythonKernel::prepare(const AttentionCall& call) const {
-  return std::make_unique<PythonPrepared>(*this, call);
+std::unique_ptr<PreparedKernel> PythonKernel::prepare(const AttentionCall& call, const KernelOptions& options) const {
+  return std::make_unique<PythonPrepared>(*this, call, options);
 }
 
 }  // namespace

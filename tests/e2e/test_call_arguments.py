@@ -1,4 +1,4 @@
-"""Every argument of a call honoured or loudly refused (replay/call_semantics.h). flash-attn's
+"""Every argument of a call honoured or loudly refused (replay/judge/call_semantics.h). flash-attn's
 forward op, registered under its own name and schema by tests/e2e/jobs/flash_attn_op_job.py, is
 captured with a sliding window, a softcap and ALiBi slopes, which the record holds as fields: the
 fp64 reference computes what the op computed, a torch backend replays the window as a mask, and a

@@ -23,7 +23,7 @@ def check_other_kernels(statuses, ran="passed"):
         if kernel not in CPU_KERNELS:
             assert status in ("not_supported", ran), (kernel, status)
 
-# replay/report_csv.cpp's columns, in order: the CSV's documented fixed header.
+# replay/report/results_csv.cpp's columns, in order: the CSV's documented fixed header.
 CSV_HEADER = [
     "source", "call_index", "case_tag", "op", "backend", "batch", "heads_q", "heads_kv", "seq_q", "seq_kv",
     "head_dim_qk", "head_dim_vo", "dtype", "layout", "is_causal", "causal_alignment", "mask", "batching", "scale", "flops",

@@ -2,7 +2,7 @@
 
 Inputs are made here, saved as plain .pt dicts, replayed through every kernel with their outputs
 saved; numpy then computes its own fp64 reference (full score matrices and a plain softmax, not
-the C++ streaming one) and the statistics of replay/error_stats.h from the saved outputs.
+the C++ streaming one) and the statistics of replay/judge/error_stats.h from the saved outputs.
 """
 
 import math
@@ -95,7 +95,7 @@ def numpy_reference(call):
 
 
 def numpy_stats(output, reference):
-    """replay/error_stats.h, from its documented definitions (docs/metrics.md)."""
+    """replay/judge/error_stats.h, from its documented definitions (docs/metrics.md)."""
     finite = np.isfinite(output)
     o, r = output[finite], reference[finite]
     e = np.abs(o - r)

@@ -1,4 +1,4 @@
-"""Reading ahead (replay/prefetch.h): the calls come in order with the same results whatever the
+"""Reading ahead (replay/run/prefetch.h): the calls come in order with the same results whatever the
 read-ahead budget, and --save-inputs writes HDF5 on the replaying thread while the reader reads
 HDF5 on its own (the HDF5 library here is not built thread-safe: formats/hdf5_format.cpp locks)."""
 import numpy as np

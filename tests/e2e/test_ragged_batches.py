@@ -170,7 +170,7 @@ def test_generated_ragged_prefill_replays_sequence_by_sequence(tmp_path):
      "--s_qo: BatchDecodeWithPagedKVCacheWrapper decodes one query per sequence, got 4"),
     (["--routine", "BatchPrefillWithRaggedKVCacheWrapper", "--page_size", "16", "--s_qo", "4"],
      "--page_size: BatchPrefillWithRaggedKVCacheWrapper has no pages"),
-    (["--routine", "BatchDecode", "--s_qo", "1"], "--routine: expected BatchPrefillWithRaggedKVCacheWrapper"),
+    (["--routine", "BatchDecode", "--s_qo", "1"], "--routine: BatchDecode not in {BatchPrefillWithRaggedKVCacheWrapper"),
     (["--s_qo", "4", "--page_size", "16"], "--page_size: only a --routine generates sequences"),
 ])
 def test_bad_routine_flags_are_named(flags, message):

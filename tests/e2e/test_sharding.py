@@ -1,4 +1,4 @@
-"""Replay shared among processes (replay/sharding.h, docs/scaling.md): under each launcher's
+"""Replay shared among processes (replay/run/sharding.h, docs/scaling.md): under each launcher's
 variables two processes started here take their shares, rank 0 joins the parts, and the joined
 record holds every call once with the error statistics a single process gives; `attnreplay merge`
 refuses a missing, duplicated or foreign part, naming it."""

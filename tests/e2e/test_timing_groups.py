@@ -1,4 +1,4 @@
-"""Time per shape, judge per call (replay/timing_groups.h): calls of one shape share a timing per
+"""Time per shape, judge per call (replay/run/timing_groups.h): calls of one shape share a timing per
 kernel, every call keeps its own error statistics, and --time-every-call times each."""
 import numpy as np
 

@@ -321,7 +321,7 @@ def test_decoder_in_bf16_on_cuda_every_masked_call_replays_through_efficient_and
 
 
 def test_error_statistics_are_the_same_compared_on_the_gpu_and_on_the_cpu(tmp_path):
-    """With the GPU reference, outputs are compared on the GPU (replay/error_stats.h); with the CPU
+    """With the GPU reference, outputs are compared on the GPU (replay/judge/error_stats.h); with the CPU
     one, on the CPU: the same figures to fp64 rounding, no-key rows included."""
     g = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(2, 4, 64, 32, generator=g).bfloat16() for _ in range(3))

@@ -1,4 +1,4 @@
-// A stand-in for the driver's NVML with one GPU, for replay/nvml_monitor.cpp's unit tests on
+// A stand-in for the driver's NVML with one GPU, for replay/measure/nvml_monitor.cpp's unit tests on
 // machines without a driver: the monitor loads it by path. Its GPU is at PCI bus id
 // 0000:00:06.0, runs at 1605 MHz and draws 700 W, with the power cap holding its clock down.
 #include <cstring>

@@ -13,7 +13,7 @@ class Impostor final : public attnreplay::Kernel {
   std::optional<std::string> unsupported_reason(const attnreplay::AttentionCall&) const override {
     return "never runs";
   }
-  std::unique_ptr<attnreplay::PreparedKernel> prepare(const attnreplay::AttentionCall&) const override {
+  std::unique_ptr<attnreplay::PreparedKernel> prepare(const attnreplay::AttentionCall&, const attnreplay::KernelOptions&) const override {
     return nullptr;
   }
 };

@@ -70,7 +70,7 @@ class NaiveKernel final : public Kernel {
     if (call.mask) return "masks are not supported by this plug-in";
     return std::nullopt;
   }
-  std::unique_ptr<PreparedKernel> prepare(const AttentionCall& call) const override {
+  std::unique_ptr<PreparedKernel> prepare(const AttentionCall& call, const KernelOptions&) const override {
     return std::make_unique<NaivePrepared>(call);
   }
 };

@@ -21,7 +21,7 @@ class TorchCheckKernel final : public attnreplay::Kernel {
   std::optional<std::string> unsupported_reason(const attnreplay::AttentionCall&) const override {
     return std::nullopt;
   }
-  std::unique_ptr<attnreplay::PreparedKernel> prepare(const attnreplay::AttentionCall&) const override {
+  std::unique_ptr<attnreplay::PreparedKernel> prepare(const attnreplay::AttentionCall&, const attnreplay::KernelOptions&) const override {
     return std::make_unique<Prepared>();
   }
 };

@@ -2,7 +2,7 @@
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_floating_point.hpp>
 
-#include "replay/attention_work.h"
+#include "replay/judge/attention_work.h"
 
 using namespace attnreplay;
 using Catch::Matchers::WithinRel;

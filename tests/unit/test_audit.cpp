@@ -1,4 +1,4 @@
-// The audit's summaries (replay/audit.cpp) and printers (replay/audit_report.cpp) on calls built by
+// The audit's summaries (replay/run/audit.cpp) and printers (replay/report/audit_table.cpp) on calls built by
 // hand: verdicts, the order of worst calls, distributions over calls, shape groups, and what the
 // JSON, CSV and table carry.
 #include <catch2/catch_test_macros.hpp>
@@ -10,11 +10,24 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "replay/audit.h"
+#include "replay/run/audit.h"
+#include "replay/report/printer.h"
+#include "replay/report/records.h"
 
 using namespace attnreplay;
 using Catch::Matchers::ContainsSubstring;
 using Catch::Matchers::WithinAbs;
+
+namespace {
+
+// What a command does with a record: its JSON through the printer of a format.
+template <class Record>
+void audit_printer(const char* format, const Record& record, std::ostream& out) {
+  const nlohmann::json json = audit_to_json(record);
+  printer_for(format, json).print(json, out);
+}
+
+}  // namespace
 
 namespace {
 
@@ -196,7 +209,7 @@ TEST_CASE("audit JSON: schema, per-kernel distributions and verdicts, worst call
 
 TEST_CASE("audit CSV: fixed columns, one row per call and kernel, layer and step from metadata") {
   std::ostringstream out;
-  write_audit_csv(sample_audit(), out);
+  audit_printer("csv", sample_audit(), out);
   std::istringstream lines(out.str());
   std::string header, line;
   std::getline(lines, header);
@@ -210,7 +223,7 @@ TEST_CASE("audit CSV: fixed columns, one row per call and kernel, layer and step
 
 TEST_CASE("audit table: verdicts, distributions and the worst calls with their worst heads") {
   std::ostringstream out;
-  print_audit_table(sample_audit(), out);
+  audit_printer("table", sample_audit(), out);
   const std::string text = out.str();
   CHECK_THAT(text, ContainsSubstring("audit: 5 calls in 2 shapes, 2 kernels"));
   CHECK_THAT(text, ContainsSubstring("picky declined: needs bfloat16"));

@@ -1,4 +1,4 @@
-// Quantiles and distributions over calls (replay/distribution.cpp), against numpy's default
+// Quantiles and distributions over calls (replay/judge/distribution.cpp), against numpy's default
 // (linear) percentile worked by hand.
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_floating_point.hpp>
@@ -7,7 +7,7 @@
 #include <limits>
 #include <vector>
 
-#include "replay/distribution.h"
+#include "replay/judge/distribution.h"
 
 using namespace attnreplay;
 using Catch::Matchers::WithinAbs;

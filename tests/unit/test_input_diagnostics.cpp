@@ -1,4 +1,4 @@
-// Input diagnostics of the audit (replay/input_diagnostics.cpp) on inputs built so that every
+// Input diagnostics of the audit (replay/judge/input_diagnostics.cpp) on inputs built so that every
 // ratio can be worked out by hand.
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_floating_point.hpp>
@@ -7,7 +7,7 @@
 #include <limits>
 #include <vector>
 
-#include "replay/input_diagnostics.h"
+#include "replay/judge/input_diagnostics.h"
 
 using namespace attnreplay;
 using Catch::Matchers::WithinRel;

@@ -4,7 +4,7 @@
 #include <chrono>
 #include <thread>
 
-#include "replay/nvml_monitor.h"
+#include "replay/measure/nvml_monitor.h"
 
 using namespace attnreplay;
 using Catch::Matchers::ContainsSubstring;

@@ -1,4 +1,4 @@
-#include "replay/prefetch.h"
+#include "replay/run/prefetch.h"
 
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>

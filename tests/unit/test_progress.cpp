@@ -1,4 +1,4 @@
-#include "replay/progress.h"
+#include "replay/report/progress.h"
 
 #include <catch2/catch_test_macros.hpp>
 

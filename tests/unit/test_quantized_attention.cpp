@@ -17,9 +17,10 @@
 #include "kernels/emulated_kernel.h"
 #include "kernels/kernel.h"
 #include "kernels/quantized_attention.h"
+#include "kernels/quantized_kernel.h"
 #include "kernels/reference.h"
-#include "replay/error_stats.h"
-#include "replay/generate.h"
+#include "replay/judge/compare.h"
+#include "replay/run/generate.h"
 
 using namespace attnreplay;
 using Catch::Matchers::WithinAbs;
@@ -105,20 +106,6 @@ TEST_CASE("quantized options: flag spellings parse back, and rerun flags name on
   CHECK_FALSE(parse_pv_accum("fp16"));
   CHECK_FALSE(parse_fp8_scale("per_block"));
   CHECK(quant_granularity_names() == std::vector<std::string>{"per_block", "per_warp", "per_thread"});
-
-  CHECK(quant_option_flags(QuantOptions{}).empty());
-  QuantOptions changed;
-  changed.quant_gran = QuantGranularity::per_thread;
-  changed.k_smooth = false;
-  changed.pv_accum = PvAccum::fp32;
-  changed.fp8_scale = Fp8Scale::per_tensor;
-  CHECK(quant_option_flags(changed) ==
-        " --quant_gran per_thread --no_k_smooth --pv_accum_dtype fp32 --fp8_scale per_tensor");
-
-  const QuantOptions before = quant_options();
-  set_quant_options(changed);
-  CHECK(quant_options() == changed);
-  set_quant_options(before);
 }
 
 // ---- Element conversions ----
@@ -648,12 +635,10 @@ TEST_CASE("quantized kernels: registered, declining what they cannot run, output
                                                           {"sage1-int8-cpu", QuantizedKind::sage1_int8},
                                                           {"sage2-int8-fp8-cpu", QuantizedKind::sage2_int8_fp8},
                                                           {"fa3-fp8-cpu", QuantizedKind::fa3_fp8}};
-  const QuantOptions before = quant_options();
   QuantOptions options;
   options.quant_gran = QuantGranularity::per_thread;
   options.pv_accum = PvAccum::fp32;
   options.fp8_scale = Fp8Scale::per_tensor;
-  set_quant_options(options);
   for (const auto& [name, kind] : kernels) {
     INFO(name);
     const Kernel* kernel = KernelRegistry::instance().find(name);
@@ -675,7 +660,8 @@ TEST_CASE("quantized kernels: registered, declining what they cannot run, output
     AttentionCall wide_v = generated({"", {1, 1, 1, 8, 8, 16, 32}});
     CHECK(kernel->unsupported_reason(wide_v) == "needs head_dim_qk = head_dim_vo, got 16 and 32");
 
-    auto prepared = kernel->prepare(call);
+    // The options travel with the call: the kernel prepares it with the ones it is given.
+    auto prepared = kernel->prepare(call, KernelOptions{options});
     CHECK(prepared->has_preparation());
     prepared->run();
     prepared->prepare_inputs();
@@ -685,5 +671,21 @@ TEST_CASE("quantized kernels: registered, declining what they cannot run, output
     CHECK(out.shape == std::vector<std::int64_t>{1, 2, 100, 64});
     CHECK(*out.bytes == *output_in_dtype(emulate_attention(call, kind, options), call.q.dtype).bytes);
   }
-  set_quant_options(before);
+}
+
+TEST_CASE("quantized kinds: one table entry gives the GPU kernel and its CPU emulation", "[quant]") {
+  for (const QuantizedKindSpec& spec : quantized_kinds()) {
+    INFO(spec.name);
+    CHECK(to_string(spec.kind) == spec.name);
+    const auto* emulation = dynamic_cast<const QuantizedAttentionKernel*>(KernelRegistry::instance().find(spec.name + "-cpu"));
+    REQUIRE(emulation);
+    CHECK(emulation->kind() == spec.kind);
+    CHECK(emulation->description().reduced_precision == spec.reduced_precision);
+#ifdef ATTNREPLAY_HAVE_CUDA
+    const auto* gpu = dynamic_cast<const QuantizedAttentionKernel*>(KernelRegistry::instance().find(spec.name));
+    REQUIRE(gpu);
+    CHECK(gpu->kind() == spec.kind);
+    CHECK(gpu->description().device == "cuda");
+#endif
+  }
 }

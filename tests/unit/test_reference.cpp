@@ -12,7 +12,7 @@
 
 #include "formats/torch_tensor.h"
 #include "kernels/reference.h"
-#include "replay/generate.h"
+#include "replay/run/generate.h"
 
 using namespace attnreplay;
 using Catch::Matchers::WithinAbs;

@@ -1,4 +1,4 @@
-#include "replay/sharding.h"
+#include "replay/run/sharding.h"
 
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>

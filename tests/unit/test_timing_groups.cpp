@@ -1,4 +1,4 @@
-#include "replay/timing_groups.h"
+#include "replay/run/timing_groups.h"
 
 #include <catch2/catch_test_macros.hpp>
 

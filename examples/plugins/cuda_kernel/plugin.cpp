@@ -72,7 +72,7 @@ class TiledKernel final : public Kernel {
     if (s.head_dim_qk > 256 || s.head_dim_vo > 256) return "head dims above 256 are not supported";
     return std::nullopt;
   }
-  std::unique_ptr<PreparedKernel> prepare(const AttentionCall& call) const override {
+  std::unique_ptr<PreparedKernel> prepare(const AttentionCall& call, const KernelOptions&) const override {
     return std::make_unique<TiledPrepared>(call);
   }
 };

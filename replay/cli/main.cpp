@@ -1,0 +1,66 @@
+// attnreplay: replay captured (or generated) attention calls through every kernel and report
+// speed beside error against an exact reference. Each command lives in its own file
+// (replay/cli/*_command.cpp); this file only dispatches.
+#include <CLI/CLI.hpp>
+
+#include <iostream>
+
+#include "replay/cli/command.h"
+#include "replay/measure/environment.h"
+#include "replay/report/record_files.h"
+
+namespace {
+
+struct CommandEntry {
+  const char* name;
+  const char* summary;
+  std::unique_ptr<attnreplay::Command> (*make)();
+};
+
+constexpr CommandEntry kCommands[] = {
+    {"run", "replay calls through kernels; report time, TFLOP/s, GB/s and error", attnreplay::make_run_command},
+    {"audit", "accuracy of kernels over a whole capture: error distributions, worst calls, verdicts",
+     attnreplay::make_audit_command},
+    {"merge", "join the parts of a sharded run into one record (JSON, CSV)", attnreplay::make_merge_command},
+    {"info", "what captures hold: calls, ops, shapes, dtypes, sizes", attnreplay::make_info_command},
+    {"convert", "convert between .h5, .pt and .pt folders", attnreplay::make_convert_command},
+    {"kernels", "list the kernels: built-in, plug-ins, and the library adapters", attnreplay::make_kernels_command},
+    {"plot", "plots of an audit's JSON: error by call, layer and step; speed against accuracy",
+     attnreplay::make_plot_command},
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace attnreplay;
+  CLI::App app{"attnreplay: benchmark and audit attention kernels on real captured tensors"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", tool_version());
+  std::vector<std::pair<CLI::App*, std::unique_ptr<Command>>> commands;
+  for (const CommandEntry& entry : kCommands) {
+    CLI::App* subcommand = app.add_subcommand(entry.name, entry.summary);
+    commands.emplace_back(subcommand, entry.make());
+    commands.back().second->define(*subcommand);
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    const int code = app.exit(error);
+    return code == 0 ? kExitOk : kExitUsage;
+  }
+  try {
+    for (auto& [subcommand, command] : commands) {
+      if (*subcommand) return command->run(std::vector<std::string>(argv, argv + argc));
+    }
+  } catch (const UsageError& error) {
+    std::cerr << "error: " << error.what() << '\n';
+    return kExitUsage;
+  } catch (const InputError& error) {
+    std::cerr << "error: " << error.what() << '\n';
+    return kExitFailures;
+  } catch (const std::exception& error) {
+    std::cerr << "internal error: " << error.what() << '\n';
+    return kExitFailures;
+  }
+  return kExitUsage;
+}

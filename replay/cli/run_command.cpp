@@ -1,0 +1,259 @@
+// `attnreplay run`: replay captured or generated calls through the kernels, as one configuration
+// of flags or one per line of a --testlist, alone or as this process's share under a launcher.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <fstream>
+#include <iostream>
+
+#include <unistd.h>
+
+#include "formats/capture_source.h"
+#include "kernels/plugins.h"
+#include "replay/cli/command.h"
+#include "replay/cli/options.h"
+#include "replay/cli/plugin_loading.h"
+#include "replay/cli/run_configuration.h"
+#include "replay/measure/ceilings.h"
+#include "replay/measure/environment.h"
+#include "replay/measure/gpu.h"
+#include "replay/report/printer.h"
+#include "replay/report/progress.h"
+#include "replay/report/record_files.h"
+#include "replay/report/records.h"
+#include "replay/run/call_share.h"
+#include "replay/run/replay_call.h"
+#include "replay/run/replay_capture.h"
+#include "replay/run/sharded_run.h"
+
+namespace attnreplay {
+namespace {
+
+// What every configuration of one run shares.
+struct RunContext {
+  Report& report;
+  bool quiet = false;
+  Ceilings ceilings;
+  const LoadedPlugins& plugins;
+  CallShare* share = nullptr;  // under a launcher: which calls are this process's
+};
+
+// The table as each call finishes, and progress where a person watches: scripts and tests read the
+// table and the records.
+class CallDisplay {
+ public:
+  explicit CallDisplay(bool quiet) : quiet_(quiet) {}
+  ReplayProgress* progress() { return !quiet_ && isatty(STDERR_FILENO) ? &progress_ : nullptr; }
+  void show(const CallResult& call) {
+    progress_.clear();
+    if (!quiet_) print_call_table(call_to_json(call), std::cout), std::cout.flush();
+  }
+  ~CallDisplay() { progress_.clear(); }
+
+ private:
+  bool quiet_;
+  ReplayProgress progress_{std::cerr};
+};
+
+void replay_generated(const Options& o, const ReplayOptions& options, RunContext& run, CallDisplay& display,
+                      CaptureWriter* saved_inputs) {
+  const auto [spec, flags] = generated_spec(o);
+  if (run.share && !run.share->take_generated()) return;
+  const AttentionCall call = generate_call(spec);
+  if (saved_inputs) saved_inputs->append(call);
+  CallResult result = replay_call(call, options, flags);
+  display.show(result);
+  run.report.calls.push_back(std::move(result));
+  if (run.share) run.share->replayed_generated();
+}
+
+void replay_captures(const std::vector<std::string>& inputs, const Options& o, const ReplayOptions& options,
+                     RunContext& run, CallDisplay& display, CaptureWriter* saved_inputs) {
+  std::vector<std::unique_ptr<CaptureSource>> sources;
+  for (const std::string& input : inputs) {
+    try {
+      sources.push_back(open_capture(input));
+    } catch (const InputError& error) {
+      run.report.input_errors.push_back(error.what());
+    }
+  }
+  const auto selected = wanted_calls(o);
+  std::vector<std::function<bool(std::int64_t)>> wanted(sources.size(), selected);
+  if (run.share) {
+    std::vector<CaptureSource*> listed;
+    for (const auto& source : sources) listed.push_back(source.get());
+    wanted = run.share->take_captured(listed, selected);
+  }
+  for (std::size_t s = 0; s < sources.size(); ++s) {
+    // Each replayed call is saved as it is loaded for the replay: read once, and only the calls
+    // --calls selects.
+    auto save = [saved_inputs](const AttentionCall& call) { saved_inputs->append(call); };
+    auto replayed = [&display, &run, s](const CallResult& call) {
+      display.show(call);
+      if (run.share) run.share->replayed(s, call.call_index);
+    };
+    try {
+      replay_capture(*sources[s], wanted[s], options, run.report, replayed,
+                     saved_inputs ? std::function<void(const AttentionCall&)>(save) : nullptr);
+    } catch (const InputError& error) {
+      run.report.input_errors.push_back(error.what());
+    }
+  }
+}
+
+// One configuration: a command line's flags, or a test-list line's. Problems with inputs are
+// recorded, each prefixed with `place` (a test-list line) when given; bad flags throw.
+void replay_configuration(const std::vector<std::string>& inputs, const Options& o, RunContext& run,
+                          const std::string& place = {}) {
+  ReplayOptions options = replay_options(o, run.plugins.rerun_flags);
+  options.ceilings = run.ceilings;
+  options.case_tag = o.text("--case_tag").value_or("");
+  options.save_outputs_dir = o.text("--save-outputs").value_or("");
+  TimingGroups groups(static_cast<int>(*o.integer("--timed-calls-per-group")));
+  if (!o.flag("--time-every-call")) options.timing_groups = &groups;
+  CallDisplay display(run.quiet);
+  options.progress = display.progress();
+  std::unique_ptr<CaptureWriter> saved_inputs;
+  if (const auto path = o.text("--save-inputs")) saved_inputs = open_capture_writer(*path, "attnreplay run --save-inputs");
+  if (wants_generated(o)) {
+    replay_generated(o, options, run, display, saved_inputs.get());
+  } else if (inputs.empty()) {
+    throw InputError("nothing to replay: give capture files or folders, --shape, or --testlist");
+  }
+  const std::size_t first_error = run.report.input_errors.size();
+  replay_captures(inputs, o, options, run, display, saved_inputs.get());
+  if (saved_inputs) saved_inputs->close();
+  if (!place.empty()) {
+    for (std::size_t i = first_error; i < run.report.input_errors.size(); ++i) {
+      run.report.input_errors[i] = place + ": " + run.report.input_errors[i];
+    }
+  }
+}
+
+// Each line of the file is the flags of one configuration (after an optional "attnreplay run");
+// a line that fails is recorded with its place and the others run.
+void replay_testlist(const std::string& path, RunContext& run) {
+  std::ifstream in(path);
+  if (!in) throw InputError(fmt::format("{}: cannot open test list", path));
+  int line_number = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++line_number;
+    const auto first = line.find_first_not_of(" \t\r");
+    if (first == std::string::npos || line[first] == '#') continue;
+    line = line.substr(first);
+    for (const char* prefix : {"attnreplay run ", "run "}) {
+      if (line.rfind(prefix, 0) == 0) line = line.substr(std::string_view(prefix).size());
+    }
+    const std::string where = fmt::format("{}:{}", path, line_number);
+    try {
+      CLI::App parser{"test-list line"};
+      std::vector<std::string> inputs;
+      parser.add_option("inputs", inputs);
+      Options line_options;
+      line_options.define(parser, kTestlistLineUse);
+      parser.parse(line, false);
+      if (!line_options.given("--case_tag")) line_options.set("--case_tag", where);
+      replay_configuration(inputs, line_options, run, where);
+    } catch (const CLI::Error& error) {
+      run.report.input_errors.push_back(fmt::format("{}: {}", where, error.what()));
+    } catch (const InputError& error) {
+      run.report.input_errors.push_back(fmt::format("{}: {}", where, error.what()));
+    }
+  }
+}
+
+// The GPU's matrix and copy ceilings, into the environment record and, unless quiet, on stdout.
+Ceilings measure_gpu_ceilings(Environment& environment, bool quiet) {
+  const Ceilings ceilings = measure_ceilings();
+  auto& v = environment.values;
+  // 0: not measured (the operation failed, or a throttled GPU's timer kept no sample).
+  const auto rate = [](double value, int decimals) {
+    return value > 0 ? fmt::format("{:.{}f}", value, decimals) : std::string("not measured");
+  };
+  v["ceiling_bf16_tflops"] = rate(ceilings.bf16_tflops, 1);
+  v["ceiling_fp8_tflops"] = rate(ceilings.fp8_tflops, 1);
+  v["ceiling_int8_tops"] = rate(ceilings.int8_tops, 1);
+  v["ceiling_copy_gbps"] = rate(ceilings.copy_gbps, 1);
+  if (!quiet) {
+    std::cout << fmt::format("{}: ceilings measured here: bf16 {} TFLOP/s, fp8 {} TFLOP/s, int8 {} TOPS, copy {} GB/s\n\n",
+                             v["gpu"], rate(ceilings.bf16_tflops, 0), rate(ceilings.fp8_tflops, 0),
+                             rate(ceilings.int8_tops, 0), rate(ceilings.copy_gbps, 0));
+  }
+  return ceilings;
+}
+
+class RunCommand final : public Command {
+ public:
+  void define(CLI::App& app) override {
+    app.add_option("inputs", inputs_, "capture files (.h5, .pt) or folders of .pt calls");
+    options_.define(app, kRunUse);
+  }
+
+  int run(const std::vector<std::string>& argv) override {
+    Shard shard;
+    try {
+      shard = shard_from_flag(*options_.text("--shard"), process_environment());
+    } catch (const InputError& error) {
+      throw UsageError(error.what());
+    }
+    const OutputFiles outputs = output_files(options_.text("--json").value_or(""), options_.text("--csv").value_or(""));
+    const bool quiet = options_.flag("--quiet");
+    Report report;
+    // Before anything touches CUDA: a shared run's process takes its local GPU.
+    std::optional<ShardedRun> sharded;
+    if (shard.sharded()) {
+      const int timed_per_group =
+          options_.flag("--time-every-call") ? 0 : static_cast<int>(*options_.integer("--timed-calls-per-group"));
+      sharded.emplace(shard, timed_per_group, outputs, quiet, report);
+    }
+    // Before any kernel name is checked: plug-ins add names. The library adapters load where the
+    // selection may want them (Python starts only then).
+    const bool with_adapters = selection_needs_python(options_.list("--kernels")) || options_.given("--testlist");
+    const LoadedPlugins plugins = load_plugin_files(options_, with_adapters);
+    report.input_errors = plugins.errors;
+    describe_run(report, argv);
+    RunContext run{report, quiet, {}, plugins, sharded ? &sharded->share() : nullptr};
+    if (!options_.flag("--no-ceilings") && gpu_present()) run.ceilings = measure_gpu_ceilings(report.environment, quiet);
+    check_flags(report);
+    if (const auto testlist = options_.text("--testlist")) replay_testlist(*testlist, run);
+    if (!options_.given("--testlist") || wants_generated(options_) || !inputs_.empty()) {
+      if (!wants_generated(options_) && inputs_.empty()) {
+        throw UsageError("nothing to replay: give capture files or folders, --shape, or --testlist");
+      }
+      try {
+        replay_configuration(inputs_, options_, run);
+      } catch (const InputError& error) {
+        report.input_errors.push_back(error.what());
+      }
+    }
+    for (const std::string& error : report.input_errors) std::cerr << "error: " << error << '\n';
+    nlohmann::json record = report_to_json(report);
+    record["options"] = options_.to_json();
+    if (sharded) return sharded->finish(record, options_.number("--merge-wait"));
+    write_outputs(record, outputs);
+    print_summary(record);
+    return exit_status(record);
+  }
+
+ private:
+  // Bad flags on the command line are usage errors (exit 2), found before any work.
+  void check_flags(Report& report) const {
+    try {
+      const ReplayOptions options = replay_options(options_, "");
+      report.stopping_rule = "CPU " + options.stopping.describe() + "; GPU " + options.stopping_gpu.describe();
+      if (wants_generated(options_)) generated_spec(options_);
+      wanted_calls(options_);
+    } catch (const InputError& error) {
+      throw UsageError(error.what());
+    }
+  }
+
+  std::vector<std::string> inputs_;
+  Options options_;
+};
+
+}  // namespace
+
+std::unique_ptr<Command> make_run_command() { return std::make_unique<RunCommand>(); }
+
+}  // namespace attnreplay

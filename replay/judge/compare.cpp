@@ -1,0 +1,211 @@
+#include "replay/judge/compare.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "formats/errors.h"
+#include "formats/torch_tensor.h"
+
+namespace attnreplay {
+namespace {
+
+double relative_l2(double sum_sq_error, double sum_sq_ref) {
+  return sum_sq_ref > 0 ? std::sqrt(sum_sq_error / sum_sq_ref) : (sum_sq_error > 0 ? INFINITY : 0.0);
+}
+
+// 1 when both are zero: nothing to tell apart.
+double cosine_of(double dot, double sum_sq_out, double sum_sq_ref) {
+  if (sum_sq_out > 0 && sum_sq_ref > 0) return dot / (std::sqrt(sum_sq_out) * std::sqrt(sum_sq_ref));
+  return (sum_sq_out == 0 && sum_sq_ref == 0) ? 1.0 : 0.0;
+}
+
+void check_output_shape(const std::vector<std::int64_t>& shape, const AttentionShape& s) {
+  const std::vector<std::int64_t> want{s.batch, s.heads_q, s.seq_q, s.head_dim_vo};
+  if (shape != want) {
+    throw InputError(fmt::format("kernel output is {}, expected {}", shape_string(shape), shape_string(want)));
+  }
+}
+
+}  // namespace
+
+namespace {
+
+// The reference where it lives: on the GPU when it was computed there, else over the host values
+// (no copy). (b, h_q, rows, d_vo) fp64.
+at::Tensor reference_tensor(const ReferenceOutput& reference) {
+  if (reference.device_values) return *reference.device_values;
+  const AttentionShape& s = reference.shape;
+  return at::from_blob(const_cast<double*>(reference.values.data()),
+                       {s.batch, s.heads_q, static_cast<std::int64_t>(reference.rows.size()), s.head_dim_vo},
+                       at::TensorOptions().dtype(at::kDouble));
+}
+
+}  // namespace
+
+// Computed with tensor reductions in fp64 on the device the reference is on: on the GPU a call's
+// output is compared where the reference already is, and on the CPU the reductions use every core.
+// Figures are as the docs define them (docs/metrics.md); the summation order is the library's, so
+// they agree with a serial sum to fp64 rounding.
+ErrorStats compare_to_reference(const HostTensor& output, const ReferenceOutput& reference) {
+  check_output_shape(output.shape, reference.shape);
+  at::InferenceMode inference;
+  return compare_to_reference(torch_view_of_host_tensor(output), reference);
+}
+
+namespace {
+
+// The figures over the finite outputs `of` (with `e` their |o - r|, `error` the whole |o - r| with
+// -1 where the output is not finite), read back from the device together.
+void fill_figures(ErrorStats& stats, const at::Tensor& error, const at::Tensor& e, const at::Tensor& of,
+                  const at::Tensor& rf, const ReferenceOutput& reference) {
+  const AttentionShape& s = reference.shape;
+  // Each figure in one pass where torch has one (std_mean, aminmax, dot), read back together.
+  const auto [e_std, e_mean] = at::std_mean(e, /*unbiased=*/false);
+  const auto [o_std, o_mean] = at::std_mean(of, false);
+  const auto [r_std, r_mean] = at::std_mean(rf, false);
+  const auto [o_min, o_max] = at::aminmax(of);
+  const auto [r_min, r_max] = at::aminmax(rf);
+  // The first largest error in (batch, head, row, channel) order.
+  const at::Tensor worst = error.reshape(-1).argmax();
+  const at::Tensor e_sq = at::dot(e, e);
+  const at::Tensor sums = at::stack({error.reshape(-1).index_select(0, worst.reshape(1)).squeeze(0), e_mean,
+                                     e_sq / static_cast<double>(stats.elements), e_std, e.sum(),
+                                     at::linalg_vector_norm(rf, 1), e_sq, at::dot(rf, rf), at::dot(of, of),
+                                     at::dot(of, rf), o_min, o_max, o_mean, o_std, r_min, r_max, r_mean, r_std,
+                                     worst.to(at::kDouble)})
+                              .cpu();
+  const double* v = sums.data_ptr<double>();
+  stats.max_abs = v[0], stats.mean_abs = v[1], stats.mse = v[2], stats.std_abs = v[3];
+  stats.rmse = std::sqrt(stats.mse);
+  stats.rel_l1 = v[5] > 0 ? v[4] / v[5] : (v[4] > 0 ? INFINITY : 0.0);
+  stats.rel_l2 = relative_l2(v[6], v[7]);
+  stats.cosine = cosine_of(v[9], v[8], v[7]);
+  stats.output = {v[10], v[11], v[12], v[13]};
+  stats.reference = {v[14], v[15], v[16], v[17]};
+  const auto flat = static_cast<std::int64_t>(v[18]);
+  const auto n_rows = static_cast<std::int64_t>(reference.rows.size());
+  stats.worst_channel = flat % s.head_dim_vo;
+  const std::int64_t slot = flat / s.head_dim_vo % n_rows;
+  stats.worst_row = reference.rows[static_cast<std::size_t>(slot)];
+  stats.worst_head = flat / s.head_dim_vo / n_rows % s.heads_q;
+  stats.worst_batch = flat / s.head_dim_vo / n_rows / s.heads_q;
+}
+
+// The figures again over the rows that see a key (ReferenceOutput::no_key).
+ErrorStats::Subset rows_with_a_key(const at::Tensor& o, const at::Tensor& r, const at::Tensor& finite, bool all_finite,
+                                   const ReferenceOutput& reference) {
+  const AttentionShape& s = reference.shape;
+  const at::Tensor sees = at::from_blob(const_cast<std::uint8_t*>(reference.no_key.data()),
+                                        {s.batch, s.heads_q, static_cast<std::int64_t>(reference.rows.size()), 1},
+                                        at::TensorOptions().dtype(at::kByte))
+                              .to(r.device())
+                              .eq(0)
+                              .expand_as(o);
+  const at::Tensor kept = all_finite ? sees : sees.logical_and(finite);
+  const at::Tensor ok = o.masked_select(kept), rk = r.masked_select(kept);
+  ErrorStats::Subset subset;
+  if (!all_finite) {
+    const at::Tensor seen_counts =
+        at::stack({sees.logical_and(at::isnan(o)).sum(), sees.logical_and(at::isinf(o)).sum()}).cpu();
+    subset.nan_count = seen_counts[0].item<std::int64_t>();
+    subset.inf_count = seen_counts[1].item<std::int64_t>();
+  }
+  subset.elements = ok.numel();
+  if (subset.elements > 0) {
+    const at::Tensor e = (ok - rk).abs_();
+    const at::Tensor sums =
+        at::stack({e.max(), e.mean(), e.square().sum(), rk.square().sum(), ok.square().sum(), (ok * rk).sum()}).cpu();
+    const double* v = sums.data_ptr<double>();
+    subset.max_abs = v[0], subset.mean_abs = v[1];
+    subset.rel_l2 = relative_l2(v[2], v[3]);
+    subset.cosine = cosine_of(v[5], v[4], v[3]);
+  }
+  return subset;
+}
+
+}  // namespace
+
+ErrorStats compare_to_reference(const at::Tensor& output, const ReferenceOutput& reference) {
+  check_output_shape(output.sizes().vec(), reference.shape);
+  at::InferenceMode inference;
+  ErrorStats stats;
+  stats.sampled = reference.sampled;
+  stats.rows_compared = static_cast<std::int64_t>(reference.rows.size());
+  const at::Tensor r = reference_tensor(reference);
+  // Uploaded (or downloaded) in its own dtype, widened where the reference is.
+  at::Tensor o = output.to(r.device()).to(at::kDouble).contiguous();
+  if (reference.sampled) {
+    o = o.index_select(2, at::tensor(reference.rows, at::TensorOptions().dtype(at::kLong)).to(r.device()));
+  }
+  // NaN and Inf are told apart only where some output is not finite (one pass when all are).
+  const at::Tensor finite = at::isfinite(o);
+  const std::int64_t finite_count = finite.sum().item<std::int64_t>();
+  const bool all_finite = finite_count == o.numel();
+  if (!all_finite) {
+    stats.nan_count = at::isnan(o).sum().item<std::int64_t>();
+    stats.inf_count = o.numel() - finite_count - stats.nan_count;
+  }
+  // Over the elements where the output is finite; the whole tensors when all are (no copies).
+  const at::Tensor of = all_finite ? o.reshape(-1) : o.masked_select(finite);
+  const at::Tensor rf = all_finite ? r.reshape(-1) : r.masked_select(finite);
+  stats.elements = of.numel();
+  if (stats.elements > 0) {
+    // |o - r| in place, -1 where the output is not finite, so that the largest is among the finite.
+    const at::Tensor error = (o - r).abs_();
+    if (!all_finite) error.masked_fill_(finite.logical_not(), -1.0);
+    const at::Tensor e = all_finite ? error.reshape(-1) : error.masked_select(finite);
+    fill_figures(stats, error, e, of, rf, reference);
+  }
+  if (!reference.no_key.empty()) {
+    stats.no_key_rows = std::count(reference.no_key.begin(), reference.no_key.end(), std::uint8_t{1});
+    stats.rows_with_a_key = rows_with_a_key(o, r, finite, all_finite, reference);
+  }
+  return stats;
+}
+
+std::vector<HeadError> compare_per_head(const HostTensor& output, const ReferenceOutput& reference) {
+  const AttentionShape& s = reference.shape;
+  check_output_shape(output.shape, s);
+  std::vector<HeadError> heads;
+  heads.reserve(static_cast<std::size_t>(s.batch * s.heads_q));
+  const std::size_t esize = dtype_size(output.dtype);
+  const std::byte* data = output.data();
+  for (std::int64_t b = 0; b < s.batch; ++b)
+    for (std::int64_t h = 0; h < s.heads_q; ++h) {
+      HeadError head;
+      head.batch = b, head.head = h;
+      double sum_sq_error = 0, sum_sq_ref = 0, sum_sq_out = 0, dot = 0;
+      std::int64_t compared = 0;
+      for (std::size_t slot = 0; slot < reference.rows.size(); ++slot) {
+        const std::int64_t base = ((b * s.heads_q + h) * s.seq_q + reference.rows[slot]) * s.head_dim_vo;
+        for (std::int64_t d = 0; d < s.head_dim_vo; ++d) {
+          const double o = element_to_double(output.dtype, data + static_cast<std::size_t>(base + d) * esize);
+          if (!std::isfinite(o)) {
+            ++head.nonfinite_count;
+            continue;
+          }
+          const double r = reference.at(b, h, slot, d);
+          const double error = std::abs(o - r);
+          ++compared;
+          head.max_abs = std::max(head.max_abs, error);
+          sum_sq_error += error * error;
+          sum_sq_ref += r * r;
+          sum_sq_out += o * o;
+          dot += o * r;
+        }
+      }
+      // As compare_to_reference: with nothing finite to compare, the figures stay 0.
+      if (compared == 0) {
+        heads.push_back(head);
+        continue;
+      }
+      head.rel_l2 = relative_l2(sum_sq_error, sum_sq_ref);
+      head.cosine = cosine_of(dot, sum_sq_out, sum_sq_ref);
+      heads.push_back(head);
+    }
+  return heads;
+}
+
+}  // namespace attnreplay

@@ -1,0 +1,128 @@
+#include "replay/measure/measure.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <limits>
+#include <stdexcept>
+#include <utility>
+
+namespace attnreplay {
+
+TimingSummary measure(PreparedKernel& kernel, SampleTimer& timer, const StoppingRule& rule, ClockMonitor* monitor) {
+  const TimedKernel only[] = {{kernel, {}}};
+  return measure_interleaved(only, timer, rule, monitor).front();
+}
+
+std::vector<TimingSummary> measure_interleaved(std::span<const TimedKernel> kernels, SampleTimer& timer,
+                                               const StoppingRule& rule, ClockMonitor* monitor) {
+  std::vector<Sampling> samplings(kernels.size(), Sampling(rule));
+  const auto all_stopped = [&samplings] {
+    return std::all_of(samplings.begin(), samplings.end(), [](const Sampling& s) { return s.stopped(); });
+  };
+  // A lone kernel takes one turn to the end; several take turns of a tenth of min_time each, so
+  // that a clock drifting over the seconds they take moves all of them alike.
+  const double turn_s = kernels.size() > 1 ? rule.min_time_s / 10 : std::numeric_limits<double>::infinity();
+  const double timeout_s = rule.timeout_s * static_cast<double>(kernels.size());
+  const auto start = std::chrono::steady_clock::now();
+  bool timed_out = false;
+  for (bool first_turn = true; !timed_out && !all_stopped(); first_turn = false) {
+    for (std::size_t k = 0; k < kernels.size() && !timed_out; ++k) {
+      Sampling& sampling = samplings[k];
+      if (sampling.full()) continue;
+      PreparedKernel& kernel = kernels[k].kernel;
+      try {
+        // After the first turn's warm-up, a run before each turn where samples are hot-L2 ones: the
+        // other kernels' turns took the L2.
+        const int warmup_runs = first_turn ? rule.warmup_runs : timer.cache() == "hot-l2" ? 1 : 0;
+        for (int i = 0; i < warmup_runs; ++i) {
+          kernel.run();
+          kernel.synchronize();
+        }
+        struct EndKernel {
+          SampleTimer& timer;
+          ~EndKernel() { timer.end_kernel(); }
+        } end_kernel{timer};
+        timer.begin_kernel(kernel);
+        // Stopped when the turn ends, a throwing sample included; only a finished turn keeps the
+        // readings.
+        struct StopMonitor {
+          ClockMonitor* monitor;
+          ~StopMonitor() {
+            if (monitor) monitor->stop();
+          }
+          ClockReadings take() { return std::exchange(monitor, nullptr)->stop(); }
+        } stop_monitor{monitor};
+        if (monitor) monitor->start();
+        const int runs_per_sample = std::max(timer.runs_per_sample(), 1);
+        const double turn_ends_at = sampling.elapsed_s() + turn_s;
+        std::vector<std::optional<double>> batch;
+        std::size_t taken = 0;  // of the batch
+        // A turn takes one batch at least, and ends at a batch's end, so that no batch the timer
+        // took is wasted.
+        do {
+          if (taken == batch.size()) {
+            batch = timer.time_samples(kernel);
+            taken = 0;
+            if (batch.empty()) throw std::logic_error(timer.method() + " timer: time_samples gave no sample");
+          }
+          sampling.add(batch[taken++], runs_per_sample);
+          // In any case: a timer that discards every sample (a GPU that always throttles) must not
+          // keep the loop going forever.
+          if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() >= timeout_s) {
+            timed_out = true;
+            break;
+          }
+          if (sampling.full() || all_stopped()) break;
+        } while (taken < batch.size() || sampling.elapsed_s() < turn_ends_at);
+        if (monitor) sampling.add_readings(stop_monitor.take());
+      } catch (const std::exception& error) {
+        if (kernels[k].name.empty()) throw;
+        throw std::runtime_error(fmt::format("{}: {}", kernels[k].name, error.what()));
+      }
+    }
+  }
+  std::vector<TimingSummary> summaries;
+  for (Sampling& sampling : samplings) {
+    sampling.time_out();
+    summaries.push_back(sampling.summary(timer.method(), timer.cache()));
+  }
+  return summaries;
+}
+
+namespace {
+
+// A kernel's input preparation as a run of its own, followed by the kernel or alone.
+class PreparationRun final : public PreparedKernel {
+ public:
+  PreparationRun(PreparedKernel& kernel, bool with_kernel) : kernel_(kernel), with_kernel_(with_kernel) {}
+  void run() override {
+    kernel_.prepare_inputs();
+    if (with_kernel_) kernel_.run();
+  }
+  void synchronize() override { kernel_.synchronize(); }
+  HostTensor output() override { return kernel_.output(); }
+  bool runs_on_current_stream() const override { return kernel_.runs_on_current_stream(); }
+
+ private:
+  PreparedKernel& kernel_;
+  bool with_kernel_;
+};
+
+}  // namespace
+
+PreparedTimings measure_with_preparation(PreparedKernel& kernel, SampleTimer& timer, const StoppingRule& rule,
+                                         ClockMonitor* monitor) {
+  // The kernel and the whole call in turns, so that the two see the same clocks; the preparation
+  // alone after them: in their turns its low power left the kernel's next turn at a higher clock
+  // under a power cap (docs/metrics.md). Alone, it is its own figure: the whole call's median less
+  // the kernel's is lost in their noise on long calls.
+  PreparationRun with_preparation(kernel, true), preparation_alone(kernel, false);
+  const TimedKernel pair[] = {{kernel, {}}, {with_preparation, "timing with its input preparation"}};
+  std::vector<TimingSummary> timings = measure_interleaved(pair, timer, rule, monitor);
+  const TimedKernel alone[] = {{preparation_alone, "timing its input preparation alone"}};
+  return {std::move(timings[0]), std::move(timings[1]), std::move(measure_interleaved(alone, timer, rule, monitor).front())};
+}
+
+}  // namespace attnreplay

@@ -1,0 +1,157 @@
+// The console table of a results record, read from its JSON: per call its shape and work, a row
+// per kernel (time, spread, rates, share of the GPU's ceilings, clock, errors), then footnotes.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <cmath>
+#include <limits>
+#include <ostream>
+
+#include "replay/report/number_format.h"
+#include "replay/report/printer.h"
+#include "replay/report/records.h"
+
+namespace attnreplay {
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// A number of the record, NaN where it is null (JSON's NaN) or absent.
+double number_at(const nlohmann::json& object, const char* key) {
+  const auto found = object.find(key);
+  return found == object.end() || !found->is_number() ? kNaN : found->get<double>();
+}
+
+std::string text_at(const nlohmann::json& object, const char* key) { return object.value(key, std::string()); }
+
+std::string shape_text(const nlohmann::json& s) {
+  return fmt::format("b{} hq{} hkv{} sq{} skv{} dqk{} dvo{}", s.at("batch").get<std::int64_t>(),
+                     s.at("heads_q").get<std::int64_t>(), s.at("heads_kv").get<std::int64_t>(),
+                     s.at("seq_q").get<std::int64_t>(), s.at("seq_kv").get<std::int64_t>(),
+                     s.at("head_dim_qk").get<std::int64_t>(), s.at("head_dim_vo").get<std::int64_t>());
+}
+
+bool timed(const nlohmann::json& timing) { return timing.is_object() && timing.value("samples", 0) > 0; }
+
+void print_call_header(const nlohmann::json& call, std::ostream& out) {
+  const std::string tag = text_at(call, "case_tag"), op = text_at(call, "op"), backend = text_at(call, "backend");
+  out << fmt::format("{}{}: call {}  {}{}  {} {}  {}  mask {}  scale {:.4g}\n", tag.empty() ? "" : "[" + tag + "] ",
+                     text_at(call, "source"), call.at("call_index").get<std::int64_t>(), op.empty() ? "" : op + " ",
+                     backend.empty() ? "" : "(" + backend + ")", text_at(call, "dtype"), text_at(call, "layout"),
+                     shape_text(call.at("shape")), text_at(call, "mask"), number_at(call, "scale"));
+  const bool causal = call.value("is_causal", false);
+  const std::string batching = text_at(call, "batching");
+  const auto& extensions = call.at("extensions");
+  const auto& work = call.at("work");
+  const auto& reference = call.at("reference");
+  out << fmt::format("  {}{}{}{}work {}, {}, {:.3g} FLOP/B{}\n", causal ? "causal " : "",
+                     causal ? text_at(call, "causal_alignment") + "  " : std::string(),
+                     batching.empty() ? "" : batching + "  ",
+                     extensions.empty()
+                         ? ""
+                         : fmt::format("{}  ", fmt::join(extensions.get<std::vector<std::string>>(), ", ")),
+                     si(number_at(work, "flops"), "FLOP"), si(number_at(work, "bytes"), "B"),
+                     number_at(work, "arithmetic_intensity"),
+                     reference.value("sampled", false)
+                         ? fmt::format("  (errors on {} sampled query rows)", reference.at("rows").get<std::int64_t>())
+                         : "");
+}
+
+constexpr const char* kRowFormat = "  {:<18} {:<13} {:>10} {:>6} {:>9} {:>9} {:>6} {:>6} {:>10} {:>10} {:>12}\n";
+
+void print_kernel_row(const nlohmann::json& k, std::ostream& out) {
+  std::string time = "-", spread = "-", tflops = "-", gbps = "-", clock = "-";
+  if (const auto timing = k.value("timing", nlohmann::json()); timed(timing)) {  // else the call's notes say why
+    time = fmt::format("{:.4g}", number_at(timing, "median_s") * 1e3);
+    // The SM clock during the samples: at a power limit it sits well under the rated one.
+    if (number_at(timing, "sm_clock_median_mhz") > 0) clock = fmt::format("{:.0f}", number_at(timing, "sm_clock_median_mhz"));
+    spread = fmt::format("{:.2g}", number_at(timing, "spread_rel") * 100);
+    tflops = g(number_at(k, "tflops"), 4);
+    gbps = g(number_at(k, "gbytes_per_s"), 4);
+  }
+  std::string max_abs = "-", rel_l2 = "-", cosine = "-";
+  if (const auto error = k.find("error"); error != k.end()) {
+    max_abs = g(number_at(*error, "max_abs"));
+    rel_l2 = g(number_at(*error, "rel_l2"));
+    cosine = fmt::format("{:.8f}", number_at(*error, "cosine"));
+  }
+  // The larger of the two fractions of this GPU's measured ceilings: what bounds the kernel.
+  std::string peak = "-";
+  if (k.contains("matrix_ceiling_fraction") || k.contains("copy_ceiling_fraction")) {
+    const double matrix = k.value("matrix_ceiling_fraction", 0.0), copy = k.value("copy_ceiling_fraction", 0.0);
+    peak = fmt::format("{:.0f}", 100 * std::max(matrix, copy));
+  }
+  out << fmt::format(kRowFormat, text_at(k, "kernel"), text_at(k, "status"), time, spread, tflops, gbps, peak, clock,
+                     max_abs, rel_l2, cosine);
+}
+
+// What a row's figures leave out: NaN outputs, rows without keys, timing methods other than the
+// default, the whole call with its preparation, and why a kernel did not pass.
+void add_footnotes(const nlohmann::json& k, std::vector<std::string>& footnotes) {
+  const std::string name = text_at(k, "kernel");
+  if (const auto error = k.find("error"); error != k.end()) {
+    const auto nan = error->value("nan_count", 0ll), inf = error->value("inf_count", 0ll);
+    if (nan || inf) footnotes.push_back(fmt::format("{}: {} NaN, {} Inf in the output", name, nan, inf));
+    if (const auto subset = error->find("rows_with_a_key"); subset != error->end()) {
+      const auto subset_nan = subset->value("nan_count", 0ll), subset_inf = subset->value("inf_count", 0ll);
+      footnotes.push_back(fmt::format(
+          "{}: over the rows that see a key (not the {} that see none): max_abs {}, rel_l2 {}, cosine {:.8f}{}", name,
+          error->value("no_key_rows", 0ll), g(number_at(*subset, "max_abs")), g(number_at(*subset, "rel_l2")),
+          number_at(*subset, "cosine"),
+          subset_nan + subset_inf > 0 ? fmt::format(", {} NaN, {} Inf", subset_nan, subset_inf) : std::string()));
+    }
+  }
+  // The default methods go without saying; the others are named beside their figures.
+  if (const auto timing = k.find("timing"); timing != k.end()) {
+    const std::string method = text_at(*timing, "method"), cache = text_at(*timing, "cache");
+    const int runs = timing->value("runs_per_sample", 1);
+    if (method != "cpu-steady-clock" && (method != "cuda-event" || cache != "cold-l2")) {
+      footnotes.push_back(fmt::format("{}: timed by {}, {}{}", name, method, cache,
+                                      runs > 1 ? fmt::format(", {} runs per sample", runs) : std::string()));
+    }
+  }
+  if (const auto whole = k.find("timing_with_preparation"); whole != k.end() && timed(*whole)) {
+    // The preparation's own time beside moving its bytes at the copy ceiling, where measured.
+    std::string bound;
+    if (const auto preparation = k.find("preparation"); preparation != k.end() && number_at(*preparation, "ratio_to_bound") > 0) {
+      bound = fmt::format(" (preparation alone {:.4g} ms, {:.2f}x its bound: {} at the copy ceiling, {:.4g} ms)",
+                          number_at(*preparation, "time_s") * 1e3, number_at(*preparation, "ratio_to_bound"),
+                          si(number_at(*preparation, "bytes"), "B"), number_at(*preparation, "bound_s") * 1e3);
+    }
+    footnotes.push_back(fmt::format("{}: {:.4g} ms with its input preparation{}", name,
+                                    number_at(*whole, "median_s") * 1e3, bound));
+  }
+  const std::string status = text_at(k, "status"), reason = text_at(k, "reason");
+  if (!reason.empty() && status != "not_verified" && status != "passed") footnotes.push_back(fmt::format("{}: {}", name, reason));
+}
+
+class ResultsTablePrinter final : public Printer {
+ public:
+  void print(const nlohmann::json& record, std::ostream& out) const override {
+    for (const auto& call : record.at("calls")) print_call_table(call, out);
+    for (const auto& error : record.at("input_errors")) out << "error: " << error.get<std::string>() << '\n';
+  }
+};
+
+}  // namespace
+
+void print_call_table(const nlohmann::json& call, std::ostream& out) {
+  print_call_header(call, out);
+  out << fmt::format(kRowFormat, "kernel", "status", "median ms", "±%", "TFLOP/s", "GB/s", "%peak", "MHz", "max_abs",
+                     "rel_l2", "cosine");
+  std::vector<std::string> footnotes;
+  for (const auto& kernel : call.at("kernels")) {
+    print_kernel_row(kernel, out);
+    add_footnotes(kernel, footnotes);
+  }
+  for (const auto& note : call.at("notes")) footnotes.push_back("note: " + note.get<std::string>());
+  for (const std::string& footnote : footnotes) out << "    " << footnote << '\n';
+  out << '\n';
+}
+
+const Printer& results_table_printer() {
+  static const ResultsTablePrinter printer;
+  return printer;
+}
+
+}  // namespace attnreplay
