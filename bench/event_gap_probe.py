@@ -2,7 +2,7 @@
 
 bench/results/2026-11-24-h100-short-calls/ found attnreplay's `--timing event` 0.7-1.1 us below
 do_bench on 15-30 us calls. Here the same torch call is timed by do_bench, then by do_bench's own
-loop with one thing changed at a time, toward what attnreplay does (replay/cuda_clock.cu):
+loop with one thing changed at a time, toward what attnreplay does (replay/measure/cuda_clock.cu):
 
 - do_bench: triton.testing.do_bench (a 256 MB zero_ before each run);
 - loop: do_bench's loop written out (it should agree with do_bench);

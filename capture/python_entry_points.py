@@ -10,7 +10,7 @@ dispatcher ops are recorded. Nothing here touches the call's tensors or result.
 
 Every argument goes to the record: the ones mapped to its fields (scale, causality, window,
 softcap, ALiBi, sinks, ragged offsets, pages) by name, every other as text ("arg.<name>"), which
-replay judges (replay/call_semantics.cpp): honoured, neutral, or refused by name.
+replay judges (replay/judge/call_semantics.cpp): honoured, neutral, or refused by name.
 """
 import functools
 import importlib.abc
