@@ -93,7 +93,7 @@ std::unique_ptr<PreparedKernel> CudaAttentionKernel::prepare(const AttentionCall
 
 namespace {
 
-const bool registered = [] {
+const bool gpu_kinds_registered = [] {
   for (const QuantizedKindSpec& spec : quantized_kinds()) {
     KernelRegistry::instance().add(std::make_unique<CudaAttentionKernel>(spec));
   }

@@ -43,7 +43,7 @@ std::unique_ptr<PreparedKernel> EmulatedAttentionKernel::prepare(const Attention
 
 namespace {
 
-const bool registered = [] {
+const bool emulations_registered = [] {
   for (const QuantizedKindSpec& spec : quantized_kinds()) {
     KernelRegistry::instance().add(std::make_unique<EmulatedAttentionKernel>(spec));
   }

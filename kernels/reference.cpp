@@ -270,7 +270,7 @@ std::unique_ptr<PreparedKernel> ReferenceKernel::prepare(const AttentionCall& ca
 
 namespace {
 
-const bool registered = KernelRegistry::instance().add(std::make_unique<ReferenceKernel>(
+const bool references_registered = KernelRegistry::instance().add(std::make_unique<ReferenceKernel>(
     KernelDescription{"reference",
                       "exact attention in fp64 on the CPU, streaming over keys (what errors are measured against)",
                       "cpu", true, std::nullopt, Extensions::all(), /*ragged=*/true, /*paged=*/true},

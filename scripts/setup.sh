@@ -98,8 +98,11 @@ configure_and_build() {
     cmake -S "$ROOT" -B "$BUILD" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
       -DCMAKE_PREFIX_PATH="$torch_prefix" -DPython3_EXECUTABLE="$VENV/bin/python" >/dev/null
   fi
-  log "building (2 jobs)"
-  cmake --build "$BUILD" -j "${ATTNREPLAY_JOBS:-2}"
+  # What is built: the demo's and an install's targets, or (with targets "all") the tests too.
+  local targets=("$@")
+  [ ${#targets[@]} -gt 0 ] || targets=(attnreplay attncap attncap_torch)
+  log "building ${targets[*]} (${ATTNREPLAY_JOBS:-2} jobs)"
+  cmake --build "$BUILD" -j "${ATTNREPLAY_JOBS:-2}" --target "${targets[@]}"
   link_binaries
   # A tree that works from anywhere (docs/capture.md), when asked for.
   if [ -n "${ATTNREPLAY_PREFIX:-}" ]; then
@@ -128,8 +131,8 @@ link_binaries() {
 step="${1:-all}"
 case "$step" in
   deps) install_apt; install_venv ;;
-  build) configure_and_build ;;
+  build) configure_and_build all ;;
   all) install_apt; install_venv; configure_and_build ;;
-  tests) install_apt; install_venv; install_other_venv; configure_and_build ;;
+  tests) install_apt; install_venv; install_other_venv; configure_and_build all ;;
   *) log "usage: setup.sh [deps|build|all|tests]"; exit 2 ;;
 esac

@@ -101,7 +101,7 @@ const KernelResult* find_kernel(const CallResult& call, const std::string& name)
   return nullptr;
 }
 
-double median_of(std::vector<double> values) { return distribution_of(std::move(values)).median; }
+double median_over(std::vector<double> values) { return distribution_of(std::move(values)).median; }
 
 using PerHeadErrors = std::map<std::pair<std::size_t, std::string>, std::vector<HeadError>>;
 
@@ -197,10 +197,10 @@ std::optional<ShapeGroup::KernelSummary> summarize_on_group(const std::vector<Ca
   }
   summary.calls = static_cast<std::int64_t>(rel_l2.size());
   if (summary.calls == 0) return std::nullopt;
-  summary.median_rel_l2 = median_of(rel_l2);
-  summary.median_cosine = median_of(cosine);
-  summary.median_max_abs = median_of(max_abs);
-  if (!times.empty()) summary.median_time_s = median_of(times), summary.median_tflops = median_of(tflops);
+  summary.median_rel_l2 = median_over(rel_l2);
+  summary.median_cosine = median_over(cosine);
+  summary.median_max_abs = median_over(max_abs);
+  if (!times.empty()) summary.median_time_s = median_over(times), summary.median_tflops = median_over(tflops);
   return summary;
 }
 

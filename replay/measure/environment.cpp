@@ -16,8 +16,6 @@
 
 namespace attnreplay {
 
-std::string tool_version() { return fmt::format("{} (git {})", ATTNREPLAY_VERSION, ATTNREPLAY_GIT_SHA); }
-
 Environment describe_environment() {
   Environment env;
   auto& v = env.values;

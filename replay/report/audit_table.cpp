@@ -8,19 +8,13 @@
 #include <limits>
 #include <ostream>
 
+#include "replay/report/json_values.h"
 #include "replay/report/number_format.h"
 #include "replay/report/printer.h"
 #include "replay/report/records.h"
 
 namespace attnreplay {
 namespace {
-
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-
-double number_at(const nlohmann::json& object, const char* key) {
-  const auto found = object.find(key);
-  return found == object.end() || !found->is_number() ? kNaN : found->get<double>();
-}
 
 std::string statistic_text(const std::string& statistic, double value) {
   return statistic == "cosine" ? cosine_text(value) : figure(value);
@@ -156,11 +150,7 @@ void print_random_comparison(const nlohmann::json& record, std::ostream& out) {
   out << fmt::format(kRow, "shape", "dtype", "causal", "calls", "kernel", "captured", "random", "random range", "ratio", "");
   for (const auto& group : record.at("shapes")) {
     bool first = true;
-    const auto& s = group.at("shape");
-    const std::string shape = fmt::format("b{} hq{} hkv{} sq{} skv{} dqk{} dvo{}", s.at("batch").get<std::int64_t>(),
-                                          s.at("heads_q").get<std::int64_t>(), s.at("heads_kv").get<std::int64_t>(),
-                                          s.at("seq_q").get<std::int64_t>(), s.at("seq_kv").get<std::int64_t>(),
-                                          s.at("head_dim_qk").get<std::int64_t>(), s.at("head_dim_vo").get<std::int64_t>());
+    const std::string shape = shape_text(group.at("shape"));
     for (const auto& summary : group.at("kernels")) {
       const nlohmann::json random = summary.value("random", nlohmann::json());
       const bool has_random = random.is_object();

@@ -7,29 +7,13 @@
 #include <limits>
 #include <ostream>
 
+#include "replay/report/json_values.h"
 #include "replay/report/number_format.h"
 #include "replay/report/printer.h"
 #include "replay/report/records.h"
 
 namespace attnreplay {
 namespace {
-
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-
-// A number of the record, NaN where it is null (JSON's NaN) or absent.
-double number_at(const nlohmann::json& object, const char* key) {
-  const auto found = object.find(key);
-  return found == object.end() || !found->is_number() ? kNaN : found->get<double>();
-}
-
-std::string text_at(const nlohmann::json& object, const char* key) { return object.value(key, std::string()); }
-
-std::string shape_text(const nlohmann::json& s) {
-  return fmt::format("b{} hq{} hkv{} sq{} skv{} dqk{} dvo{}", s.at("batch").get<std::int64_t>(),
-                     s.at("heads_q").get<std::int64_t>(), s.at("heads_kv").get<std::int64_t>(),
-                     s.at("seq_q").get<std::int64_t>(), s.at("seq_kv").get<std::int64_t>(),
-                     s.at("head_dim_qk").get<std::int64_t>(), s.at("head_dim_vo").get<std::int64_t>());
-}
 
 bool timed(const nlohmann::json& timing) { return timing.is_object() && timing.value("samples", 0) > 0; }
 
