@@ -18,7 +18,8 @@ step() { echo; echo "== $* ($(date -u +%H:%M:%S))"; }
 # base build's preparation where BASE_TREE is set for `same` alone, PREP_VARIANTS
 # and PREP_CASES pick its runs, PREP_KINDS its kinds; PEER_SHAPES picks the peer step's shapes; GPU_TESTS, pytest's
 # arguments, picks the GPU tests; SCALING_SHAPES, SCALING_KINDS and SCALING_EXTRA pick the scaling
-# step's shapes, kinds and attnreplay flags; "same" compares outputs with BASE_TREE's build, below).
+# step's shapes, kinds and attnreplay flags; "same" compares outputs with BASE_TREE's build, below,
+# and "figures" its timings, FIGURE_CASES picking suite_quant.txt's case tags).
 STEPS="${GPU_STEPS:-tests dobench suite quant capture}"
 wants() { [[ " $STEPS " == *" $1 "* ]]; }
 
@@ -118,6 +119,16 @@ step "outputs bit for bit against the base build (bench/same_outputs.py)"
 if base_built; then
   # SAME_ENV: variables for the change's runs only, e.g. a variant of bench/preparation_check.py.
   env ${SAME_ENV:-} python3 "$ROOT/bench/same_outputs.py" --attnreplay "$BIN" --base "$BASE_BIN" | tee "$OUT/same_outputs.txt" || status=1
+else
+  echo "no base: set BASE_TREE"; status=1
+fi
+fi
+
+if wants figures; then
+step "the same timings as the base build, in turns (bench/same_figures.py)"
+if base_built; then
+  python3 "$ROOT/bench/same_figures.py" --attnreplay "$BIN" --base "$BASE_BIN" --testlist "$ROOT/bench/suite_quant.txt" \
+    --cases "${FIGURE_CASES:-}" --rounds "${FIGURE_ROUNDS:-2}" --out "$OUT/same_figures.json" | tee "$OUT/same_figures.txt" || status=1
 else
   echo "no base: set BASE_TREE"; status=1
 fi
