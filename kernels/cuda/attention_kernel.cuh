@@ -50,16 +50,16 @@ struct AttentionTile {
   //   softmax and waits for it, as SageAttention2's Hopper kernel does, which frees the registers
   //   the overlap holds (the scores of one block and the P·V of another) for a third consumer,
   //   and the three interleave on their own. On an H100, from 4k keys up: sage2 +8-11 %, fa3
-  //   +3-5 %, sage1 +2-5 % (bench/results/2026-11-23-h100-serial). flash's 16-bit Q and K would
+  //   +3-5 %, sage1 +2-5 % (bench/results/experiments.md: 2026-11-23-h100-serial). flash's 16-bit Q and K would
   //   need more shared memory than a CTA has for a third consumer.
   // - solo (sage2): the serial schedule in a CTA of one consumer warpgroup and no producer, three
   //   such CTAs to an SM at head dim 128 (168 registers each, as SageAttention2's Hopper kernel
   //   runs), four at 64 (128 registers); two at 128 under fp32+fp16, whose fp16 accumulator of
   //   a 32-key chunk spilled 64-76 bytes at 168 registers (with 248 and no spills: Flux +4 %,
-  //   1k and 4k even; bench/results/2026-11-25-h100-whole-call). Its first thread copies K once
+  //   1k and 4k even; bench/results/experiments.md: 2026-11-25-h100-whole-call). Its first thread copies K once
   //   Q·Kᵀ is done with it and V once P·V is, one stage each. Every CTA copies its own K and V, three times the L2 reads
   //   of the shared-CTA serial schedule, but 64-row CTAs fill the last wave of a launch more
-  //   evenly than 192-row ones. On an H100 (bench/results/2026-11-23-h100-solo), against the
+  //   evenly than 192-row ones. On an H100 (bench/results/experiments.md: 2026-11-23-h100-solo), against the
   //   shared-CTA schedules: +12 % on Flux (4.4 waves of 192-row CTAs), +22 % at 1k keys, +4 % at
   //   4k, even at 16k; at head dim 64 +5 % on CogVideoX and +16 % at 4250 keys (three CTAs: -3 %,
   //   +6 %). The other kinds lost under it: fa3 5-45 % at head dim 128 (its block sums spill at
@@ -80,7 +80,7 @@ struct AttentionTile {
   static constexpr int kCtasPerSm = kSolo ? (kDimT == 64 ? 4 : (kPvT == PvAccum::fp32_fp16 ? 2 : 3)) : 1;
   static constexpr int kCtaQ = kBlockQ * kConsumers;
   // Solo: whether the wait for V comes after the softmax (see parity_after), or where ptxas puts
-  // it, at the softmax's start. On an H100 (bench/results/2026-11-23-h100-late-values): at head
+  // it, at the softmax's start. On an H100 (bench/results/experiments.md: 2026-11-23-h100-late-values): at head
   // dim 64, where the softmax is short and V more often still on its way, +1-2 %; at 128, -1-2 %
   // (four more instructions, and the wait then waits for the row sums).
   static constexpr bool kValuesWaitAfterSoftmax = kSolo && kDimT == 64;
@@ -96,7 +96,7 @@ struct AttentionTile {
   // Sage: K's scales per_thread (keys 2t and 2t + 1 of a block in groups of their own, two
   // factors) or one per block (per_warp, per_block). A compile-time choice: with one factor the
   // loop is 8-10 instructions shorter than when the choice was made at run time and, on an
-  // H100, 1-3 % faster (bench/results/2026-11-23-h100-softmax).
+  // H100, 1-3 % faster (bench/results/experiments.md: 2026-11-23-h100-softmax).
   static constexpr bool kPerThreadK = kPerThreadKT;
   static_assert(!kPerThreadK || kInt8Scores, "per_thread K scales are the Sage kinds'");
   // How P·V reaches acc: 16-bit MMAs accumulate in fp32 exactly as the definition does, straight
@@ -168,7 +168,7 @@ __device__ __forceinline__ void load_tile(std::uint8_t* tile, const CUtensorMap&
 // MMA operands are a tile's descriptor (made once, before the key loop) moved on by a byte offset
 // (a stage, a k-step, a consumer's rows): an add a descriptor, where making each descriptor afresh
 // cost sage2's key block at head dim 128 32 more instructions (565 rather than 533) and, on an
-// H100, 0.3-1.4 % of its time (bench/results/2026-11-26-h100-descriptors-once). Only the start
+// H100, 0.3-1.4 % of its time (bench/results/experiments.md: 2026-11-26-h100-descriptors-once). Only the start
 // address (bits 0-13, in 16-byte units) moves; it cannot carry into the fields above it, shared
 // memory being under 256 KB.
 __device__ __forceinline__ std::uint64_t descriptor_at(std::uint64_t tile_descriptor, int bytes) {

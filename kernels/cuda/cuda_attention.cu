@@ -350,7 +350,7 @@ void Attention::prepare_inputs(cudaStream_t stream) {
         // K's blocks first: where K is smoothed, channel_means has just read it, and part of it is
         // still in L2. Q's blocks first here changed nothing on the short shapes; Q in a launch of
         // its own before the means, which then run beside it, was mixed: -2.5 % at Flux, +4 % at
-        // 2x24x4250x64 (H100, bench/results/2026-11-25-h100-no-wait/).
+        // 2x24x4250x64 (H100, bench/results/experiments.md: 2026-11-25-h100-no-wait).
         quantize_int8({k, q}, s.options.quant_gran, next(), stream);
       }
       if (!sage2) {

@@ -190,7 +190,7 @@ __global__ void __launch_bounds__(kQuantThreads) channel_mean_kernel(const Input
   // thread a channel. Loaded by the adding threads, 8 ahead, they were a round trip to L2 for every
   // 8 blocks at the launch's end, which K's codes wait for. Staged, the preparation took 3-4 % less
   // at 2x24x4250x64 (sage1), 1x5x49152x128 and 1x4x65536x128, 1 % at CogVideoX, and the kernel
-  // 32 registers at head dim 64, not 40 (H100, bench/results/2026-11-26-h100-mean-sums-staged/).
+  // 32 registers at head dim 64, not 40 (H100, bench/results/experiments.md: 2026-11-26-h100-mean-sums-staged).
   constexpr int kChunk = static_cast<int>(sizeof(stage) / (kDim * sizeof(float)));
   float* staged = reinterpret_cast<float*>(&stage[0][0]);
   const float* sums = job.block_sums + head * blocks * kDim;
@@ -411,7 +411,7 @@ __device__ __forceinline__ void quantize_int8_block(const InputView& in, const I
 // Six CTAs of 256 threads an SM, as many as the shared tiles allow for K's blocks at head dim 128
 // (40 registers, a few bytes spilled): faster than the five that 48 registers allowed on
 // 4x32x4096x128, within 1 µs of them on the short shapes (H100). At head dim 64, eight (32
-// registers) were 1 % slower at CogVideoX (bench/results/2026-11-26-h100-int8-keys-eight-an-sm/).
+// registers) were 1 % slower at CogVideoX (bench/results/experiments.md: 2026-11-26-h100-int8-keys-eight-an-sm).
 // Q's blocks at d64 (8 kB) run in CTAs of 128 threads instead, twelve an SM (quantize_int8 says why).
 template <typename Elem, int kDim, int kThreads>
 __global__ void __launch_bounds__(kThreads, 6 * kQuantThreads / kThreads)
@@ -426,7 +426,7 @@ __global__ void __launch_bounds__(kThreads, 6 * kQuantThreads / kThreads)
   // After channel_means, K's blocks run in reverse order: the first then read the heads that the
   // means read last, part of which L2 still holds. That took 1.5 % off the Sage kinds'
   // preparation at CogVideoX and 1 % at 2x24x4250x64, side by side (H100,
-  // bench/results/2026-11-26-h100-key-codes-reversed/).
+  // bench/results/experiments.md: 2026-11-26-h100-key-codes-reversed).
   if (t.is_key && t.mean) local = targets.first[target + 1] - targets.first[target] - 1 - local;
   const std::int64_t blocks = t.out.rows / (t.is_key ? kBlockK : kBlockQ);
   if (t.is_key) quantize_int8_block<Elem, kDim, kBlockK, kThreads>(t.in, job, local % blocks, local / blocks, shared);
@@ -639,7 +639,7 @@ __device__ __forceinline__ std::int64_t take_group_place(const GroupCounters& g,
 // threads call it. Thread 0 alone releases the CTA's writes (the barrier orders them before its
 // release) and acquires the others', as cooperative_groups' grid sync does: a fence in every thread
 // (__threadfence, MEMBAR.SC.GPU) made the preparation 2-8 % slower at 4x32x16384x128 and up to 5 %
-// at CogVideoX (H100, bench/results/2026-11-26-h100-group-fence/).
+// at CogVideoX (H100, bench/results/experiments.md: 2026-11-26-h100-group-fence).
 __device__ __forceinline__ void meet_group(const GroupCounters& g, std::int64_t head) {
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -696,7 +696,7 @@ struct Fp8HeadShared {
 // releasing (on sm_90 a GPU-scope memory barrier: "Stall Membar", 15 % of the warps' stalls at
 // Flux), and a CTA could not leave before all had read its maxima. Pushed, fa3-fp8's preparation
 // took 4.5-10 % less at Flux, 4x32x1024x128, 4x32x4096x128 and 2x24x4250x64 (H100,
-// bench/results/2026-11-26-h100-pushed-maxima/).
+// bench/results/experiments.md: 2026-11-26-h100-pushed-maxima).
 // A CTA stages its first `staged_per_cta` rows in the tile and holds the rest in registers (at most
 // kHeldVectors 16-byte vectors a thread), which it copies into the tile once the staged rows are
 // coded: fp8_cluster_plan says where.
@@ -874,7 +874,7 @@ __global__ void __launch_bounds__(kQuantThreads, kHeldVectors > 0 ? 4 : 0)
   // The tiles start on a 128-byte boundary, whatever the static arrays' size: 16 bytes past one
   // (after 3c14a66 added a word to them), the copies into them read each sector from L2 twice, and
   // fa3-fp8's preparation took 12-16 % longer at Flux and 4x32x4096x128 and 6-9 % on the suite's
-  // other shapes (H100, bench/results/2026-11-26-h100-tile-alignment/ and -tile-skew-ncu/).
+  // other shapes (H100, bench/results/experiments.md: 2026-11-26-h100-tile-alignment and -tile-skew-ncu/).
   extern __shared__ __align__(128) uint4 dynamic_shared[];
   __shared__ Fp8HeadShared<kDim> shared;
   std::int64_t place = blockIdx.x;
@@ -916,10 +916,10 @@ struct KeyGroups {
 // channel_means and quantize_int8 read it twice. A group launch may also code Q's blocks
 // (`queries`) or V's heads (`values`) in CTAs between K's. Against a launch after K's, that took
 // sage1-int8's preparation 6 % less at Flux, 9 % at 4x32x4096x128 and 1 % at 4x32x16384x128, and
-// sage2-int8-fp8's 9 %, 7 % and 3 % (H100, bench/results/2026-11-26-h100-between-key-groups/).
+// sage2-int8-fp8's 9 %, 7 % and 3 % (H100, bench/results/experiments.md: 2026-11-26-h100-between-key-groups).
 // Groups: six CTAs an SM (40 registers). At four (64 registers, 32 block sums in flight) the
 // waiting CTAs held the SMs; six took 4-6 % off the preparation at Flux, 7-8 % at 4x32x4096x128
-// and 13-18 % at 4x32x16384x128 (H100, bench/results/2026-11-26-h100-key-group-registers/).
+// and 13-18 % at 4x32x16384x128 (H100, bench/results/experiments.md: 2026-11-26-h100-key-group-registers).
 // Clusters: the compiler's choice (0), 40 registers at head dim 128 and 32 at 64.
 template <typename Elem, int kDim, bool kInCluster>
 __global__ void __launch_bounds__(kQuantThreads, kInCluster ? 0 : 6)
@@ -999,7 +999,7 @@ __global__ void __launch_bounds__(kQuantThreads, kInCluster ? 0 : 6)
     if (c < kDim) {
       // From L2 (__ldcg): other CTAs wrote them. 16 loads in flight: a round trip to L2 for every
       // 16 of the head's blocks, in the 40 registers that six CTAs an SM leave (32 spill there; 8
-      // were 3 % slower at 4x32x16384x128, H100, bench/results/2026-11-26-h100-key-group-registers/).
+      // were 3 % slower at 4x32x16384x128, H100, bench/results/experiments.md: 2026-11-26-h100-key-group-registers).
       const float total = sum_in_order<16>(blocks, [&](unsigned j) { return __ldcg(head_sums + j * kDim + c); });
       shared.mean[c] = __fdiv_rn(total, static_cast<float>(in.seq));
     }
@@ -1060,7 +1060,7 @@ LaunchTargets<HeadTarget, 3> fp8_head_targets(std::initializer_list<HeadTarget> 
 // head's tiles fit a cluster of max_head_cluster(), else the largest cluster, its CTAs' rows whole
 // 16-key groups. Flux's 4608 rows are 16 CTAs of 288 (72 kB, three an SM) rather than 12 of three
 // tiles (96 kB, two an SM): fa3-fp8's preparation 6 % faster (H100,
-// bench/results/2026-11-25-h100-finer-heads/). No cluster plan when a CTA would need more than
+// bench/results/experiments.md: 2026-11-25-h100-finer-heads). No cluster plan when a CTA would need more than
 // kHeadTileBytes: two CTAs an SM, so that one's loads overlap the other's writes. At one an SM
 // (CogVideoX's 144 kB), the kernel took 345 us where the two passes take 327 (ncu, H100); at two
 // (Flux) 65 against 76. Such heads go to a group (fp8_group_plan).
@@ -1077,10 +1077,10 @@ struct HeadPlan {
 // 288 rows are 208 staged (52 kB) and 80 held, 4x32x4096x128's 256 are 208 and 48; four CTAs an SM
 // (64 registers, against 40). Side by side, sage2-int8-fp8's preparation took 3.0-4.6 % less at
 // Flux (its V's 24 clusters then fit the GPU at once) and 1.4 % less at 4x32x4096x128, fa3-fp8's
-// 0.9 % and 1.4 %, the codes the same (H100, bench/results/2026-11-26-h100-fp8-held-rows-four-an-sm/).
+// 0.9 % and 1.4 %, the codes the same (H100, bench/results/experiments.md: 2026-11-26-h100-fp8-held-rows-four-an-sm).
 // Where four or more fit already (up to 4x32x1024x128, most heads at head dim 64), the registers
 // would cost CTAs: fa3-fp8's preparation took 9 % longer at 4x32x1024x128 with them
-// (bench/results/2026-11-26-h100-fp8-held-rows/).
+// (bench/results/experiments.md: 2026-11-26-h100-fp8-held-rows).
 constexpr int kMostHeldVectors = 5;
 
 // The most rows (a multiple of 16) a CTA of `kKernel` can stage in its tile with four CTAs an SM.
@@ -1126,7 +1126,7 @@ HeadPlan fp8_cluster_plan(std::int64_t rows) {
 // Heads longer than a cluster holds: a group of CTAs of at most kGroupTileBytes of rows each,
 // meeting in the global memory, where the group fits in half the CTAs the GPU holds at once. 72 kB
 // is three CTAs an SM: fa3-fp8's preparation at 4x32x16384x128 took 1.04 ms against 1.11 at 96 kB
-// (two an SM), 1.10 at 54 kB and 1.14 at 35 kB (H100, bench/results/2026-11-26-h100-head-groups/).
+// (two an SM), 1.10 at 54 kB and 1.14 at 35 kB (H100, bench/results/experiments.md: 2026-11-26-h100-head-groups).
 constexpr std::size_t kGroupTileBytes = 72 * 1024;
 
 // CTAs of `kKernel` (kQuantThreads threads, `kDynamicBytes` of dynamic shared memory) that the GPU
@@ -1211,14 +1211,14 @@ unsigned int8_key_cluster(std::int64_t rows) {
 // at Flux and 2 % at 4x32x16384x128 (sage2-int8-fp8's 8 %, +1.6 % and 1 %; its whole call 0.9 %
 // and 0.3 % faster at 4k and Flux, level at 16k). At head dim 64 a block is 16 kB, and the
 // meeting cost more than the read it saved: 10-31 % slower at 2x24x4250x64 and CogVideoX (H100,
-// bench/results/2026-11-26-h100-head-groups/); with Q's or V's CTAs between K's and six or eight
-// CTAs an SM, still 5-33 % slower (bench/results/2026-11-26-h100-key-group-registers/).
+// bench/results/experiments.md: 2026-11-26-h100-head-groups); with Q's or V's CTAs between K's and six or eight
+// CTAs an SM, still 5-33 % slower (bench/results/experiments.md: 2026-11-26-h100-key-group-registers).
 // Groups pay only where the GPU is full and a head's CTAs gather soon: heads of at most 128 blocks
 // (16384 keys) whose CTAs fill the GPU at least once. Side by side, groups were 5-16 % faster there
 // (1x24x4608 to 1x32x8192 and 1x16x16384), and the two passes 5-7 % faster below one wave
 // (1x8x8192, 512 CTAs of 792), 7-14 % (sage1) at 256 blocks, and level for sage2 there; at 384
 // blocks groups took 2.4-2.5x their bound, where the two passes took 1.4-1.7x at 512
-// (H100, bench/results/2026-11-26-h100-key-group-reach/).
+// (H100, bench/results/experiments.md: 2026-11-26-h100-key-group-reach).
 constexpr std::int64_t kMaxKeyGroupBlocks = 128;
 template <typename Elem, int kDim>
 unsigned int8_key_group(std::int64_t rows, std::int64_t heads) {
@@ -1278,7 +1278,7 @@ bool launch_int8_key_heads(const Int8Target& keys, QuantGranularity granularity,
   // wave is then Q's, which wait for nobody, rather than K heads' last CTAs and the CTAs waiting
   // for them. Against K's places spread over the whole launch, side by side, sage1-int8's
   // preparation took 3 % less at Flux, 1.7 % at 4x32x4096x128, level at 4x32x16384x128 (H100,
-  // bench/results/2026-11-26-h100-key-span/). V's heads wait for each other as K's do: a tail of
+  // bench/results/experiments.md: 2026-11-26-h100-key-span). V's heads wait for each other as K's do: a tail of
   // V's alone was 2.5-10 % slower at 4x32x16384x128, so V keeps the whole launch.
   const std::int64_t key_span =
       queries != nullptr
@@ -1333,7 +1333,7 @@ void quantize_int8(std::initializer_list<Int8Target> inputs, QuantGranularity gr
   const auto targets = launch_targets<2>(inputs, blocks, "quantize_int8");
   // At head dim 64 each input has a launch: Q's blocks in CTAs of 128 threads, twice as many of
   // them in flight, took sage1-int8's Q and K codes from 165 to 150 us at CogVideoX (ncu), while
-  // K's took 5 us longer in CTAs of 128 (H100, bench/results/2026-11-25-h100-int8-d64-threads/).
+  // K's took 5 us longer in CTAs of 128 (H100, bench/results/experiments.md: 2026-11-25-h100-int8-d64-threads).
   if (targets.target[0].in.head_dim == 64) {
     for (const Int8Target& t : inputs) {
       const auto one = launch_targets<2>({t}, blocks, "quantize_int8");
