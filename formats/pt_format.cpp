@@ -12,6 +12,7 @@
 #include <regex>
 
 #include "formats/errors.h"
+#include "formats/torch_save.h"
 #include "formats/torch_tensor.h"
 
 namespace attnreplay {
@@ -26,33 +27,60 @@ bool looks_like_zip(const std::string& path) {
 namespace {
 
 std::vector<char> read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) throw_input_error(path, "cannot open for reading");
-  return std::vector<char>(std::istreambuf_iterator<char>(in), {});
+  std::vector<char> bytes(static_cast<std::size_t>(in.tellg()));
+  in.seekg(0);
+  if (!in.read(bytes.data(), static_cast<std::streamsize>(bytes.size()))) throw_input_error(path, "cannot read");
+  return bytes;
 }
 
-c10::IValue load_pickle(const std::string& path) {
-  if (!looks_like_zip(path)) {
-    std::ifstream in(path, std::ios::binary);
-    int first = in.get();
-    if (first == 0x80) {
-      throw_input_error(path, "a legacy (pre-1.6, non-zip) torch.save file; re-save it with torch.save's default format");
+// A .pt file's object, its tensors read as asked. TorchSaveArchive reads it where it can: the
+// pickle at open, a tensor's bytes when wanted. A pickle beyond it (objects other than containers,
+// numbers, strings and tensors) is read by torch's own reader, every byte, at open.
+class PtObject {
+ public:
+  explicit PtObject(const std::string& path) {
+    if (!looks_like_zip(path)) {
+      std::ifstream in(path, std::ios::binary);
+      if (in.get() == 0x80) {
+        throw_input_error(path, "a legacy (pre-1.6, non-zip) torch.save file; re-save it with torch.save's default format");
+      }
+      throw_input_error(path, "not a .pt file (no zip signature; truncated or another format?)");
     }
-    throw_input_error(path, "not a .pt file (no zip signature; truncated or another format?)");
-  }
-  try {
-    return torch::jit::pickle_load(read_file(path));
-  } catch (const c10::Error& error) {
-    const std::string what = error.what_without_backtrace();
-    if (what.find("_rebuild_tensor_v3") != std::string::npos) {
-      throw_input_error(path, "holds tensors of a dtype that torch.save pickles with _rebuild_tensor_v3 (fp8, say), "
-                              "which libtorch's C++ reader cannot rebuild; save them as bits, x.view(torch.uint8), "
-                              "with a 'dtypes' entry naming the dtype (docs/format.md), or write HDF5");
+    try {
+      archive_ = std::make_unique<TorchSaveArchive>(path);
+    } catch (const PickleNotUnderstood&) {
+      root_ = torch_load(path);
     }
-    throw_input_error(path, "cannot be unpickled (truncated, corrupt, or holds objects other than tensors and "
-                            "plain containers): {}", what);
   }
-}
+  const c10::IValue& root() const { return archive_ ? archive_->root() : root_; }
+  HostTensor host_tensor(const at::Tensor& tensor, bool with_data) const {
+    if (archive_) return archive_->host_tensor(tensor, with_data);
+    HostTensor host = host_tensor_from_torch(tensor);
+    if (!with_data) host.bytes.reset();
+    return host;
+  }
+
+ private:
+  static c10::IValue torch_load(const std::string& path) {
+    try {
+      return torch::jit::pickle_load(read_file(path));
+    } catch (const c10::Error& error) {
+      const std::string what = error.what_without_backtrace();
+      if (what.find("_rebuild_tensor_v3") != std::string::npos) {
+        throw_input_error(path, "holds tensors of a dtype that torch.save pickles with _rebuild_tensor_v3 (fp8, say), "
+                                "which libtorch's C++ reader cannot rebuild; save them as bits, x.view(torch.uint8), "
+                                "with a 'dtypes' entry naming the dtype (docs/format.md), or write HDF5");
+      }
+      throw_input_error(path, "cannot be unpickled (truncated, corrupt, or holds objects other than tensors and "
+                              "plain containers): {}", what);
+    }
+  }
+
+  std::unique_ptr<TorchSaveArchive> archive_;
+  c10::IValue root_;
+};
 
 using Dict = c10::impl::GenericDict;
 
@@ -64,7 +92,8 @@ std::optional<c10::IValue> lookup(const Dict& dict, const std::string& key) {
 
 class CallDictReader {
  public:
-  CallDictReader(const Dict& dict, std::string where) : dict_(dict), where_(std::move(where)) {}
+  CallDictReader(const Dict& dict, std::string where, const PtObject& object, bool with_data)
+      : dict_(dict), where_(std::move(where)), object_(object), with_data_(with_data) {}
 
   std::optional<c10::IValue> get(const std::string& key) const {
     auto value = lookup(dict_, key);
@@ -80,7 +109,7 @@ class CallDictReader {
     auto value = get(key);
     if (!value) return std::nullopt;
     if (!value->isTensor()) throw_input_error(where_, "field '{}': expected a tensor, got {}", key, value->tagKind());
-    HostTensor tensor = host_tensor_from_torch(value->toTensor());
+    HostTensor tensor = object_.host_tensor(value->toTensor(), with_data_);
     // Element types Python's torch.load cannot rebuild from a C++ pickle (fp8) travel as their
     // bits in uint8, with the real dtype under 'dtypes'.
     if (auto declared = declared_dtype(key); declared && *declared != tensor.dtype) {
@@ -134,6 +163,8 @@ class CallDictReader {
  private:
   const Dict& dict_;
   std::string where_;
+  const PtObject& object_;
+  bool with_data_;
 };
 
 void check_declared_shape(const CallDictReader& reader, const std::string& key, const HostTensor& tensor) {
@@ -162,14 +193,15 @@ void check_declared_shape(const CallDictReader& reader, const std::string& key, 
 
 // Fills `call` from a dict in any of the understood forms. `position` numbers calls that carry
 // no index of their own.
-AttentionCall call_from_dict(const Dict& dict, const std::string& path, std::int64_t position) {
+AttentionCall call_from_dict(const Dict& dict, const std::string& path, std::int64_t position, const PtObject& object,
+                             bool with_data) {
   AttentionCall call;
   call.source = path;
   call.call_index = position;
-  CallDictReader probe(dict, call.where());
+  CallDictReader probe(dict, call.where(), object, with_data);
   if (auto index = probe.number("call_index")) call.call_index = static_cast<std::int64_t>(*index);
   else if (auto aiter_index = probe.number("call_idx")) call.call_index = static_cast<std::int64_t>(*aiter_index);
-  CallDictReader reader(dict, call.where());
+  CallDictReader reader(dict, call.where(), object, with_data);
 
   const auto format = reader.text("format");
   if (format && *format != kPtSchemaName) {
@@ -233,7 +265,7 @@ AttentionCall call_from_dict(const Dict& dict, const std::string& path, std::int
   };
   apply_arguments(reader);
   if (auto kwargs = reader.dict("kwargs")) {
-    CallDictReader arguments(*kwargs, reader.where() + ": field 'kwargs'");
+    CallDictReader arguments(*kwargs, reader.where() + ": field 'kwargs'", object, with_data);
     apply_arguments(arguments);
     if (!call.mask) call.mask = arguments.optional_tensor("attn_mask");
     for (const auto& entry : *kwargs) {
@@ -270,14 +302,14 @@ Dict dict_of(const c10::IValue& value, const std::string& where) {
 // A single .pt file: one call, or {"calls": [...]}. Parsed once at open; calls convert lazily.
 class PtFileSource final : public CaptureSource {
  public:
-  explicit PtFileSource(std::string path) : path_(std::move(path)) {
-    root_ = load_pickle(path_);
-    Dict dict = dict_of(root_, path_);
+  explicit PtFileSource(std::string path) : path_(std::move(path)), object_(path_) {
+    const c10::IValue& root = object_.root();
+    Dict dict = dict_of(root, path_);
     if (auto calls = lookup(dict, "calls")) {
       if (!calls->isList()) throw_input_error(path_, "field 'calls': expected a list, got {}", calls->tagKind());
       for (const auto& element : calls->toListRef()) entries_.push_back(element);
     } else {
-      entries_.push_back(root_);
+      entries_.push_back(root);
     }
     // Order by the calls' own indices.
     std::vector<std::pair<std::int64_t, std::size_t>> order;
@@ -300,22 +332,23 @@ class PtFileSource final : public CaptureSource {
   std::string format() const override { return "pt"; }
   std::size_t size() const override { return entries_.size(); }
   const std::vector<std::string>& open_errors() const override { return open_errors_; }
-  AttentionCall load(std::size_t position, bool) override {
+  AttentionCall load(std::size_t position, bool with_data) override {
     const std::size_t entry = order_.at(position);
     const std::string where = fmt::format("{}: call {}", path_, entry);
-    return call_from_dict(dict_of(entries_[entry], where), path_, static_cast<std::int64_t>(entry));
+    return call_from_dict(dict_of(entries_[entry], where), path_, static_cast<std::int64_t>(entry), object_, with_data);
   }
 
  private:
   std::string path_;
-  c10::IValue root_;
+  PtObject object_;
   std::vector<c10::IValue> entries_;
   std::vector<std::size_t> order_;
   std::vector<std::string> open_errors_;
 };
 
 // A folder of one-call .pt files (aiter's <kernel>_input_<n>.pt, or ours). The first pass reads
-// every file for its call index, because file names do not order calls reliably.
+// every file's pickle (not its tensors) for its call index, because file names do not order calls
+// reliably.
 class PtFolderSource final : public CaptureSource {
  public:
   explicit PtFolderSource(std::string path) : path_(std::move(path)) {
@@ -332,8 +365,8 @@ class PtFolderSource final : public CaptureSource {
     std::vector<std::tuple<std::int64_t, std::string>> indexed;
     for (const std::string& file : files) {
       try {
-        c10::IValue root = load_pickle(file);
-        Dict dict = dict_of(root, file);
+        const PtObject object(file);
+        Dict dict = dict_of(object.root(), file);
         std::int64_t index = static_cast<std::int64_t>(indexed.size());
         for (const char* key : {"call_index", "call_idx"}) {
           auto value = lookup(dict, key);
@@ -353,10 +386,11 @@ class PtFolderSource final : public CaptureSource {
   std::string format() const override { return "pt-folder"; }
   std::size_t size() const override { return files_.size(); }
   const std::vector<std::string>& open_errors() const override { return open_errors_; }
-  AttentionCall load(std::size_t position, bool) override {
+  AttentionCall load(std::size_t position, bool with_data) override {
     const std::string& file = files_.at(position);
-    c10::IValue root = load_pickle(file);
-    AttentionCall call = call_from_dict(dict_of(root, file), file, static_cast<std::int64_t>(position));
+    const PtObject object(file);
+    AttentionCall call = call_from_dict(dict_of(object.root(), file), file, static_cast<std::int64_t>(position), object,
+                                        with_data);
     // aiter names files <kernel>_input_<n>.pt and records no op: the kernel name is the best we have.
     const std::string name = fs::path(file).filename().string();
     if ((call.op.empty() || call.op == "unknown") && name.find("_input_") != std::string::npos) {

@@ -1,10 +1,13 @@
-// `attnreplay info`: what captures hold, read from their headers: calls, ops, shapes, dtypes, sizes.
+// `attnreplay info`: what captures hold, read from their headers: calls, ops, shapes, dtypes, sizes;
+// with --verify, every call read whole as a replay would, and how fast.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <chrono>
 #include <iostream>
 #include <map>
 
+#include "formats/byte_pool.h"
 #include "formats/capture_source.h"
 #include "replay/cli/command.h"
 #include "replay/report/record_files.h"
@@ -34,8 +37,31 @@ void print_call(const AttentionCall& call, std::uint64_t bytes) {
   if (!meta.empty()) std::cout << "          " << meta << '\n';
 }
 
-// Prints one capture; returns whether every call's header could be read.
-bool print_capture(const std::string& input) {
+// Reads every call of the capture whole, as a replay would; returns whether every one could be.
+bool verify_capture(CaptureSource& source) {
+  // Memory reused from call to call, as a replay's read-ahead reuses it.
+  BytePool pool(std::uint64_t{4} << 30);
+  const BytePoolScope scope(pool);
+  bool all_read = true;
+  std::uint64_t bytes = 0;
+  const auto start = std::chrono::steady_clock::now();
+  for (std::size_t i = 0; i < source.size(); ++i) {
+    try {
+      bytes += tensor_bytes(source.load(i, /*with_data=*/true));
+    } catch (const InputError& error) {
+      std::cout << "  error: " << error.what() << '\n';
+      all_read = false;
+    }
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::cout << fmt::format("  read whole: {} bytes in {:.3f} s, {:.2f} GB/s\n", bytes, seconds,
+                           seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0.0);
+  return all_read;
+}
+
+// Prints one capture; returns whether every call's header could be read (and with `verify`, every
+// call whole).
+bool print_capture(const std::string& input, bool verify) {
   auto source = open_capture(input);
   bool all_read = true;
   std::map<std::string, int> ops;
@@ -60,6 +86,7 @@ bool print_capture(const std::string& input) {
   }
   for (const auto& [op, count] : ops) std::cout << fmt::format("  {} x {}\n", count, op.empty() ? "(no op)" : op);
   std::cout << fmt::format("  tensor bytes: {}\n", bytes);
+  if (verify) all_read = verify_capture(*source) && all_read;
   return all_read;
 }
 
@@ -67,12 +94,13 @@ class InfoCommand final : public Command {
  public:
   void define(CLI::App& app) override {
     app.add_option("inputs", inputs_, "capture files or folders")->required();
+    app.add_flag("--verify", verify_, "also read every call whole, as a replay would, and say how fast");
   }
   int run(const std::vector<std::string>&) override {
     int status = kExitOk;
     for (const std::string& input : inputs_) {
       try {
-        if (!print_capture(input)) status = kExitFailures;
+        if (!print_capture(input, verify_)) status = kExitFailures;
       } catch (const InputError& error) {
         std::cerr << "error: " << error.what() << '\n';
         status = kExitFailures;
@@ -83,6 +111,7 @@ class InfoCommand final : public Command {
 
  private:
   std::vector<std::string> inputs_;
+  bool verify_ = false;
 };
 
 }  // namespace

@@ -169,12 +169,19 @@ def test_cpp_pt_loads_with_plain_weights_only(cpp_written):
     assert call["q"].dtype == torch.uint8 and call["dtypes"]["q"] == "float8_e4m3fn"
 
 
-def test_python_fp8_pt_without_bits_gets_a_clear_error(tmp_path):
-    # torch.save pickles fp8 with _rebuild_tensor_v3, which libtorch's C++ reader cannot rebuild.
+def test_python_fp8_pt_is_read_as_torch_saved_it(tmp_path):
+    # torch.save pickles fp8 with _rebuild_tensor_v3, which libtorch's C++ reader cannot rebuild;
+    # attnreplay's own reader (formats/torch_save.cpp) takes its dtype argument.
     x = torch.randn(1, 2, 4, 8).to(torch.float8_e4m3fn)
-    torch.save({"q": x, "k": x, "v": x}, tmp_path / "raw_fp8.pt")
-    result = run_attnreplay("info", tmp_path / "raw_fp8.pt", check=1)
-    assert "raw_fp8.pt" in result.stderr and "x.view(torch.uint8)" in result.stderr
+    y = torch.randn(1, 2, 4, 8).to(torch.float8_e5m2)
+    torch.save({"q": x, "k": x, "v": y}, tmp_path / "raw_fp8.pt")
+    info = run_attnreplay("info", tmp_path / "raw_fp8.pt", "--verify", check=0)
+    assert "float8_e4m3fn" in info.stdout
+    run_attnreplay("convert", tmp_path / "raw_fp8.pt", tmp_path / "raw_fp8.h5", check=0)
+    (call,) = attnreplay_h5.read_calls(str(tmp_path / "raw_fp8.h5"), as_torch=True)
+    assert call["q"].dtype == torch.float8_e4m3fn and call["v"].dtype == torch.float8_e5m2
+    assert torch.equal(call["q"].view(torch.uint8), x.view(torch.uint8))
+    assert torch.equal(call["v"].view(torch.uint8), y.view(torch.uint8))
 
 
 # ---------------------------------------------------------------------------------------------
