@@ -152,16 +152,13 @@ Shard shard_from_flag(const std::string& text, const EnvironmentLookup& environm
 
 namespace {
 
-// The calls' timing groups, in order of first appearance; every call is its own group when each is
-// timed.
-std::vector<std::vector<std::size_t>> timing_groups_of(const std::vector<ShareableCall>& calls, int timed_per_group) {
+// The calls' timing groups, in order of first appearance. When every call is timed they are still
+// kept together: a shape's first-time costs (cuDNN's plans, compilation, autotuning) are then paid
+// by one rank, once.
+std::vector<std::vector<std::size_t>> timing_groups_of(const std::vector<ShareableCall>& calls) {
   std::vector<std::vector<std::size_t>> groups;
   std::map<std::string, std::size_t> group_of;
   for (std::size_t i = 0; i < calls.size(); ++i) {
-    if (timed_per_group <= 0) {
-      groups.push_back({i});
-      continue;
-    }
     const auto [found, added] = group_of.emplace(calls[i].timing_group, groups.size());
     if (added) groups.emplace_back();
     groups[found->second].push_back(i);
@@ -174,7 +171,7 @@ std::vector<std::vector<std::size_t>> timing_groups_of(const std::vector<Shareab
 std::vector<int> assign_calls(const std::vector<ShareableCall>& calls, int world_size, int timed_per_group) {
   std::vector<int> rank_of(calls.size(), 0);
   if (world_size <= 1 || calls.empty()) return rank_of;
-  const std::vector<std::vector<std::size_t>> groups = timing_groups_of(calls, timed_per_group);
+  const std::vector<std::vector<std::size_t>> groups = timing_groups_of(calls);
   // What replaying calls group[begin, end) costs on one rank: every call, and its timed calls'
   // timing (as long as the largest's).
   const auto cost_of = [&](const std::vector<std::size_t>& group, std::size_t begin, std::size_t end) {

@@ -38,10 +38,11 @@ struct ShareableCall {
 };
 
 // The rank that replays each call. Balanced by work: a call costs its FLOPs plus a fixed
-// overhead, and the calls of a timing group pay their timing once, so a group stays on one rank
-// unless it is bigger than a rank's share, when it is cut into consecutive pieces that are timed
-// each. Pieces go largest first to the least loaded rank (ties to the lower rank): the same
-// answer in every process. `timed_per_group` 0: every call is timed (--time-every-call).
+// overhead, and the calls of a timing group pay their timing once. A group (calls of one shape)
+// stays on one rank, so that its first-time costs and its timing are paid once, also when every
+// call is timed, unless it is bigger than a rank's share, when it is cut into consecutive pieces
+// that are timed each. Pieces go largest first to the least loaded rank (ties to the lower rank):
+// the same answer in every process. `timed_per_group` 0: every call is timed (--time-every-call).
 std::vector<int> assign_calls(const std::vector<ShareableCall>& calls, int world_size, int timed_per_group);
 
 // Where a rank writes its part of `path` ("out.json" -> "out.part1-of-4.json").

@@ -113,10 +113,17 @@ TEST_CASE("assign_calls: groups kept whole when that balances, cut when one is b
   const auto load4 = loads(one_shape, cut, 4);
   CHECK(*std::max_element(load4.begin(), load4.end()) / *std::min_element(load4.begin(), load4.end()) < 1.1);
 
-  // Timed call by call: each call alone, still balanced, over more ranks than shapes.
+  // Timed call by call: a shape's calls still on one rank where they fit a share (its first-time
+  // costs paid once), and balanced over more ranks than shapes.
+  const auto two_ranks = assign_calls(calls, 4, 0);
+  std::map<std::string, std::set<int>> ranks_when_each_timed;
+  for (std::size_t i = 0; i < calls.size(); ++i) ranks_when_each_timed[calls[i].timing_group].insert(two_ranks[i]);
+  CHECK(ranks_when_each_timed["shape 3"].size() == 1);
+  CHECK(ranks_when_each_timed["shape 2"].size() == 1);
   const auto each = assign_calls(calls, 8, 0);
   const auto load8 = loads(calls, each, 8);
-  CHECK(*std::max_element(load8.begin(), load8.end()) / *std::min_element(load8.begin(), load8.end()) < 1.1);
+  // Keeping shapes together costs a little balance at eight ranks for four shapes.
+  CHECK(*std::max_element(load8.begin(), load8.end()) / *std::min_element(load8.begin(), load8.end()) < 1.15);
 
   CHECK(assign_calls(calls, 1, 1) == std::vector<int>(calls.size(), 0));
   // More ranks than calls: some get none, none gets two.
