@@ -27,6 +27,7 @@ alone with `run()` and `run()` is timed alone, as for the built-in kernels.
 from __future__ import annotations
 
 import dataclasses
+import time
 import importlib
 import importlib.util
 import os
@@ -154,6 +155,12 @@ class Kernel:
     def run(self, prepared: Any):
         """Computes the attention output: (batch, heads_q, seq_q, head_dim_vo) in `layout`."""
         raise NotImplementedError(f"{type(self).__name__}.run")
+
+    def warm_up(self, prepared: Any) -> bool:
+        """Optional: what compiles or autotunes the kernel for this call (a first run of a
+        torch.compile'd function, say), done once before any timing. attnreplay reports its time
+        as the call's compile_s, apart from every figure; return False when nothing was compiled."""
+        return False
 
     # -- what attnreplay calls --------------------------------------------------------------
 
@@ -387,6 +394,14 @@ class _Prepared:
                            if isinstance(t, torch.Tensor)}
         self.prepared = kernel_.prepare(self.inputs)
         self.out = None
+        # Compilation on first use, timed here and reported apart: never in a timing's warm-up.
+        self.compile_s = 0.0
+        if type(kernel_).warm_up is not Kernel.warm_up:
+            start = time.perf_counter()
+            compiled = kernel_.warm_up(self.prepared)
+            if kernel_.device == "cuda":
+                torch.cuda.synchronize()
+            self.compile_s = time.perf_counter() - start if compiled is not False else 0.0
 
     def prepare_inputs(self):
         self.prepared = self.kernel.prepare(self.inputs)

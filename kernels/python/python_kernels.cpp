@@ -253,6 +253,7 @@ class PythonPrepared final : public PreparedKernel, public DeviceOutput {
     run_locked();
   }
   bool has_preparation() const override { return has_preparation_; }
+  double compile_seconds() const override { return compile_s_; }
   void prepare_inputs() override {
     c10::AutoGradMode no_grad(false);
     py::gil_scoped_acquire gil;
@@ -307,6 +308,7 @@ class PythonPrepared final : public PreparedKernel, public DeviceOutput {
       throw_failure(error, has_preparation_ ? "prepare()" : "setting up the inputs");
     }
     run_ = prepared_.attr("run");
+    compile_s_ = prepared_.attr("compile_s").cast<double>();
     // One checked run before any timing: a broken plug-in fails here, not after its samples.
     run_locked();
     if (on_gpu_) at::detail::getCUDAHooks().deviceSynchronize(current_gpu().index());
@@ -336,6 +338,7 @@ class PythonPrepared final : public PreparedKernel, public DeviceOutput {
 
   bool on_gpu_;
   bool has_preparation_ = false;
+  double compile_s_ = 0;
   py::object prepared_;
   py::object run_;  // prepared_.run, looked up once
 };

@@ -349,11 +349,18 @@ def test_flex_attention_builds_its_block_mask_in_prepare(plugin, kernels):
     assert "below 16" in reason
 
 
-def test_flex_attention_compiles_once_per_kernel(plugin, kernels):
+def test_flex_attention_compiles_once_per_kind_of_call(plugin, kernels):
     kernel = type(kernels["flex-attention"])()
-    assert kernel.compile and kernel._compiled is None  # nothing compiled at registration
-    first = kernel._functions()
-    assert kernel._functions() is first
+    assert kernel.compile and kernel._compiled == {}  # nothing compiled at registration
+    spec, *_ , mask = make_call(plugin, kernel)
+    first = kernel._functions(spec, mask)
+    # Another length is the same kind of call: dynamic shapes, one compilation.
+    longer, *_ = make_call(plugin, kernel, seq_q=100, seq_kv=300)
+    assert kernel._functions(longer, None) is first
+    # Causality (or a mask, a dtype, head dims) makes another kind.
+    causal, *_ = make_call(plugin, kernel, causal="top_left")
+    assert kernel._functions(causal, None) is not first
+    assert len(kernel._compiled) == 2
 
 
 def test_sageattn_triton_maps_granularity_and_smoothing(plugin, kernels):

@@ -96,7 +96,7 @@ def test_rerun_command_reproduces_a_plug_in_row_of_a_capture(tmp_path):
 def test_broken_kernels_fail_alone_and_leave_the_inputs_unchanged(tmp_path):
     out = tmp_path / "r.json"
     result = run_attnreplay("run", *GENERATED, "--kernel-module", BROKEN_PLUGINS, "--kernel-module", TORCH_PLUGINS,
-                            "--kernels", "all", "--json", out, *FAST)
+                            "--kernels", "all,reference", "--json", out, *FAST)
     assert result.returncode == 1, result.stderr
     rows = kernels_by_name(load_json(out))
     expected = {
