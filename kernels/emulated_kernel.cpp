@@ -11,7 +11,11 @@ class PreparedEmulation final : public PreparedKernel {
       : call_(call), kind_(kind), options_(options) {
     prepare_inputs();
   }
-  bool has_preparation() const override { return true; }
+  // As its CUDA kernel's (kernels/cuda/cuda_attention.cu): quantization, or flash's change of
+  // layout, is separate work; flash's reading of bhsd inputs as floats is part of the emulation.
+  bool has_preparation() const override {
+    return kind_ != QuantizedKind::flash || (call_.layout == Layout::bshd && call_.q.rank() == 4);
+  }
   void prepare_inputs() override { inputs_ = prepare_attention_inputs(call_, kind_, options_); }
   void run() override { output_ = output_in_dtype(run_emulated_attention(inputs_), call_.q.dtype); }
   HostTensor output() override { return output_; }

@@ -66,6 +66,9 @@ class PreparedKernel {
   // The least bytes that preparation must move (read and written), where the kernel can say: the
   // runner sets its time beside moving them at the GPU's measured copy rate. 0: not said.
   virtual double preparation_bytes() const { return 0; }
+  // Seconds spent compiling for this call before any run (a torch.compile'd or autotuned kernel's
+  // first use): reported apart from every figure. 0: none.
+  virtual double compile_seconds() const { return 0; }
   // GPU kernels whose run() (and prepare_inputs()) queue all their work on the current CUDA stream
   // (c10::cuda::getCurrentCUDAStream(), as torch's ops do), not on the legacy default stream, say
   // so: only they can be captured into a CUDA graph (--timing graph sets a side stream current while

@@ -206,7 +206,7 @@ class CudaReferenceKernel final : public Kernel {
         "reference-cuda",
         "exact attention in fp64 on the GPU (fp64 tensor cores, streaming; DGEMM in chunks with a mask, "
         "window, softcap, ALiBi or sinks): the reference for large calls",
-        "cuda", false, std::nullopt, Extensions::all()};
+        "cuda", /*is_reference=*/true, std::nullopt, Extensions::all()};
     return d;
   }
   std::optional<std::string> unsupported_reason(const AttentionCall&) const override {

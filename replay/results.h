@@ -41,6 +41,9 @@ struct KernelResult {
   std::optional<ErrorStats> error;
   std::vector<std::string> refcheck_failures;  // which thresholds were exceeded
   std::string rerun;                           // the command that reruns this row
+  // Seconds the kernel spent compiling for this call before any run (a torch.compile'd plug-in's
+  // first use), apart from every figure; unset when it compiled nothing here.
+  std::optional<double> compile_s;
   // Where the timing was measured when this call reused its group's (replay/run/timing_groups.h).
   std::string timing_shared_from;
   // Achieved rates over the ceilings measured on the same GPU at start-up, when measured.
@@ -131,7 +134,8 @@ struct ShardPart {
 };
 
 struct Report {
-  static constexpr int kJsonSchemaVersion = 1;
+  // 2: the command line's "options"; each timing's median interval (median_ci_low_s, _high_s).
+  static constexpr int kJsonSchemaVersion = 2;
   std::string tool_version;
   std::vector<std::string> argv;
   std::string started_utc;

@@ -10,6 +10,7 @@
 #include "formats/attention_call.h"
 #include "formats/dtype.h"
 #include "kernels/quantized_attention.h"
+#include "replay/measure/stopping_rule.h"
 #include "replay/measure/timers.h"
 #include "replay/run/generate.h"
 #include "replay/run/rerun.h"
@@ -87,16 +88,24 @@ const std::vector<OptionSpec> kTable = {
      Rerun::when_set},
     {"--refcheck-max-abs", K::number, "threshold (implies --refcheck)", refcheck, kRunAuditLine, Rerun::when_set},
 
+    {"--stopping", K::text,
+     "when sampling stops: precision (once the median is known to --precision) or stdrel (nvbench's rule: "
+     "--min-time, then --max-noise)",
+     stopping, kRunAuditLine, Rerun::when_set, "precision", stopping_criterion_names},
+    {"--precision", K::number,
+     "precision: stop once the median's 95% confidence interval is within this percentage of it (CPU 5, GPU 0.5)",
+     stopping, kRunAuditLine, Rerun::when_set},
     {"--warmup", K::integer, "warm-up runs (CPU 1, GPU 3)", stopping, kRunAuditLine, Rerun::when_set},
     {"--min-samples", K::integer, "fewest timed samples (CPU 5, GPU 10)", stopping, kRunAuditLine,
      Rerun::when_set},
-    {"--min-time", K::number, "least seconds of timed samples (CPU 0.1, GPU 0.5)", stopping, kRunAuditLine,
-     Rerun::when_set},
-    {"--timeout", K::number, "most seconds of sampling per call and kernel (CPU 5, GPU 15)", stopping,
+    {"--min-time", K::number,
+     "least seconds of timed samples (precision: CPU 0.02, GPU 0.01; stdrel: CPU 0.1, GPU 0.5)", stopping,
+     kRunAuditLine, Rerun::when_set},
+    {"--timeout", K::number, "most seconds of sampling per call and kernel (CPU 2, stdrel's 5; GPU 15)", stopping,
      kRunAuditLine, Rerun::when_set},
     {"--max-noise", K::number,
-     "stop once the samples' robust spread (1.4826 MAD / median) is under this percentage, or the median's "
-     "standard error under a tenth of it (CPU 2, GPU 0.5)",
+     "stdrel: stop once the samples' robust spread (1.4826 MAD / median) is under this percentage, or the "
+     "median's standard error under a tenth of it (CPU 2, GPU 0.5)",
      stopping, kRunAuditLine, Rerun::when_set},
     {"--timed-calls-per-group", K::integer,
      "calls whose timing cannot differ (same shape, dtypes, layout, strides, mask, causality) share one: this "
@@ -108,6 +117,10 @@ const std::vector<OptionSpec> kTable = {
      kRunAuditLine, Rerun::when_set, "auto", reference_devices},
     {"--hot-l2", K::flag, "GPU samples without flushing the L2 cache first (default: cold L2)", device,
      kRunAuditLine, Rerun::when_set},
+    {"--time-preparation", K::flag,
+     "also time a kernel's input preparation by itself, beside the kernel alone and the whole call (a third "
+     "timing), for its ratio to the least it must cost",
+     device, kRunAuditLine, Rerun::when_set},
     {"--prefetch-memory", K::integer,
      "MiB that calls read ahead of the one replayed may hold, it included (default: 4096, or a quarter of the "
      "memory where less)",

@@ -72,6 +72,7 @@ AttentionShape generated_shape(const Options& o) {
 }  // namespace
 
 void apply_stopping_flags(const Options& o, StoppingRule& rule) {
+  if (const auto percent = o.number("--precision")) rule.precision = *percent / 100.0;
   if (const auto warmup = o.integer("--warmup")) rule.warmup_runs = static_cast<int>(*warmup);
   if (const auto samples = o.integer("--min-samples")) rule.min_samples = static_cast<int>(*samples);
   if (const auto seconds = o.number("--min-time")) rule.min_time_s = *seconds;
@@ -83,7 +84,10 @@ ReplayOptions replay_options(const Options& o, const std::string& plugin_flags) 
   ReplayOptions r;
   r.kernels = o.list("--kernels");
   select_kernels(r.kernels);  // unknown names fail before any work
-  r.stopping_gpu = StoppingRule::gpu_default();
+  const bool stdrel =
+      parsed(o, "--stopping", parse_stopping_criterion, stopping_criterion_names()) == StoppingCriterion::stdrel;
+  r.stopping = stdrel ? StoppingRule::cpu_stdrel() : StoppingRule::cpu_default();
+  r.stopping_gpu = stdrel ? StoppingRule::gpu_stdrel() : StoppingRule::gpu_default();
   apply_stopping_flags(o, r.stopping);
   apply_stopping_flags(o, r.stopping_gpu);
   r.ref_sample_rows = o.integer("--ref-sample-rows").value_or(0);
@@ -95,6 +99,7 @@ ReplayOptions replay_options(const Options& o, const std::string& plugin_flags) 
   }
   r.reference_device = *o.text("--reference");
   r.hot_l2 = o.flag("--hot-l2");
+  r.time_preparation = o.flag("--time-preparation");
   if (const auto mib = o.integer("--prefetch-memory")) r.prefetch_bytes = static_cast<std::uint64_t>(*mib) << 20;
   r.timing = parsed(o, "--timing", parse_timing_method, timing_method_names());
   r.kernel_options.quant = quant_options_from(o);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <limits>
+#include <optional>
 #include <stdexcept>
 #include <utility>
 
@@ -23,14 +24,30 @@ std::vector<TimingSummary> measure_interleaved(std::span<const TimedKernel> kern
   };
   // A lone kernel takes one turn to the end; several take turns of a tenth of min_time each, so
   // that a clock drifting over the seconds they take moves all of them alike.
-  const double turn_s = kernels.size() > 1 ? rule.min_time_s / 10 : std::numeric_limits<double>::infinity();
+  // (At least 20 ms where there is a min_time: each turn starts and stops the clock monitor.)
+  const double turn_s = kernels.size() < 2         ? std::numeric_limits<double>::infinity()
+                        : rule.min_time_s > 0 ? std::max(rule.min_time_s / 10, 0.02)
+                                              : 0.0;
   const double timeout_s = rule.timeout_s * static_cast<double>(kernels.size());
+  // The first kernel's sampled time when its rule was met: the measure of the others' budgets,
+  // which its further turns (beside theirs) do not grow.
+  std::optional<double> first_stopped_at;
+  const auto over_budget = [&](std::size_t k) {
+    if (k == 0 && !first_stopped_at && samplings[0].stopped()) first_stopped_at = samplings[0].elapsed_s();
+    if (k == 0 || kernels[k].budget <= 0 || !samplings[k].past_minimum()) return false;
+    return samplings[k].elapsed_s() >= kernels[k].budget * first_stopped_at.value_or(samplings[0].elapsed_s());
+  };
   const auto start = std::chrono::steady_clock::now();
   bool timed_out = false;
   for (bool first_turn = true; !timed_out && !all_stopped(); first_turn = false) {
     for (std::size_t k = 0; k < kernels.size() && !timed_out; ++k) {
       Sampling& sampling = samplings[k];
       if (sampling.full()) continue;
+      if (over_budget(k)) {
+        // Until the first kernel's rule is met its budget grows; then this one is done.
+        if (first_stopped_at) sampling.stop("budget");
+        continue;
+      }
       PreparedKernel& kernel = kernels[k].kernel;
       try {
         // After the first turn's warm-up, a run before each turn where samples are hot-L2 ones: the
@@ -74,7 +91,7 @@ std::vector<TimingSummary> measure_interleaved(std::span<const TimedKernel> kern
             timed_out = true;
             break;
           }
-          if (sampling.full() || all_stopped()) break;
+          if (sampling.full() || all_stopped() || over_budget(k)) break;
         } while (taken < batch.size() || sampling.elapsed_s() < turn_ends_at);
         if (monitor) sampling.add_readings(stop_monitor.take());
       } catch (const std::exception& error) {
@@ -113,16 +130,20 @@ class PreparationRun final : public PreparedKernel {
 }  // namespace
 
 PreparedTimings measure_with_preparation(PreparedKernel& kernel, SampleTimer& timer, const StoppingRule& rule,
-                                         ClockMonitor* monitor) {
+                                         ClockMonitor* monitor, bool preparation_alone) {
   // The kernel and the whole call in turns, so that the two see the same clocks; the preparation
-  // alone after them: in their turns its low power left the kernel's next turn at a higher clock
-  // under a power cap (docs/metrics.md). Alone, it is its own figure: the whole call's median less
-  // the kernel's is lost in their noise on long calls.
-  PreparationRun with_preparation(kernel, true), preparation_alone(kernel, false);
-  const TimedKernel pair[] = {{kernel, {}}, {with_preparation, "timing with its input preparation"}};
+  // alone, where asked, after them: in their turns its low power left the kernel's next turn at a
+  // higher clock under a power cap (docs/metrics.md). Alone, it is its own figure: the whole
+  // call's median less the kernel's is lost in their noise on long calls.
+  PreparationRun with_preparation(kernel, true), alone(kernel, false);
+  const TimedKernel pair[] = {{kernel, {}}, {with_preparation, "timing with its input preparation", 0.5}};
   std::vector<TimingSummary> timings = measure_interleaved(pair, timer, rule, monitor);
-  const TimedKernel alone[] = {{preparation_alone, "timing its input preparation alone"}};
-  return {std::move(timings[0]), std::move(timings[1]), std::move(measure_interleaved(alone, timer, rule, monitor).front())};
+  PreparedTimings result{std::move(timings[0]), std::move(timings[1]), std::nullopt};
+  if (preparation_alone) {
+    const TimedKernel only[] = {{alone, "timing its input preparation alone"}};
+    result.of_preparation = std::move(measure_interleaved(only, timer, rule, monitor).front());
+  }
+  return result;
 }
 
 }  // namespace attnreplay

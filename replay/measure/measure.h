@@ -48,12 +48,16 @@ TimingSummary measure(PreparedKernel& kernel, SampleTimer& timer, const Stopping
                       ClockMonitor* monitor = nullptr);
 
 // One of the kernels measure_interleaved() times; `name`, where given, starts its errors' messages.
+// `budget`, where above 0, bounds its sampled time, beyond the rule's minimum samples and time, to
+// that share of the first kernel's: a second figure (a kernel with its preparation) that must not
+// double the cost of the first; it stops with reason "budget" and its interval as it stands.
 struct TimedKernel {
   PreparedKernel& kernel;
   std::string_view name;
+  double budget = 0;
 };
 
-// measure() for several kernels in turns (each a tenth of the rule's min_time) until each meets the
+// measure() for several kernels in turns (each a tenth of the rule's min_time, 20 ms at least) until each meets the
 // rule, so that all see the same clocks: a difference of their medians (a kernel with and without
 // its input preparation) does not carry a clock that drifted between them. A kernel whose rule is
 // met goes on taking turns until all are done; each summary and its clocks are its own turns'. The
@@ -61,12 +65,15 @@ struct TimedKernel {
 std::vector<TimingSummary> measure_interleaved(std::span<const TimedKernel> kernels, SampleTimer& timer,
                                                const StoppingRule& rule, ClockMonitor* monitor = nullptr);
 
-// A kernel with an input preparation (PreparedKernel::has_preparation): the kernel alone, the whole
-// call as users make it (preparation then kernel), and the preparation alone.
+// A kernel with an input preparation (PreparedKernel::has_preparation): the kernel alone and the
+// whole call as users make it (preparation then kernel), in turns so that both see the same
+// clocks, the whole call within half the kernel's sampled time (TimedKernel::budget); with
+// `preparation_alone`, the preparation by itself after them.
 struct PreparedTimings {
-  TimingSummary kernel, with_preparation, of_preparation;
+  TimingSummary kernel, with_preparation;
+  std::optional<TimingSummary> of_preparation;
 };
 PreparedTimings measure_with_preparation(PreparedKernel& kernel, SampleTimer& timer, const StoppingRule& rule,
-                                         ClockMonitor* monitor = nullptr);
+                                         ClockMonitor* monitor = nullptr, bool preparation_alone = false);
 
 }  // namespace attnreplay

@@ -30,11 +30,37 @@ double robust_spread(std::vector<double> seconds) {
   return 1.4826 * median_of(seconds) / median;
 }
 
+double MedianInterval::relative_half_width() const {
+  if (!(median > 0)) return std::numeric_limits<double>::infinity();
+  return std::max(median - low, high - median) / median;
+}
+
+std::optional<MedianInterval> median_interval(std::vector<double> samples) {
+  const std::size_t n = samples.size();
+  if (n < 6) return std::nullopt;
+  // The number of samples under the true median is Binomial(n, 1/2): the ranks n/2 -+ 1.96 sqrt(n)/2
+  // (1-based, widened outward to whole ranks) bound it with 95 % confidence.
+  const double half = 1.959964 * std::sqrt(static_cast<double>(n)) / 2;
+  const auto lower = static_cast<std::size_t>(std::max(1.0, std::floor(static_cast<double>(n) / 2 - half)));
+  const auto upper = static_cast<std::size_t>(std::min(static_cast<double>(n), std::ceil(static_cast<double>(n) / 2 + half + 1)));
+  MedianInterval interval;
+  interval.median = median_of(samples);
+  const auto at_rank = [&samples](std::size_t rank) {
+    const auto nth = samples.begin() + static_cast<std::ptrdiff_t>(rank - 1);
+    std::nth_element(samples.begin(), nth, samples.end());
+    return *nth;
+  };
+  interval.low = at_rank(lower);
+  interval.high = at_rank(upper);
+  return interval;
+}
+
 TimingSummary summarize_samples(std::vector<double> seconds) {
   TimingSummary summary;
   summary.samples = static_cast<int>(seconds.size());
   if (seconds.empty()) {
     summary.median_s = summary.min_s = summary.max_s = summary.mean_s = std::numeric_limits<double>::quiet_NaN();
+    summary.median_low_s = summary.median_high_s = std::numeric_limits<double>::quiet_NaN();
     return summary;
   }
   std::sort(seconds.begin(), seconds.end());
@@ -48,6 +74,12 @@ TimingSummary summarize_samples(std::vector<double> seconds) {
     double squares = 0;
     for (double s : seconds) squares += (s - summary.mean_s) * (s - summary.mean_s);
     summary.stdev_rel = std::sqrt(squares / static_cast<double>(n - 1)) / summary.mean_s;
+  }
+  if (const auto interval = median_interval(seconds)) {
+    summary.median_low_s = interval->low;
+    summary.median_high_s = interval->high;
+  } else {
+    summary.median_low_s = summary.median_high_s = std::numeric_limits<double>::quiet_NaN();
   }
   summary.spread_rel = robust_spread(std::move(seconds));
   return summary;

@@ -1,6 +1,7 @@
 #pragma once
 // What one kernel's timing gives: the statistics of its samples, the clocks they ran at, and why
 // it stopped; pure functions over plain values, unit-tested without a GPU.
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,8 @@ struct TimingSummary {
   // 1.4826 * median absolute deviation / median: the relative standard deviation of normal noise,
   // which a few outliers do not move. The stopping rule reads it, and the table's ±% shows it.
   double spread_rel = 0;
+  // The median's 95 % confidence interval (median_interval, below); NaN under 6 samples.
+  double median_low_s = 0, median_high_s = 0;
   double measured_s = 0;  // time spent sampling, warm-up excluded
   std::string stop_reason;  // "converged", "median-settled", "noise-settled", "timeout", "max-samples"
   // Runs each sample averages over: 1, or K for CUDA-graph samples (one replay of K runs).
@@ -44,6 +47,17 @@ struct ClockReadings {
   int power_capped = 0;  // readings taken while the power cap held the clock down
 };
 
+
+// The 95 % confidence interval of the median of `samples` (any order), from their order
+// statistics: the ranks n/2 -+ 1.96 sqrt(n)/2, as the binomial distribution of the samples below the
+// true median puts them (docs/metrics.md). Needs no assumption about the samples' distribution.
+struct MedianInterval {
+  double median = 0, low = 0, high = 0;
+  // The interval's larger half over the median: the precision the median is known to.
+  double relative_half_width() const;
+};
+// nullopt for fewer than 6 samples, where the interval would be the whole range or beyond it.
+std::optional<MedianInterval> median_interval(std::vector<double> samples);
 
 // Pure statistics of a sample set, shared by measure() and its tests.
 TimingSummary summarize_samples(std::vector<double> seconds);

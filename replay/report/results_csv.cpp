@@ -43,6 +43,8 @@ const std::vector<CsvColumn>& columns() {
       {"max_s", "/timing/max_s", F::kernel},
       {"stdev_rel", "/timing/stdev_rel", F::kernel},
       {"spread_rel", "/timing/spread_rel", F::kernel},
+      {"median_ci_low_s", "/timing/median_ci_low_s", F::kernel},
+      {"median_ci_high_s", "/timing/median_ci_high_s", F::kernel},
       {"median_s_with_preparation", "/timing_with_preparation/median_s", F::kernel},
       {"preparation_median_s", "/timing_of_preparation/median_s", F::kernel},
       {"preparation_ratio_to_bound", "/preparation/ratio_to_bound", F::kernel},

@@ -21,6 +21,7 @@ nlohmann::json timing_json(const TimingSummary& t) {
           {"discarded_samples", t.discarded}, {"median_s", number(t.median_s)},
           {"min_s", number(t.min_s)},   {"max_s", number(t.max_s)},
           {"mean_s", number(t.mean_s)}, {"stdev_rel", number(t.stdev_rel)}, {"spread_rel", number(t.spread_rel)},
+          {"median_ci_low_s", number(t.median_low_s)}, {"median_ci_high_s", number(t.median_high_s)},
           {"measured_s", number(t.measured_s)}, {"stop_reason", t.stop_reason},
           {"runs_per_sample", t.runs_per_sample},
           {"sm_clock_median_mhz", reading_or_null(t.sm_clock_median_mhz)},
@@ -74,6 +75,7 @@ nlohmann::json kernel_json(const KernelResult& k) {
   if (!k.detail.empty()) j["detail"] = k.detail;
   if (k.source != "built-in") j["kernel_source"] = k.source;
   if (!k.timing_shared_from.empty()) j["timing_shared_from"] = k.timing_shared_from;
+  if (k.compile_s) j["compile_s"] = number(*k.compile_s);
   if (k.timing_with_preparation) j["timing_with_preparation"] = timing_json(*k.timing_with_preparation);
   if (k.timing_of_preparation) j["timing_of_preparation"] = timing_json(*k.timing_of_preparation);
   if (k.preparation) {

@@ -189,7 +189,7 @@ void measure_kernel(PreparedKernel& prepared, const KernelDescription& kernel, K
   SampleTimer& timer = timer_for(kernel.device, r.options.timing, r.options.hot_l2);
   ClockMonitor* monitor = on_gpu ? gpu_clock_monitor() : nullptr;
   if (prepared.has_preparation()) {
-    PreparedTimings timings = measure_with_preparation(prepared, timer, rule, monitor);
+    PreparedTimings timings = measure_with_preparation(prepared, timer, rule, monitor, r.options.time_preparation);
     k.timing = std::move(timings.kernel);
     k.timing_with_preparation = std::move(timings.with_preparation);
     k.timing_of_preparation = std::move(timings.of_preparation);
@@ -288,6 +288,7 @@ KernelResult replay_kernel(const Kernel& selected, CallReplay& r) {
     Stopwatch stopwatch(r.result);
     auto prepared = kernel.prepare(r.call, r.options.kernel_options);
     stopwatch.lap("prepare");
+    if (const double compile_s = prepared->compile_seconds(); compile_s > 0) k.compile_s = compile_s;
     time_kernel(*prepared, kernel.description(), k, r);
     place_against_ceilings(*prepared, kernel.description(), k, r);
     judge_kernel(*prepared, kernel.description(), k, r);

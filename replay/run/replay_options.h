@@ -28,14 +28,17 @@ std::uint64_t default_prefetch_bytes();
 
 struct ReplayOptions {
   std::vector<std::string> kernels{"all"};  // names, or "all"
-  StoppingRule stopping;      // CPU kernels
-  StoppingRule stopping_gpu;  // GPU kernels: nvbench's defaults unless flags say otherwise
+  StoppingRule stopping = StoppingRule::cpu_default();      // CPU kernels
+  StoppingRule stopping_gpu = StoppingRule::gpu_default();  // GPU kernels
   std::int64_t ref_sample_rows = 0;  // 0: every query row
   std::uint64_t seed = 0;            // for row sampling
   std::optional<RefcheckThresholds> refcheck;
   std::string save_outputs_dir;  // one .pt per (call, kernel) when set
   std::string reference_device = "auto";  // "cpu", "cuda", or "auto" (the GPU when there is one)
   bool hot_l2 = false;                    // GPU samples without flushing the L2 first
+  // Kernels with an input preparation are timed alone and with it; this adds the preparation by
+  // itself (--time-preparation), a third timing, for its ratio to its bound (docs/quantized.md).
+  bool time_preparation = false;
   TimingMethod timing = TimingMethod::event;  // how GPU kernels are timed (--timing)
   Ceilings ceilings;  // measured on this GPU at start-up; zeros when not measured
   KernelOptions kernel_options;  // what kernels prepare a call with (the quantized kinds' flags)

@@ -23,12 +23,15 @@ def check_other_kernels(statuses, ran="passed"):
         if kernel not in CPU_KERNELS:
             assert status in ("not_supported", ran), (kernel, status)
 
+# The reference is in no group ("all"): named, it is timed as a kernel.
+ALL = "all,reference"
+
 # replay/report/results_csv.cpp's columns, in order: the CSV's documented fixed header.
 CSV_HEADER = [
     "source", "call_index", "case_tag", "op", "backend", "batch", "heads_q", "heads_kv", "seq_q", "seq_kv",
     "head_dim_qk", "head_dim_vo", "dtype", "layout", "is_causal", "causal_alignment", "mask", "batching", "scale", "flops",
     "bytes", "arithmetic_intensity", "kernel", "status", "reason", "time_method", "cache", "median_s", "min_s",
-    "max_s", "stdev_rel", "spread_rel", "median_s_with_preparation", "preparation_median_s", "preparation_ratio_to_bound", "samples", "discarded_samples", "sm_clock_mhz", "power_w",
+    "max_s", "stdev_rel", "spread_rel", "median_ci_low_s", "median_ci_high_s", "median_s_with_preparation", "preparation_median_s", "preparation_ratio_to_bound", "samples", "discarded_samples", "sm_clock_mhz", "power_w",
     "tflops", "gbytes_per_s", "matrix_ceiling_fraction",
     "copy_ceiling_fraction", "max_abs", "mean_abs", "mse",
     "rmse", "std_abs", "rel_l1", "rel_l2", "cosine", "nan_count", "inf_count", "rows_compared", "sampled", "rerun",
@@ -56,7 +59,7 @@ def table_rows(stdout):
 def big_run(tmp_path_factory):
     """The shape the brief names, once: 1 batch, 4 heads, 1000 tokens, head dim 64, bf16."""
     folder = tmp_path_factory.mktemp("big")
-    result = run_attnreplay("run", "--shape", "1,4,1000,64", "--kernels", "all", "--refcheck",
+    result = run_attnreplay("run", "--shape", "1,4,1000,64", "--kernels", ALL, "--refcheck",
                             "--json", folder / "r.json", "--csv", folder / "r.csv", *FAST)
     return result, load_json(folder / "r.json"), folder
 
@@ -103,13 +106,25 @@ def test_refcheck_passes_on_bf16(big_run):
 
 def test_impossible_threshold_exits_3(tmp_path):
     # A cosine above 1 cannot hold: every kernel is 'incorrect', exit 3, JSON still written.
-    result = run_attnreplay("run", "--shape", "1,2,64,32", "--refcheck-min-cosine", "1.1", "--json",
+    result = run_attnreplay("run", "--shape", "1,2,64,32", "--kernels", ALL, "--refcheck-min-cosine", "1.1", "--json",
                             tmp_path / "r.json", *FAST)
     assert result.returncode == 3, result.stdout + result.stderr
     kernels = [k for k in load_json(tmp_path / "r.json")["calls"][0]["kernels"] if k["status"] != "not_supported"]
     assert {k["kernel"] for k in kernels} >= set(CPU_KERNELS)
     assert {k["status"] for k in kernels} == {"incorrect"}
     assert all(any(f.startswith("cosine") and "< 1.1" in f for f in k["refcheck_failures"]) for k in kernels)
+
+
+def test_the_reference_is_computed_for_every_call_and_timed_only_when_named(tmp_path):
+    run_attnreplay("run", "--shape", "1,2,64,32", "--json", tmp_path / "r.json", *FAST, check=0)
+    call = load_json(tmp_path / "r.json")["calls"][0]
+    names = {k["kernel"] for k in call["kernels"]}
+    assert "torch-math" in names and not names & {"reference", "reference-cuda"}
+    assert call["reference"]["rows"] == 64  # every kernel is still judged against it
+    run_attnreplay("run", "--shape", "1,2,64,32", "--kernels", "reference", "--json", tmp_path / "named.json", *FAST,
+                   check=0)
+    (named,) = load_json(tmp_path / "named.json")["calls"][0]["kernels"]
+    assert named["kernel"] == "reference" and named["timing"]["samples"] > 0
 
 
 def test_unknown_kernel_is_a_clear_error(tmp_path):
@@ -143,7 +158,7 @@ def test_calls_selects_by_index(tmp_path):
     assert [c["shape"]["seq_q"] for c in calls] == [12, 16, 24]
 
 
-def run_csv_and_reruns(tmp_path, inputs, kernels="all"):
+def run_csv_and_reruns(tmp_path, inputs, kernels=ALL):
     run_attnreplay("run", *inputs, "--kernels", kernels, "--csv", tmp_path / "r.csv", "-q", *FAST, check=0)
     with open(tmp_path / "r.csv", newline="") as f:
         rows = list(csv.reader(f))
@@ -254,7 +269,7 @@ GENERATED = {
 @pytest.mark.parametrize("name", sorted(GENERATED))
 def test_generated_shapes(tmp_path, name):
     flags, (b, hq, hkv, sq, skv, dqk, dvo), bottom_right = GENERATED[name]
-    run_attnreplay("run", *flags, "--dtype", "fp32", "--kernels", "all", "--refcheck", "--json", tmp_path / "r.json",
+    run_attnreplay("run", *flags, "--dtype", "fp32", "--kernels", ALL, "--refcheck", "--json", tmp_path / "r.json",
                    "--save-inputs", tmp_path / "in.h5", "--save-outputs", tmp_path / "outs", "-q", *FAST, check=0)
     call = load_json(tmp_path / "r.json")["calls"][0]
     assert call["shape"] == {"batch": b, "heads_q": hq, "heads_kv": hkv, "seq_q": sq, "seq_kv": skv,
@@ -287,9 +302,14 @@ def test_input_preparation_is_timed_beside_the_kernel_when_there_is_any(tmp_path
     kernels = {k["kernel"]: k for k in load_json(tmp_path / "gqa.json")["calls"][0]["kernels"]}
     prepared = kernels["torch-flash-cpu"]["timing_with_preparation"]
     assert prepared["samples"] > 0 and prepared["median_s"] > 0
-    alone = kernels["torch-flash-cpu"]["timing_of_preparation"]  # the expansion by itself
-    assert alone["samples"] > 0 and 0 < alone["median_s"] < prepared["median_s"]
+    assert "timing_of_preparation" not in kernels["torch-flash-cpu"]  # a third timing, only when asked
     assert "timing_with_preparation" not in kernels["torch-math"]  # math broadcasts kv heads itself
+    run_attnreplay("run", "--shape", "1,8,64,32", "--num_kv_heads", "2", "--kernels", "torch-flash-cpu",
+                   "--time-preparation", "--json", tmp_path / "alone.json", *FAST, check=0)
+    (kernel,) = load_json(tmp_path / "alone.json")["calls"][0]["kernels"]
+    alone = kernel["timing_of_preparation"]  # the expansion by itself
+    assert alone["samples"] > 0 and 0 < alone["median_s"] < kernel["timing_with_preparation"]["median_s"]
+    assert "--time-preparation" in kernel["rerun"]
     # Nothing to prepare: one figure only.
     run_attnreplay("run", "--shape", "1,2,64,32", "--kernels", "torch-flash-cpu", "--json", tmp_path / "plain.json",
                    *FAST, check=0)

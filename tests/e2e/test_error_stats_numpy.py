@@ -140,7 +140,7 @@ def replayed(request, tmp_path_factory):
     folder = tmp_path_factory.mktemp(case)
     call = make_inputs(case, seed=sorted(CASES).index(case))
     torch.save(call, folder / "call.pt")
-    result = run_attnreplay("run", folder / "call.pt", "--kernels", "all", "--json", folder / "out.json",
+    result = run_attnreplay("run", folder / "call.pt", "--kernels", "all,reference", "--json", folder / "out.json",
                             "--save-outputs", folder / "outs", "-q", *FAST)
     assert result.returncode == 0, result.stdout + result.stderr
     report = load_json(folder / "out.json")

@@ -21,7 +21,7 @@ def minilm(tmp_path_factory):
                              "--out", str(capture)], capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"sdpa calls seen: {LAYERS}" in result.stdout
-    replay = run_attnreplay("run", capture, "--kernels", "all", "--refcheck", "--json", folder / "pt.json", "-q",
+    replay = run_attnreplay("run", capture, "--kernels", "all,reference", "--refcheck", "--json", folder / "pt.json", "-q",
                             *FAST)
     return folder, capture, replay, load_json(folder / "pt.json")
 

@@ -2,6 +2,7 @@
 // fake timer returns scripted durations, so which rule stops the loop is deterministic.
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_floating_point.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
 
 #include <chrono>
 #include <random>
@@ -453,7 +454,7 @@ TEST_CASE("timing: rare outliers do not keep a short kernel sampling to the cap"
   // preemption, a clock dip). The standard deviation never gets near 0.5 %; the robust spread does.
   CountingKernel kernel;
   ScriptedTimer timer([](int n) { return n % 40 == 39 ? 150e-6 : 15e-6 * (1 + 0.001 * ((n * 7) % 3)); });
-  StoppingRule rule = StoppingRule::gpu_default();
+  StoppingRule rule = StoppingRule::gpu_stdrel();
   rule.min_time_s = 0.01;
   const TimingSummary t = measure(kernel, timer, rule);
   CHECK(t.stop_reason == "converged");
@@ -472,7 +473,7 @@ TEST_CASE("timing: a spread above max_noise stops once the median is known") {
   ScriptedTimer timer([&generator](int) {
     return 15e-6 * (1 + 0.04 * (static_cast<double>(generator() >> 11) * 0x1.0p-53 - 0.5));
   });
-  const StoppingRule rule = StoppingRule::gpu_default();
+  const StoppingRule rule = StoppingRule::gpu_stdrel();
   const TimingSummary t = measure(kernel, timer, rule);
   CHECK(t.stop_reason == "median-settled");
   CHECK(t.spread_rel > rule.max_noise);
@@ -650,4 +651,131 @@ TEST_CASE("timing: with no min_time, interleaved turns are one sample each") {
   CHECK(t[0].samples == 3);
   CHECK(t[1].samples == 3);
   CHECK(turns_of(timer.order).size() == 6);
+}
+
+TEST_CASE("timing: a budgeted second kernel samples at most its share of the first's time, past the minimum") {
+  CountingKernel a, b;
+  std::mt19937 random(5);
+  std::lognormal_distribution<double> noise(0.0, 0.03);
+  // a: 1 ms with 3 % noise, precise after a few hundred samples; b: 4 ms that swing by 2x, never.
+  TurnTimer timer("cold-l2", [&](const PreparedKernel& kernel, int taken) -> std::optional<double> {
+    return &kernel == &a ? 1e-3 * noise(random) : (taken % 4 < 2 ? 4e-3 : 8e-3);
+  });
+  StoppingRule rule = StoppingRule::gpu_default();
+  rule.min_time_s = 0;
+  rule.warmup_runs = 0;
+  const TimedKernel kernels[] = {{a, {}}, {b, "with its preparation", 0.5}};
+  const auto t = measure_interleaved(kernels, timer, rule);
+  CHECK(t[0].stop_reason == "precise");
+  CHECK(t[1].stop_reason == "budget");
+  CHECK(t[0].samples > 100);
+  // Half of a's sampled time, give or take b's last sample and a's turn after it stopped.
+  CHECK(t[1].measured_s <= 0.5 * t[0].measured_s + 8e-3);
+  CHECK(t[1].measured_s >= 0.5 * (t[0].measured_s - 2e-3));
+  // The minimum samples come first, whatever the budget.
+  const TimedKernel tight[] = {{a, {}}, {b, "with its preparation", 1e-6}};
+  CHECK(measure_interleaved(tight, timer, rule)[1].samples == rule.min_samples);
+}
+
+// ---- The precision rule on synthetic sample streams ----
+
+namespace {
+
+// Samples whose true median is `median`: lognormal noise of relative spread `sigma`, and, with
+// `outliers`, one sample in 50 three times as long (a preempted run).
+std::vector<double> stream(std::mt19937& random, double median, double sigma, std::size_t count, bool outliers = false) {
+  std::normal_distribution<double> normal(0.0, sigma);
+  std::vector<double> samples;
+  for (std::size_t i = 0; i < count; ++i) {
+    double s = median * std::exp(normal(random));
+    if (outliers && i % 50 == 49) s *= 3;
+    samples.push_back(s);
+  }
+  return samples;
+}
+
+// Feeds a stream to the rule until it stops; returns the samples it took.
+std::size_t samples_to_stop(const StoppingRule& rule, const std::vector<double>& samples, std::string& reason) {
+  Sampling sampling(rule);
+  std::size_t taken = 0;
+  for (double s : samples) {
+    sampling.add(s, 1);
+    ++taken;
+    if (sampling.stopped()) break;
+  }
+  sampling.time_out();
+  reason = sampling.summary("test", "n/a").stop_reason;
+  return taken;
+}
+
+}  // namespace
+
+TEST_CASE("precision rule: the median's interval from order statistics, wider for fewer samples") {
+  CHECK_FALSE(median_interval({1, 2, 3, 4, 5}).has_value());
+  std::vector<double> ordered;
+  for (int i = 1; i <= 100; ++i) ordered.push_back(i);
+  const auto interval = median_interval(ordered);
+  REQUIRE(interval);
+  CHECK(interval->median == 50.5);
+  // Ranks 40 and 61 of 100 (n/2 -+ 1.96 sqrt(n)/2, widened to whole ranks).
+  CHECK(interval->low == 40);
+  CHECK(interval->high == 61);
+  std::mt19937 random(7);
+  const double narrow = median_interval(stream(random, 1.0, 0.05, 2000))->relative_half_width();
+  const double wide = median_interval(stream(random, 1.0, 0.05, 50))->relative_half_width();
+  CHECK(narrow < wide / 3);
+}
+
+TEST_CASE("precision rule: the interval covers the true median about 95 % of the time") {
+  std::mt19937 random(11);
+  int covered = 0;
+  const int trials = 2000;
+  for (int t = 0; t < trials; ++t) {
+    const auto interval = median_interval(stream(random, 2.0, 0.03, 40 + t % 60, t % 3 == 0));
+    REQUIRE(interval);
+    covered += interval->low <= 2.0 && 2.0 <= interval->high;
+  }
+  const double coverage = static_cast<double>(covered) / trials;
+  INFO("coverage " << coverage);
+  CHECK(coverage > 0.93);
+  CHECK(coverage < 0.99);
+}
+
+TEST_CASE("precision rule: stops early on quiet samples, late on noisy ones, and the median it gives is the true one") {
+  StoppingRule rule = StoppingRule::gpu_default();
+  rule.min_time_s = 0;
+  std::mt19937 random(3);
+  std::string reason;
+
+  const auto quiet = stream(random, 1e-3, 0.002, 100000);
+  const std::size_t quiet_taken = samples_to_stop(rule, quiet, reason);
+  CHECK(reason == "precise");
+  CHECK(quiet_taken <= 20);
+
+  const auto noisy = stream(random, 1e-3, 0.05, 100000, true);
+  const std::size_t noisy_taken = samples_to_stop(rule, noisy, reason);
+  CHECK(reason == "precise");
+  CHECK(noisy_taken > 20 * quiet_taken);
+  // +-0.5 % with 95 % confidence: the stopped median lies well within 2 % of the truth.
+  const double median = summarize_samples({noisy.begin(), noisy.begin() + static_cast<std::ptrdiff_t>(noisy_taken)}).median_s;
+  CHECK_THAT(median, WithinRel(1e-3, 0.02));
+
+  // Never before min_samples, however quiet.
+  rule.min_samples = 30;
+  CHECK(samples_to_stop(rule, quiet, reason) >= 30);
+}
+
+TEST_CASE("precision rule: the defaults, and nvbench's rule behind --stopping stdrel") {
+  CHECK(StoppingRule::gpu_default().criterion == StoppingCriterion::precision);
+  CHECK(StoppingRule::gpu_default().precision == 0.005);
+  CHECK(StoppingRule::cpu_default().precision == 0.05);
+  CHECK(StoppingRule::gpu_stdrel().criterion == StoppingCriterion::stdrel);
+  CHECK(StoppingRule::gpu_stdrel().min_time_s == 0.5);
+  CHECK(parse_stopping_criterion("stdrel") == StoppingCriterion::stdrel);
+  CHECK_FALSE(parse_stopping_criterion("noise"));
+  CHECK_THAT(StoppingRule::gpu_default().describe(), Catch::Matchers::ContainsSubstring("+-0.5%"));
+  const TimingSummary summary = summarize_samples({5, 1, 4, 2, 3, 6, 7, 8, 9, 10});
+  CHECK(summary.median_low_s <= summary.median_s);
+  CHECK(summary.median_high_s >= summary.median_s);
+  CHECK(std::isnan(summarize_samples({1, 2}).median_low_s));
 }

@@ -662,7 +662,10 @@ TEST_CASE("quantized kernels: registered, declining what they cannot run, output
 
     // The options travel with the call: the kernel prepares it with the ones it is given.
     auto prepared = kernel->prepare(call, KernelOptions{options});
-    CHECK(prepared->has_preparation());
+    // Separate work as on the GPU: quantization, or flash's change of layout from bshd.
+    CHECK(prepared->has_preparation() == (kind != QuantizedKind::flash || call.layout == Layout::bshd));
+    AttentionCall bshd = generated({"", {1, 2, 2, 8, 8, 16, 16}, false, CausalAlignment::top_left, Layout::bshd});
+    CHECK(kernel->prepare(bshd, KernelOptions{options})->has_preparation());
     prepared->run();
     prepared->prepare_inputs();
     prepared->run();

@@ -83,10 +83,12 @@ TEST_CASE("runner: the kernel and its whole call take turns, and the preparation
   ReplayOptions options;
   options.kernels = {"test-logged-preparation"};
   options.reference_device = "cpu";
+  options.time_preparation = true;  // the third timing, on request
   options.stopping.warmup_runs = 1;
   options.stopping.min_samples = 3;
-  options.stopping.min_time_s = 0.02;  // turns of 2 ms: several for each of the two
-  options.stopping.max_noise = 1.0;    // met once min_samples and min_time are
+  options.stopping.min_time_s = 0.1;  // turns of 20 ms (the least): several for each of the two
+  options.stopping.criterion = StoppingCriterion::stdrel;
+  options.stopping.max_noise = 1.0;  // met once min_samples and min_time are
   run_log().clear();
 
   const CallResult result = replay_call(call, options, "generated");
