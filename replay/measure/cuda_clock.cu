@@ -1,6 +1,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <stdexcept>
 
 #include "kernels/cuda/cluster_occupancy.h"
 #include "replay/measure/cuda_check.h"
@@ -80,6 +81,17 @@ struct EventClock::Resources {
   int* device_flags = nullptr;
   cudaEvent_t start{}, stop{};
   std::vector<cudaEvent_t> starts, stops;  // time_queued's, grown to its largest batch and reused
+  // queue()'s slots: the events around the run and after the probe; in host memory the device
+  // writes (so that reading one slot waits for that slot alone): the release flag, the blocking
+  // kernel's timed-out flag, and the probe's cycles and nanoseconds.
+  struct Slot {
+    cudaEvent_t start{}, stop{}, probed{};
+    volatile int* flags = nullptr;
+    int* device_flags = nullptr;
+    volatile unsigned long long* probe = nullptr;
+    unsigned long long* device_probe = nullptr;
+  };
+  Slot slots[EventClock::kPipelineDepth];
   ~Resources() {
     cudaFree(flush);
     cudaFree(probe);
@@ -88,6 +100,13 @@ struct EventClock::Resources {
     cudaEventDestroy(stop);
     for (cudaEvent_t event : starts) cudaEventDestroy(event);
     for (cudaEvent_t event : stops) cudaEventDestroy(event);
+    for (Slot& slot : slots) {
+      cudaEventDestroy(slot.start);
+      cudaEventDestroy(slot.stop);
+      cudaEventDestroy(slot.probed);
+      cudaFreeHost(const_cast<int*>(slot.flags));
+      cudaFreeHost(const_cast<unsigned long long*>(slot.probe));
+    }
   }
 };
 
@@ -96,6 +115,13 @@ bool device_present() {
   const bool present = cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
   cudaGetLastError();
   return present;
+}
+
+int device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) count = 0;
+  cudaGetLastError();
+  return count;
 }
 
 int use_local_device(int local_rank) {
@@ -122,6 +148,19 @@ EventClock::EventClock(bool cold_l2, size_t min_flush_bytes)
   ATTNREPLAY_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&resources_->device_flags), flags, 0));
   ATTNREPLAY_CUDA_CHECK(cudaEventCreate(&resources_->start));
   ATTNREPLAY_CUDA_CHECK(cudaEventCreate(&resources_->stop));
+  for (Resources::Slot& slot : resources_->slots) {
+    ATTNREPLAY_CUDA_CHECK(cudaEventCreate(&slot.start));
+    ATTNREPLAY_CUDA_CHECK(cudaEventCreate(&slot.stop));
+    ATTNREPLAY_CUDA_CHECK(cudaEventCreateWithFlags(&slot.probed, cudaEventDisableTiming));
+    int* slot_flags = nullptr;
+    ATTNREPLAY_CUDA_CHECK(cudaHostAlloc(&slot_flags, 2 * sizeof(int), cudaHostAllocMapped));
+    slot.flags = slot_flags;
+    ATTNREPLAY_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&slot.device_flags), slot_flags, 0));
+    unsigned long long* probe = nullptr;
+    ATTNREPLAY_CUDA_CHECK(cudaHostAlloc(&probe, 2 * sizeof(unsigned long long), cudaHostAllocMapped));
+    slot.probe = probe;
+    ATTNREPLAY_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&slot.device_probe), probe, 0));
+  }
 }
 
 EventClock::~EventClock() = default;
@@ -174,6 +213,53 @@ Sample EventClock::end() {
   sample.seconds = milliseconds * 1e-3;
   sample.sm_mhz = read_probe(r.probe);
   sample.block_timed_out = r.host_flags[1] != 0;
+  return sample;
+}
+
+void EventClock::queue(bool blocking, const std::function<void()>& run) {
+  if (queued_ == kPipelineDepth) throw std::logic_error("EventClock::queue: the pipeline is full; collect() first");
+  Resources::Slot& slot = resources_->slots[(oldest_ + queued_) % kPipelineDepth];
+  // The slot's last sample was collected: its blocking kernel has read the flags for the last time.
+  slot.flags[0] = blocking ? 0 : 1;
+  slot.flags[1] = 0;
+  const auto let_go = [&] {
+    __sync_synchronize();  // everything queued before the flag is seen
+    slot.flags[0] = 1;
+  };
+  try {
+    if (blocking) {
+      block_until_released<<<1, 1>>>(slot.device_flags, slot.device_flags + 1, kBlockTimeoutNs);
+      ATTNREPLAY_CUDA_CHECK(cudaGetLastError());
+    }
+    if (cold_l2_) ATTNREPLAY_CUDA_CHECK(cudaMemsetAsync(resources_->flush, 0, resources_->flush_bytes, 0));
+    ATTNREPLAY_CUDA_CHECK(cudaEventRecord(slot.start, 0));
+    run();
+    ATTNREPLAY_CUDA_CHECK(cudaEventRecord(slot.stop, 0));
+    slot.probe[0] = slot.probe[1] = 0;
+    clock_probe<<<1, 1>>>(slot.device_probe, slot.device_probe + 1);
+    ATTNREPLAY_CUDA_CHECK(cudaGetLastError());
+    ATTNREPLAY_CUDA_CHECK(cudaEventRecord(slot.probed, 0));
+  } catch (...) {
+    let_go();
+    throw;
+  }
+  let_go();
+  ++queued_;
+}
+
+Sample EventClock::collect() {
+  if (queued_ == 0) throw std::logic_error("EventClock::collect: no sample queued");
+  Resources::Slot& slot = resources_->slots[oldest_];
+  oldest_ = (oldest_ + 1) % kPipelineDepth;
+  --queued_;
+  ATTNREPLAY_CUDA_CHECK(cudaEventSynchronize(slot.probed));
+  float milliseconds = 0;
+  ATTNREPLAY_CUDA_CHECK(cudaEventElapsedTime(&milliseconds, slot.start, slot.stop));
+  Sample sample;
+  sample.seconds = milliseconds * 1e-3;
+  const unsigned long long cycles = slot.probe[0], nanoseconds = slot.probe[1];
+  sample.sm_mhz = nanoseconds ? static_cast<double>(cycles) / static_cast<double>(nanoseconds) * 1e3 : 0.0;
+  sample.block_timed_out = slot.flags[1] != 0;
   return sample;
 }
 

@@ -10,6 +10,7 @@
 namespace attnreplay::cuda_clock {
 
 bool device_present();
+int device_count();  // visible devices, 0 without
 // Makes device `local_rank` modulo the visible ones current for this thread; returns it, or -1
 // without a device. A launcher that gives each process one GPU (CUDA_VISIBLE_DEVICES) gets 0.
 int use_local_device(int local_rank);
@@ -39,6 +40,17 @@ class EventClock {
   void release();
   // Records the stop event, probes the SM clock, releases the stream, waits, and reads both.
   Sample end();
+  // The same sample as begin(), run() and end() take, pipelined: queue() queues one whole sample
+  // (the blocking kernel, the flush, the events around run(), the clock probe) and lets it go
+  // without waiting for the samples before it, so that the host queues a sample while the GPU
+  // runs the one before: the GPU's side of each sample is the same, and a decode-sized kernel's
+  // sample costs the GPU's time for it, not that plus the host's. At most kPipelineDepth samples
+  // are queued; collect() waits for the oldest and reads it. When run() throws, the sample is
+  // released and dropped, and the exception goes on.
+  static constexpr int kPipelineDepth = 2;
+  void queue(bool blocking, const std::function<void()>& run);
+  Sample collect();
+  int queued() const { return queued_; }
   // For timers that bracket a run by other means (CUPTI): flushes the L2 (when cold) and waits
   // until the device is idle, so that nothing queued before the run overlaps it.
   void flush_and_wait();
@@ -64,6 +76,8 @@ class EventClock {
   bool cold_l2_;
   bool blocked_ = false;
   double rated_mhz_ = 0;
+  int oldest_ = 0;  // queue()'s slot of the oldest sample in flight
+  int queued_ = 0;
 };
 
 // The current device's PCI bus id ("0000:00:06.0"), which NVML finds it by; empty if unknown.

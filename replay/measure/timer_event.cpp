@@ -1,7 +1,7 @@
 // The default GPU timer: CUDA events around each run on the default stream, a cold L2 unless
 // --hot-l2 (a buffer twice the L2's size zeroed before each sample, as nvbench does), and samples
 // taken while the SM clock ran under 75 % of its rated clock discarded, as nvbench's throttle
-// guard does.
+// guard does. Samples are pipelined: the next is queued while the GPU runs the last.
 #include "replay/measure/cuda_clock.h"
 #include "replay/measure/timer_rules.h"
 #include "replay/measure/timers.h"
@@ -17,16 +17,22 @@ class CudaEventTimer final : public SampleTimer {
   std::string cache() const override { return options_.cold_l2 ? "cold-l2" : "hot-l2"; }
 
   void begin_kernel(PreparedKernel&) override { blocking_ = true; }
-
-  std::vector<std::optional<double>> time_samples(PreparedKernel& kernel) override {
-    clock_.begin(blocking_);
+  // The sample queued ahead is dropped: the next turn may be another kernel's.
+  void end_kernel() noexcept override {
     try {
-      kernel.run();
-    } catch (...) {
-      clock_.release();
-      throw;
+      while (clock_.queued() > 0) clock_.collect();
+    } catch (const std::exception&) {
+      // A fault shows again at the next CUDA call, where it is reported.
     }
-    const cuda_clock::Sample sample = clock_.end();
+  }
+
+  // One sample a call, with the next one queued behind it before it is waited for: the host
+  // queues sample n+1 while the GPU runs sample n (cuda_clock::EventClock::queue).
+  std::vector<std::optional<double>> time_samples(PreparedKernel& kernel) override {
+    const auto run = [&kernel] { kernel.run(); };
+    if (clock_.queued() == 0) clock_.queue(blocking_, run);
+    clock_.queue(blocking_, run);
+    const cuda_clock::Sample sample = clock_.collect();
     if (sample.block_timed_out) {
       // run() waits for the GPU: it cannot be queued ahead, so its samples are taken unblocked.
       blocking_ = false;
