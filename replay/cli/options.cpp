@@ -150,6 +150,10 @@ const std::vector<OptionSpec> kTable = {
     {"-q,--quiet", K::flag, "print only the summary", output, kRunUse | kAuditUse},
     {"--no-ceilings", K::flag, "skip measuring the GPU's matrix and copy ceilings at start-up", output, kRunUse},
 
+    {"--gpus", K::integer,
+     "start this many processes, one per GPU of this machine, each replaying its share; rank 0 joins the parts "
+     "(no launcher needed; docs/scaling.md)",
+     sharing, kRunUse, Rerun::never, "1", nullptr, ValueCheck::positive},
     {"--shard", K::text,
      "share the calls among processes: auto (the launcher's ranks: torchrun, srun, mpirun, Slurm arrays), none, "
      "or RANK/SIZE; each writes its part of --json/--csv (docs/scaling.md)",
@@ -238,8 +242,20 @@ void Options::define(CLI::App& app, OptionUse use, const std::vector<OptionSpec>
       case OptionKind::text: option = app.add_option(spec.names, value.text, spec.help); break;
     }
     if (spec.choices) option->check(CLI::IsMember(spec.choices()));
-    if (spec.check == ValueCheck::positive) option->check(CLI::PositiveNumber);
-    if (spec.check == ValueCheck::non_negative) option->check(CLI::NonNegativeNumber);
+    // CLI11's own range checks print the range as "0 to 1.8e308" written out in full.
+    const auto at_least = [](double low, bool inclusive, const char* expected) {
+      return CLI::Validator(
+          [=](const std::string& text) -> std::string {
+            double value = 0;
+            if (!CLI::detail::lexical_cast(text, value) || value < low || (!inclusive && value == low)) {
+              return fmt::format("expected {}, got '{}'", expected, text);
+            }
+            return {};
+          },
+          expected);
+    };
+    if (spec.check == ValueCheck::positive) option->check(at_least(0, false, "a number above 0"));
+    if (spec.check == ValueCheck::non_negative) option->check(at_least(0, true, "a number of 0 or more"));
     if (!spec.default_value.empty()) option->default_str(spec.default_value);
     option->group(spec.group);
     value.option = option;

@@ -23,6 +23,7 @@
 #include "replay/report/records.h"
 #include "replay/run/call_share.h"
 #include "replay/run/replay_call.h"
+#include "replay/run/local_ranks.h"
 #include "replay/run/replay_capture.h"
 #include "replay/run/sharded_run.h"
 
@@ -196,6 +197,10 @@ class RunCommand final : public Command {
     } catch (const InputError& error) {
       throw UsageError(error.what());
     }
+    if (const int gpus = static_cast<int>(options_.integer("--gpus").value_or(1)); gpus > 1) {
+      check_local_ranks(gpus, shard);
+      return run_local_ranks(gpus, argv);
+    }
     const OutputFiles outputs = output_files(options_.text("--json").value_or(""), options_.text("--csv").value_or(""));
     const bool quiet = options_.flag("--quiet");
     Report report;
@@ -236,6 +241,21 @@ class RunCommand final : public Command {
   }
 
  private:
+  // --gpus starts the ranks itself: not under another launcher, nor beyond the GPUs there are
+  // (two processes timing on one GPU disturb each other's figures).
+  void check_local_ranks(int gpus, const Shard& shard) const {
+    if (shard.sharded()) {
+      throw UsageError(fmt::format("--gpus {} starts its own processes, but this one is already rank {} of {} ({}): "
+                                   "give --gpus or a launcher, not both",
+                                   gpus, shard.rank, shard.world_size, shard.launcher));
+    }
+    const int visible = gpu_count();
+    if (visible > 0 && gpus > visible) {
+      throw UsageError(fmt::format("--gpus {}: this machine shows {} GPU{} (CUDA_VISIBLE_DEVICES limits them)", gpus,
+                                   visible, visible == 1 ? "" : "s"));
+    }
+  }
+
   // Bad flags on the command line are usage errors (exit 2), found before any work.
   void check_flags(Report& report) const {
     try {

@@ -10,6 +10,7 @@ namespace attnreplay {
 #ifdef ATTNREPLAY_HAVE_CUDA
 
 bool gpu_present() { return cuda_clock::device_present(); }
+int gpu_count() { return cuda_clock::device_count(); }
 
 int use_local_gpu(int local_rank) { return cuda_clock::use_local_device(local_rank); }
 
@@ -34,6 +35,7 @@ void describe_cuda_device(Environment& environment) {
 #else
 
 bool gpu_present() { return false; }
+int gpu_count() { return 0; }
 int use_local_gpu(int) { return -1; }
 ClockMonitor* gpu_clock_monitor() { return nullptr; }
 std::string gpu_clock_monitor_description() { return "this build has no CUDA"; }

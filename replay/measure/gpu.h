@@ -10,6 +10,7 @@
 namespace attnreplay {
 
 bool gpu_present();
+int gpu_count();  // the visible GPUs
 // The process's GPU under a launcher (replay/run/sharding.h): the visible device its local rank
 // names, modulo the count. Returns the device index, or -1 without a device.
 int use_local_gpu(int local_rank);

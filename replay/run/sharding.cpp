@@ -143,6 +143,11 @@ Shard shard_from_flag(const std::string& text, const EnvironmentLookup& environm
     shard.world_size = size;
     shard.local_rank = static_cast<int>(integer(environment, "LOCAL_RANK").value_or(0));
     shard.launcher = "--shard";
+    // A rank that `run --gpus` started (replay/run/local_ranks.h): its launch's id.
+    if (const auto launch = environment("ATTNREPLAY_GPUS_LAUNCH")) {
+      shard.launcher = "--gpus";
+      shard.launch_id = *launch;
+    }
     return shard;
   } catch (const std::invalid_argument&) {
   } catch (const std::out_of_range&) {

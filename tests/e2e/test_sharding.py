@@ -188,3 +188,18 @@ def test_torchrun_starts_the_shares(capture, one_process, tmp_path):
     joined = load_json(tmp_path / "r.json")
     assert joined["sharded"]["launcher"] == "torchrun" and joined["sharded"]["launch_id"].startswith("torchrun ")
     assert errors_by_call(joined) == errors_by_call(one_process)
+
+
+def test_run_gpus_starts_its_own_ranks(capture, one_process, tmp_path):
+    # On the CPU the two ranks share the machine's cores; on a GPU machine each takes its own GPU.
+    process = start(["run", capture, "--kernels", KERNELS, "--json", "r.json", "-q", "--gpus", "2", *FAST], {}, tmp_path)
+    out, _ = finish(process)
+    assert "rank 1:" in out and "merged 2 parts: 10 calls" in out
+    joined = load_json(tmp_path / "r.json")
+    assert joined["sharded"]["launcher"] == "--gpus" and joined["sharded"]["launch_id"].startswith("pid ")
+    assert errors_by_call(joined) == errors_by_call(one_process)
+    # Under a launcher, or with no GPU to give, --gpus is refused before any work.
+    process = start(["run", capture, "--kernels", "reference", "-q", "--gpus", "2"], LAUNCHERS["torchrun"](0), tmp_path)
+    assert "give --gpus or a launcher, not both" in finish(process, expected=2)[1]
+    process = start(["run", capture, "--kernels", "reference", "-q", "--gpus", "0"], {}, tmp_path)
+    assert "--gpus: expected a number above 0, got '0'" in finish(process, expected=2)[1]
