@@ -19,7 +19,10 @@ step() { echo; echo "== $* ($(date -u +%H:%M:%S))"; }
 # and PREP_CASES pick its runs, PREP_KINDS its kinds; PEER_SHAPES picks the peer step's shapes; GPU_TESTS, pytest's
 # arguments, picks the GPU tests; SCALING_SHAPES, SCALING_KINDS and SCALING_EXTRA pick the scaling
 # step's shapes, kinds and attnreplay flags; "same" compares outputs with BASE_TREE's build, below,
-# and "figures" its timings, FIGURE_CASES picking suite_quant.txt's case tags).
+# and "figures" its timings, FIGURE_CASES picking suite_quant.txt's case tags; "rules" compares the
+# default stopping rule's medians with nvbench's on suite_gpu.txt; "efficiency" times the replay
+# itself, EFFICIENCY_GPUS, EFFICIENCY_CALLS, EFFICIENCY_TRACES and EFFICIENCY_EXTRA picking GPU counts,
+# the serving trace's calls, traces, flags).
 STEPS="${GPU_STEPS:-tests dobench suite quant capture}"
 wants() { [[ " $STEPS " == *" $1 "* ]]; }
 
@@ -132,6 +135,20 @@ if base_built; then
 else
   echo "no base: set BASE_TREE"; status=1
 fi
+fi
+
+if wants rules; then
+step "the precision rule against nvbench's (--stopping stdrel), one build, in turns (bench/same_figures.py)"
+python3 "$ROOT/bench/same_figures.py" --attnreplay "$BIN" --base "$BIN" --base-flags "--stopping stdrel" \
+  --testlist "$ROOT/bench/suite_gpu.txt" --cases "${FIGURE_CASES:-}" --rounds "${FIGURE_ROUNDS:-2}" --tolerance 0.01 \
+  --out "$OUT/rules.json" | tee "$OUT/rules.txt" || status=1
+fi
+
+if wants efficiency; then
+step "what a replay costs beside what it measures (bench/replay_efficiency.py)"
+python3 "$ROOT/bench/replay_efficiency.py" --attnreplay "$BIN" --out "$OUT/efficiency.json" \
+  --gpus "${EFFICIENCY_GPUS:-1}" --calls "${EFFICIENCY_CALLS:-1000}" --traces "${EFFICIENCY_TRACES:-serving,flux}" --extra="${EFFICIENCY_EXTRA:-}" --launcher "${EFFICIENCY_LAUNCHER:-gpus}" \
+  | tee "$OUT/efficiency.txt" || status=1
 fi
 
 if wants prepkernels; then

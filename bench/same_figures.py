@@ -35,8 +35,8 @@ def testlist_lines(path, tags):
     return lines
 
 
-def medians(binary, testlist, json_path):
-    subprocess.run([binary, "run", "--testlist", str(testlist), "--json", str(json_path), "-q", "--no-ceilings"],
+def medians(binary, testlist, json_path, flags):
+    subprocess.run([binary, "run", "--testlist", str(testlist), "--json", str(json_path), "-q", "--no-ceilings", *flags],
                    check=False, stdout=subprocess.DEVNULL)
     record = json.loads(Path(json_path).read_text())
     out = {}
@@ -56,6 +56,9 @@ def main():
     parser.add_argument("--cases", default="", help="the lines' --case_tag values to run, comma-separated (default: all)")
     parser.add_argument("--rounds", type=int, default=2, help="runs of each build, in turns")
     parser.add_argument("--tolerance", type=float, default=0.02, help="ratio off 1 beyond noise that fails")
+    parser.add_argument("--flags", default="", help="flags of the change's runs (one binary, two rules: "
+                        "--base-flags '--stopping stdrel')")
+    parser.add_argument("--base-flags", default="", help="flags of the base's runs")
     parser.add_argument("--out", help="JSON with every median")
     args = parser.parse_args()
 
@@ -65,8 +68,8 @@ def main():
     testlist.write_text("\n".join(testlist_lines(args.testlist, cases)) + "\n")
     runs = {"base": [], "change": []}
     for round_ in range(args.rounds):
-        for name, binary in (("base", args.base), ("change", args.attnreplay)):
-            runs[name].append(medians(binary, testlist, work / f"{name}{round_}.json"))
+        for name, binary, flags in (("base", args.base, args.base_flags), ("change", args.attnreplay, args.flags)):
+            runs[name].append(medians(binary, testlist, work / f"{name}{round_}.json", flags.split()))
 
     failed = False
     rows = []

@@ -22,7 +22,9 @@ struct TimingSummary {
   // The median's 95 % confidence interval (median_interval, below); NaN under 6 samples.
   double median_low_s = 0, median_high_s = 0;
   double measured_s = 0;  // time spent sampling, warm-up excluded
-  std::string stop_reason;  // "converged", "median-settled", "noise-settled", "timeout", "max-samples"
+  // "precise" (the default rule), "converged", "median-settled", "noise-settled" (stdrel), "budget" (a
+  // second kernel past its share), "timeout", "max-samples"
+  std::string stop_reason;
   // Runs each sample averages over: 1, or K for CUDA-graph samples (one replay of K runs).
   int runs_per_sample = 1;
   // What the driver reported while the samples ran (replay/nvml_monitor.h); 0 where nothing was

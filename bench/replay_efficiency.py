@@ -1,0 +1,204 @@
+"""What a replay costs beside what it measures: wall time against the time spent in timings.
+
+Generates two captures as folders of attnreplay .pt calls (bench/pt_calls.py's form):
+- serving: a Llama-like model (16 layers of 32 query heads, 8 key/value heads, head dim 128, bf16)
+  serving request batches, each a prefill and 15 decode steps through every layer: `--calls` calls
+  (1,000: 63 forwards, so 63 shapes, as each decode step's key length is its own), left padding as
+  a bool mask in the batches of several requests, causal prompts alone otherwise;
+- flux: long calls, Flux's attention (1x24x(4096+128..512)x64 or 128, bf16), 12 calls of 6 shapes,
+  replayed with --time-every-call (each call timed: the long calls' figure of wall against timing);
+- aiter: for the CPU, 12 small calls in aiter's folder format (<kernel>_input_<n>.pt: sequences of
+  200 to 607, 3 heads, head dim 64, bf16), as a video model's captured attention scaled down.
+
+Replays each through `--kernels` on 1 GPU, and on each count of `--gpus` (`attnreplay run --gpus N`,
+or torchrun with --launcher torchrun), and reports per run: the wall time of the process(es), the time its timings took
+(replay_seconds["measure"], summed over calls: the sampling loop, L2 flushes included), the GPU time
+its samples hold (the timings' measured_s), their ratios, the time outside the calls (start-up, the
+JSON, exit: wall less the calls' phases) and the speed-up over one GPU.
+
+    python bench/replay_efficiency.py --attnreplay build/replay/attnreplay --out efficiency.json --gpus 1,2
+"""
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+from pt_calls import save_call
+
+KERNELS = "torch-cudnn,torch-efficient,torch-flash,flash,sage2-int8-fp8"
+
+
+def save_masked_call(folder, index, q, k, v, mask, is_causal, metadata):
+    """save_call with a mask and metadata: the form capture writes for a transformers model's SDPA."""
+    path = save_call(folder, index, q, k, v, is_causal=is_causal, op="aten::scaled_dot_product_attention")
+    call = torch.load(path, weights_only=True)
+    call.update({"mask": mask, "metadata": metadata, "enable_gqa": True})
+    torch.save(call, path)
+    return path
+
+
+def write_serving_trace(folder, calls, seed, layers=16, heads_q=32, heads_kv=8, dim=128, decode_steps=15):
+    """Request batches through a Llama-like model until `calls` attention calls: per batch a prefill
+    (left-padded prompts under one bool mask, or one causal prompt) and `decode_steps` decode steps,
+    each through every layer. Returns (calls written, distinct shapes)."""
+    os.makedirs(folder, exist_ok=True)
+    rng = random.Random(seed)
+    generator = torch.Generator().manual_seed(seed)
+    index, shapes = 0, set()
+    while index < calls:
+        batch = rng.choice([1, 1, 2, 4])
+        lengths = [rng.randint(48, 384) for _ in range(batch)]
+        longest = max(lengths)
+        for step in range(decode_steps + 1):
+            seq_q = longest if step == 0 else 1
+            seq_kv = longest + step
+            shapes.add((batch, seq_q, seq_kv))
+            # Left padding: a prompt's first (longest - length) keys are pads, in every step.
+            mask = None
+            if batch > 1:
+                keys = torch.arange(seq_kv)
+                queries = torch.arange(seq_kv - seq_q, seq_kv)
+                visible = keys[None, :] <= queries[:, None]
+                pads = torch.stack([keys >= longest - length for length in lengths])
+                mask = (visible[None] & pads[:, None, :])[:, None]  # (b, 1, s_q, s_kv)
+            for layer in range(layers):
+                if index >= calls:
+                    return index, len(shapes)
+                q = torch.randn(batch, heads_q, seq_q, dim, generator=generator).to(torch.bfloat16)
+                k = torch.randn(batch, heads_kv, seq_kv, dim, generator=generator).to(torch.bfloat16)
+                v = torch.randn(batch, heads_kv, seq_kv, dim, generator=generator).to(torch.bfloat16)
+                save_masked_call(folder, index, q, k, v, mask, is_causal=mask is None and seq_q > 1,
+                                 metadata={"layer": str(layer), "step": str(step)})
+                index += 1
+    return index, len(shapes)
+
+
+def write_flux_capture(folder, seed):
+    """Flux's joint attention, 4096 image tokens and 128, 256 or 512 text tokens, 24 heads of 64 or
+    128, bf16: 6 shapes, each twice (the issue's two-GPU run)."""
+    os.makedirs(folder, exist_ok=True)
+    generator = torch.Generator().manual_seed(seed)
+    index = 0
+    for repeat in range(2):
+        for text in (128, 256, 512):
+            for dim in (64, 128):
+                q, k, v = (torch.randn(1, 24, 4096 + text, dim, generator=generator).to(torch.bfloat16) for _ in range(3))
+                save_masked_call(folder, index, q, k, v, None, False, {"text_tokens": str(text), "repeat": str(repeat)})
+                index += 1
+    return index, 6
+
+
+def write_aiter_folder(folder, seed, calls=12):
+    """aiter's capture form: query, key, value and the call's keyword arguments, one file a call."""
+    os.makedirs(folder, exist_ok=True)
+    generator = torch.Generator().manual_seed(seed)
+    for index in range(calls):
+        seq = 200 + index * 37
+        q, k, v = (torch.randn(1, 3, seq, 64, generator=generator).to(torch.bfloat16) for _ in range(3))
+        torch.save({"query": q, "key": k, "value": v, "call_idx": index,
+                    "kwargs": {"is_causal": False, "dropout_p": 0.0}},
+                   os.path.join(folder, f"sdpa_input_{index}.pt"))
+    return calls, calls
+
+
+def replay(binary, capture, kernels, gpus, work, extra, launcher):
+    """One replay on `gpus` GPUs; returns its figures."""
+    out = os.path.join(work, f"{os.path.basename(capture)}-{gpus}gpu.json")
+    flags = ["run", capture, "--kernels", kernels, "--json", out, "-q", *extra]
+    if gpus == 1:
+        command = [binary, *flags]
+    elif launcher == "torchrun":
+        command = ["torchrun", "--standalone", f"--nproc-per-node={gpus}", "--no-python", binary, *flags]
+    else:
+        command = [binary, *flags, "--gpus", str(gpus)]
+    start = time.perf_counter()
+    result = subprocess.run(command, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if not os.path.exists(out):
+        sys.exit(f"no record from {' '.join(command)}:\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}")
+    record = json.load(open(out))
+    timing_s = sum(call["replay_seconds"].get("measure", 0) for call in record["calls"])
+    phases = {}
+    for call in record["calls"]:
+        for phase, seconds in call["replay_seconds"].items():
+            phases[phase] = phases.get(phase, 0) + seconds
+    sampled_s, timings, statuses, per_timing = 0.0, 0, {}, {}
+    for call in record["calls"]:
+        for kernel in call["kernels"]:
+            statuses[kernel["status"]] = statuses.get(kernel["status"], 0) + 1
+            for key in ("timing", "timing_with_preparation", "timing_of_preparation"):
+                timing = kernel.get(key)
+                if timing and not kernel.get("timing_shared_from"):
+                    sampled_s += timing.get("measured_s") or 0
+                    timings += 1
+                    row = per_timing.setdefault(f"{kernel['kernel']}/{key}", {"timings": 0, "samples": 0, "sampled_s": 0.0, "stops": {}})
+                    row["timings"] += 1
+                    row["samples"] += timing.get("samples") or 0
+                    row["sampled_s"] += timing.get("measured_s") or 0
+                    reason = timing.get("stop_reason", "?")
+                    row["stops"][reason] = row["stops"].get(reason, 0) + 1
+    # Outside the calls: start-up (libtorch, CUDA, the ceilings), the JSON, exit; per process.
+    outside_s = wall - sum(phases.values()) / gpus
+    return {"gpus": gpus, "wall_s": wall, "outside_s": outside_s, "timing_s": timing_s, "timing_share": timing_s / (wall * gpus), "sampled_s": sampled_s, "timings": timings,
+            "calls": len(record["calls"]), "input_errors": len(record["input_errors"]), "statuses": statuses,
+            "phases_s": phases, "per_timing": per_timing, "exit": result.returncode}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--attnreplay", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--kernels", default=KERNELS)
+    parser.add_argument("--calls", type=int, default=1000, help="calls of the serving trace")
+    parser.add_argument("--gpus", default="1", help="GPU counts to replay on, comma-separated")
+    parser.add_argument("--traces", default="serving,flux", help="serving, flux, aiter (the CPU's)")
+    parser.add_argument("--extra", default="", help="more attnreplay run flags, e.g. '--stopping stdrel'")
+    parser.add_argument("--launcher", choices=("gpus", "torchrun"), default="gpus",
+                        help="how several GPUs' processes start: attnreplay run --gpus N, or torchrun")
+    parser.add_argument("--work", help="folder for the captures (default: a temporary one, removed)")
+    args = parser.parse_args()
+
+    work = args.work or tempfile.mkdtemp(prefix="replay-efficiency-")
+    results = {"kernels": args.kernels, "extra": args.extra, "launcher": args.launcher, "runs": []}
+    writers = {"serving": lambda folder: write_serving_trace(folder, args.calls, seed=1),
+               "flux": lambda folder: write_flux_capture(folder, seed=2),
+               "aiter": lambda folder: write_aiter_folder(folder, seed=3)}
+    # timing/wall: the share of the GPUs' wall time spent in timings (timing s over wall s x GPUs).
+    print(f"{'trace':<8} {'calls':>5} {'shapes':>6} {'gpus':>4} {'wall s':>8} {'timing s':>9} {'timing/wall':>11} "
+          f"{'sampled s':>9} {'timings':>7} {'outside s':>9} {'speed-up':>8}", flush=True)
+    for trace in args.traces.split(","):
+        folder = os.path.join(work, trace)
+        start = time.perf_counter()
+        calls, shapes = writers[trace](folder)
+        written_s = time.perf_counter() - start
+        print(f"{trace}: {calls} calls, {shapes} shapes written in {written_s:.1f} s", flush=True)
+        one_gpu_wall = None
+        flags = args.extra.split() + (["--time-every-call"] if trace == "flux" else [])
+        for gpus in (int(g) for g in args.gpus.split(",")):
+            run = replay(args.attnreplay, folder, args.kernels, gpus, work, flags, args.launcher)
+            run.update({"trace": trace, "shapes": shapes, "written_s": written_s})
+            one_gpu_wall = one_gpu_wall or (run["wall_s"] if gpus == 1 else None)
+            run["speed_up"] = one_gpu_wall / run["wall_s"] if one_gpu_wall else None
+            results["runs"].append(run)
+            print(f"{trace:<8} {run['calls']:>5} {shapes:>6} {gpus:>4} {run['wall_s']:>8.1f} {run['timing_s']:>9.1f} "
+                  f"{run['timing_share']:>11.2f} {run['sampled_s']:>9.2f} {run['timings']:>7} {run['outside_s']:>9.2f} "
+                  f"{(run['speed_up'] or 0):>8.2f}", flush=True)
+            print("         phases (s, summed over calls): " +
+                  ", ".join(f"{k} {v:.1f}" for k, v in sorted(run["phases_s"].items(), key=lambda kv: -kv[1])), flush=True)
+            for name, row in sorted(run["per_timing"].items()):
+                print(f"         {name:<40} {row['timings']:>5} timings {row['samples'] / row['timings']:>8.0f} samples "
+                      f"{row['sampled_s'] / row['timings'] * 1e3:>8.2f} ms sampled each; stops {row['stops']}", flush=True)
+            json.dump(results, open(args.out, "w"), indent=1)
+    if not args.work:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
