@@ -33,6 +33,7 @@ class Command {
 std::unique_ptr<Command> make_run_command();
 std::unique_ptr<Command> make_audit_command();
 std::unique_ptr<Command> make_merge_command();
+std::unique_ptr<Command> make_compare_command();
 std::unique_ptr<Command> make_info_command();
 std::unique_ptr<Command> make_convert_command();
 std::unique_ptr<Command> make_kernels_command();

@@ -9,7 +9,7 @@
 namespace attnreplay {
 namespace {
 
-const std::vector<CsvColumn>& columns() {
+const std::vector<CsvColumn>& audit_columns() {
   using F = CsvColumn::From;
   static const std::vector<CsvColumn> list = {
       {"source", "/source", F::call},
@@ -52,13 +52,13 @@ const std::vector<CsvColumn>& columns() {
 
 class AuditCsvPrinter final : public Printer {
  public:
-  void print(const nlohmann::json& record, std::ostream& out) const override { write_csv_rows(record, columns(), out); }
+  void print(const nlohmann::json& record, std::ostream& out) const override { write_csv_rows(record, audit_columns(), out); }
 };
 
 }  // namespace
 
 const std::vector<std::string>& audit_csv_columns() {
-  static const std::vector<std::string> names = column_names(columns());
+  static const std::vector<std::string> names = column_names(audit_columns());
   return names;
 }
 

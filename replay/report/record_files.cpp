@@ -9,6 +9,16 @@
 
 namespace attnreplay {
 
+nlohmann::json read_record_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw InputError(fmt::format("{}: cannot open", path));
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& error) {
+    throw InputError(fmt::format("{}: not JSON ({})", path, error.what()));
+  }
+}
+
 void write_file_atomically(const std::string& path, const std::function<void(std::ostream&)>& write) {
   const std::string partial = path + ".partial";
   {

@@ -15,6 +15,10 @@ inline constexpr int kExitOk = 0;
 inline constexpr int kExitFailures = 1;   // an input, call or kernel failed
 inline constexpr int kExitUsage = 2;
 inline constexpr int kExitIncorrect = 3;  // --refcheck thresholds exceeded
+inline constexpr int kExitRegression = 4;  // compare --fail-on-regression found one
+
+// A record file (a run's, an audit's, a part's) parsed; throws InputError naming the file.
+nlohmann::json read_record_file(const std::string& path);
 
 // Writes beside `path`, then renames: a reader never sees half a file. Throws InputError.
 void write_file_atomically(const std::string& path, const std::function<void(std::ostream&)>& write);

@@ -8,7 +8,7 @@
 namespace attnreplay {
 namespace {
 
-const std::vector<CsvColumn>& columns() {
+const std::vector<CsvColumn>& result_columns() {
   using F = CsvColumn::From;
   static const std::vector<CsvColumn> list = {
       {"source", "/source", F::call},
@@ -75,13 +75,13 @@ const std::vector<CsvColumn>& columns() {
 
 class ResultsCsvPrinter final : public Printer {
  public:
-  void print(const nlohmann::json& record, std::ostream& out) const override { write_csv_rows(record, columns(), out); }
+  void print(const nlohmann::json& record, std::ostream& out) const override { write_csv_rows(record, result_columns(), out); }
 };
 
 }  // namespace
 
 const std::vector<std::string>& csv_columns() {
-  static const std::vector<std::string> names = column_names(columns());
+  static const std::vector<std::string> names = column_names(result_columns());
   return names;
 }
 

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "formats/errors.h"
+#include "replay/report/record_files.h"
 
 namespace attnreplay {
 namespace fs = std::filesystem;
@@ -22,19 +23,9 @@ struct Part {
   int rank = 0, world_size = 0;
 };
 
-nlohmann::json read_json(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw InputError(fmt::format("{}: cannot open", path));
-  try {
-    return nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& error) {
-    throw InputError(fmt::format("{}: not JSON ({})", path, error.what()));
-  }
-}
-
 // A part's shard object, checked: throws naming the file and the field.
 Part read_part(const std::string& path) {
-  Part part{path, read_json(path)};
+  Part part{path, read_record_file(path)};
   const nlohmann::json& r = part.record;
   if (!r.is_object() || r.value("schema", "") != "attnreplay.results") {
     throw InputError(fmt::format("{}: not an attnreplay results record (no \"schema\": \"attnreplay.results\")", path));
@@ -190,7 +181,7 @@ std::vector<std::string> wait_for_parts(const std::string& path, const std::stri
       if (ours && own.shard.launch_id.empty()) ours = written >= earliest;
       if (ours && !own.shard.launch_id.empty()) {
         try {
-          ours = read_json(candidate)["shard"].value("launch_id", "") == own.shard.launch_id;
+          ours = read_record_file(candidate)["shard"].value("launch_id", "") == own.shard.launch_id;
         } catch (const std::exception&) {
           ours = false;
         }

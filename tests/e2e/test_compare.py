@@ -1,0 +1,80 @@
+"""`attnreplay compare` (replay/judge/run_comparison.h): two runs of the same calls call nothing a
+regression; a kernel slowed down and one made less accurate are flagged, exactly those, and
+--fail-on-regression exits 4; Markdown for a pull request; clear errors on files that are not
+run records."""
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from conftest import FAST, binary, load_json, run_attnreplay
+
+PLUGIN = Path(__file__).parent / "plugins" / "changed_kernels.py"
+SHAPES = ("--shape", "1,2,96,32", "--dtype", "fp32")
+
+
+def replay(path, probe=""):
+    env = dict(os.environ, ATTNREPLAY_TEST_PROBE=probe)
+    import subprocess
+    result = subprocess.run([binary(), "run", *SHAPES, "--kernel-module", str(PLUGIN), "--kernels",
+                             "steady,probe,torch-math", "--json", str(path), "-q", *FAST],
+                            env=env, capture_output=True, text=True, timeout=300)
+    assert path.exists(), result.stdout + result.stderr
+    return path
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    return replay(tmp_path_factory.mktemp("base") / "base.json")
+
+
+def compare(*args, expected=0):
+    result = run_attnreplay("compare", *args, check=expected)
+    return result.stdout
+
+
+def test_two_runs_of_the_same_calls_call_nothing_a_regression(base, tmp_path):
+    again = replay(tmp_path / "again.json")
+    out = compare(base, again, "--fail-on-regression", "200")
+    assert "0 regressions" in out
+    assert "LESS ACCURATE" not in out
+
+
+@pytest.mark.parametrize("probe, flag", [("slow", "slower"), ("noisy", "LESS ACCURATE")])
+def test_a_slowed_or_less_accurate_kernel_is_flagged_alone(base, tmp_path, probe, flag):
+    changed = replay(tmp_path / "changed.json", probe)
+    out = compare(base, changed, "--fail-on-regression", "200", "--markdown", tmp_path / "c.md", expected=4)
+    flagged = [line for line in out.splitlines() if "REGRESSION" in line]
+    assert len(flagged) == 1 and " probe " in flagged[0] and flag in flagged[0], out
+    assert "1 regression " in out
+    markdown = (tmp_path / "c.md").read_text()
+    assert "| kernel |" in markdown and "REGRESSION" in markdown and "probe" in markdown
+    # Per kernel: the probe's ratio or accuracy moved, the steady kernel's did not.
+    summary = {line.split()[0]: line for line in out.splitlines() if line.split() and line.split()[0] in
+               ("steady", "probe")}
+    if probe == "slow":
+        assert float(summary["probe"].split()[6].rstrip("x")) > 10
+    # Without the gate the comparison is a report, exit 0.
+    compare(base, changed)
+
+
+def test_rows_pair_by_call_and_kernel_and_unpaired_ones_are_counted(base, tmp_path):
+    record = load_json(base)
+    record["calls"][0]["kernels"] = [k for k in record["calls"][0]["kernels"] if k["kernel"] != "steady"]
+    fewer = tmp_path / "fewer.json"
+    fewer.write_text(json.dumps(record))
+    out = compare(base, fewer, "-v")
+    assert f"1 (call, kernel) rows only in {base}, 0 only in {fewer}" in out
+    assert "gone" in out
+
+
+def test_files_that_are_not_run_records_are_named(base, tmp_path):
+    (tmp_path / "bad.json").write_text("{not json")
+    result = run_attnreplay("compare", base, tmp_path / "bad.json", check=1)
+    assert f"{tmp_path / 'bad.json'}: not JSON" in result.stderr and "Traceback" not in result.stderr
+    (tmp_path / "audit.json").write_text(json.dumps({"kernels": []}))
+    result = run_attnreplay("compare", tmp_path / "audit.json", base, check=1)
+    assert "not a run's record (no \"calls\" list)" in result.stderr
+    result = run_attnreplay("compare", base, tmp_path / "missing.json", check=1)
+    assert "missing.json: cannot open" in result.stderr
