@@ -30,11 +30,20 @@ class PreparedEmulation final : public PreparedKernel {
 
 }  // namespace
 
+namespace {
+
+KernelDescription emulation_of(const QuantizedKindSpec& spec) {
+  KernelDescription description{spec.name + "-cpu",
+                                fmt::format("{} ({}) emulated on the CPU (docs/quantized.md)", spec.name, spec.definition),
+                                "cpu", false, spec.reduced_precision};
+  description.emulation = true;
+  return description;
+}
+
+}  // namespace
+
 EmulatedAttentionKernel::EmulatedAttentionKernel(const QuantizedKindSpec& spec)
-    : QuantizedAttentionKernel(spec.kind, {spec.name + "-cpu",
-                                           fmt::format("{} ({}) emulated on the CPU (docs/quantized.md)", spec.name,
-                                                       spec.definition),
-                                           "cpu", false, spec.reduced_precision}) {}
+    : QuantizedAttentionKernel(spec.kind, emulation_of(spec)) {}
 
 std::optional<std::string> EmulatedAttentionKernel::unsupported_reason(const AttentionCall& call) const {
   return quantized_inputs_unsupported_reason(call);

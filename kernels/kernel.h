@@ -37,6 +37,9 @@ struct KernelDescription {
   // The runner hands a kernel that does not a ragged call one sequence at a time
   // (kernels/per_sequence.h), as a dense call each, timed together.
   bool ragged = false, paged = false;
+  // A CPU emulation of a GPU kernel (kernels/emulated_kernel.h): its outputs are the GPU kernel's,
+  // its time is not representative of anything.
+  bool emulation = false;
 };
 
 // What `call` needs that `kernel` does not compute, in words ("a softcap of 30"); empty when none.

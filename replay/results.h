@@ -28,6 +28,10 @@ std::string_view disposition_name(Disposition disposition);
 struct KernelResult {
   std::string kernel;
   std::string source = "built-in";  // or the plug-in file that registered the kernel
+  // From the kernel's description: what the report marks (an emulation's time is not
+  // representative) and leaves out of the default baseline (a reduced-precision kernel).
+  bool emulation = false;
+  std::string reduced_precision;  // "int8", "float8_e4m3fn"; empty for an exact kernel
   Disposition disposition = Disposition::not_verified;
   std::string reason;
   // More than the reason's one line, for the JSON only: a plug-in's Python traceback.

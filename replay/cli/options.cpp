@@ -148,6 +148,9 @@ const std::vector<OptionSpec> kTable = {
     {"--json", K::text, "write the complete results record", output, kRunUse | kAuditUse},
     {"--csv", K::text, "write one row per call and kernel", output, kRunUse | kAuditUse},
     {"-q,--quiet", K::flag, "print only the summary", output, kRunUse | kAuditUse},
+    {"-v,--verbose", K::flag, "every kernel in each call's table, those that refused it included", output, kRunUse},
+    {"--baseline", K::text, "the kernel the closing summary's times are relative to (default: the fastest exact one)",
+     output, kRunUse},
     {"--no-ceilings", K::flag, "skip measuring the GPU's matrix and copy ceilings at start-up", output, kRunUse},
 
     {"--gpus", K::integer,

@@ -21,6 +21,7 @@
 #include "replay/report/progress.h"
 #include "replay/report/record_files.h"
 #include "replay/report/records.h"
+#include "replay/report/run_summary.h"
 #include "replay/run/call_share.h"
 #include "replay/run/replay_call.h"
 #include "replay/run/local_ranks.h"
@@ -37,22 +38,23 @@ struct RunContext {
   Ceilings ceilings;
   const LoadedPlugins& plugins;
   CallShare* share = nullptr;  // under a launcher: which calls are this process's
+  bool every_kernel = false;   // -v: the kernels that refused a call in its table too
 };
 
 // The table as each call finishes, and progress where a person watches: scripts and tests read the
 // table and the records.
 class CallDisplay {
  public:
-  explicit CallDisplay(bool quiet) : quiet_(quiet) {}
+  CallDisplay(bool quiet, bool every_kernel) : quiet_(quiet), every_kernel_(every_kernel) {}
   ReplayProgress* progress() { return !quiet_ && isatty(STDERR_FILENO) ? &progress_ : nullptr; }
   void show(const CallResult& call) {
     progress_.clear();
-    if (!quiet_) print_call_table(call_to_json(call), std::cout), std::cout.flush();
+    if (!quiet_) print_call_table(call_to_json(call), std::cout, every_kernel_), std::cout.flush();
   }
   ~CallDisplay() { progress_.clear(); }
 
  private:
-  bool quiet_;
+  bool quiet_, every_kernel_;
   ReplayProgress progress_{std::cerr};
 };
 
@@ -112,7 +114,7 @@ void replay_configuration(const std::vector<std::string>& inputs, const Options&
   options.save_outputs_dir = o.text("--save-outputs").value_or("");
   TimingGroups groups(static_cast<int>(*o.integer("--timed-calls-per-group")));
   if (!o.flag("--time-every-call")) options.timing_groups = &groups;
-  CallDisplay display(run.quiet);
+  CallDisplay display(run.quiet, run.every_kernel);
   options.progress = display.progress();
   std::unique_ptr<CaptureWriter> saved_inputs;
   if (const auto path = o.text("--save-inputs")) saved_inputs = open_capture_writer(*path, "attnreplay run --save-inputs");
@@ -217,7 +219,7 @@ class RunCommand final : public Command {
     const LoadedPlugins plugins = load_plugin_files(options_, with_adapters);
     report.input_errors = plugins.errors;
     describe_run(report, argv);
-    RunContext run{report, quiet, {}, plugins, sharded ? &sharded->share() : nullptr};
+    RunContext run{report, quiet, {}, plugins, sharded ? &sharded->share() : nullptr, options_.flag("--verbose")};
     if (!options_.flag("--no-ceilings") && gpu_present()) run.ceilings = measure_gpu_ceilings(report.environment, quiet);
     check_flags(report);
     if (const auto testlist = options_.text("--testlist")) replay_testlist(*testlist, run);
@@ -236,6 +238,7 @@ class RunCommand final : public Command {
     record["options"] = options_.to_json();
     if (sharded) return sharded->finish(record, options_.number("--merge-wait"));
     write_outputs(record, outputs);
+    if (!quiet) std::cout << run_summary_text(record, options_.text("--baseline").value_or(""));
     print_summary(record);
     return exit_status(record);
   }

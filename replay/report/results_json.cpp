@@ -74,6 +74,8 @@ nlohmann::json kernel_json(const KernelResult& k) {
                       {"refcheck_failures", k.refcheck_failures}};
   if (!k.detail.empty()) j["detail"] = k.detail;
   if (k.source != "built-in") j["kernel_source"] = k.source;
+  if (k.emulation) j["emulation"] = true;
+  if (!k.reduced_precision.empty()) j["reduced_precision"] = k.reduced_precision;
   if (!k.timing_shared_from.empty()) j["timing_shared_from"] = k.timing_shared_from;
   if (k.compile_s) j["compile_s"] = number(*k.compile_s);
   if (k.timing_with_preparation) j["timing_with_preparation"] = timing_json(*k.timing_with_preparation);

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <ostream>
@@ -57,7 +58,7 @@ void print_kernel_row(const nlohmann::json& k, std::ostream& out) {
   if (const auto error = k.find("error"); error != k.end()) {
     max_abs = g(number_at(*error, "max_abs"));
     rel_l2 = g(number_at(*error, "rel_l2"));
-    cosine = fmt::format("{:.8f}", number_at(*error, "cosine"));
+    cosine = cosine_text(number_at(*error, "cosine"));
   }
   // The larger of the two fractions of this GPU's measured ceilings: what bounds the kernel.
   std::string peak = "-";
@@ -112,21 +113,36 @@ void add_footnotes(const nlohmann::json& k, std::vector<std::string>& footnotes)
 class ResultsTablePrinter final : public Printer {
  public:
   void print(const nlohmann::json& record, std::ostream& out) const override {
-    for (const auto& call : record.at("calls")) print_call_table(call, out);
+    for (const auto& call : record.at("calls")) print_call_table(call, out, true);
     for (const auto& error : record.at("input_errors")) out << "error: " << error.get<std::string>() << '\n';
   }
 };
 
 }  // namespace
 
-void print_call_table(const nlohmann::json& call, std::ostream& out) {
+void print_call_table(const nlohmann::json& call, std::ostream& out, bool every_kernel) {
   print_call_header(call, out);
   out << fmt::format(kRowFormat, "kernel", "status", "median ms", "±%", "TFLOP/s", "GB/s", "%peak", "MHz", "max_abs",
                      "rel_l2", "cosine");
-  std::vector<std::string> footnotes;
+  // Fastest first, untimed rows after, the reference last; the refusals are said once, in the
+  // run's summary, unless every kernel is asked for (-v), when the rows keep the run's order.
+  std::vector<const nlohmann::json*> rows;
   for (const auto& kernel : call.at("kernels")) {
-    print_kernel_row(kernel, out);
-    add_footnotes(kernel, footnotes);
+    if (every_kernel || text_at(kernel, "status") != "not_supported") rows.push_back(&kernel);
+  }
+  if (!every_kernel) {
+    const auto rank = [](const nlohmann::json* k) {
+      const bool reference = text_at(*k, "kernel").rfind("reference", 0) == 0;
+      const auto timing = k->value("timing", nlohmann::json());
+      const double median = timed(timing) ? number_at(timing, "median_s") : std::numeric_limits<double>::infinity();
+      return std::pair{reference, median};
+    };
+    std::stable_sort(rows.begin(), rows.end(), [&](auto* a, auto* b) { return rank(a) < rank(b); });
+  }
+  std::vector<std::string> footnotes;
+  for (const nlohmann::json* kernel : rows) {
+    print_kernel_row(*kernel, out);
+    add_footnotes(*kernel, footnotes);
   }
   for (const auto& note : call.at("notes")) footnotes.push_back("note: " + note.get<std::string>());
   for (const std::string& footnote : footnotes) out << "    " << footnote << '\n';

@@ -277,6 +277,8 @@ KernelResult replay_kernel(const Kernel& selected, CallReplay& r) {
   k.kernel = kernel.name();
   if (r.options.progress) r.options.progress->kernel_started(k.kernel);
   k.source = KernelRegistry::instance().source_of(k.kernel);
+  k.emulation = kernel.description().emulation;
+  if (const auto reduced = kernel.description().reduced_precision) k.reduced_precision = std::string(dtype_name(*reduced));
   k.work = r.result.work;
   k.rerun = rerun_command(r.options, r.rerun_input, k.kernel, r.call);
   if (auto unsupported = check_support(kernel, r)) {

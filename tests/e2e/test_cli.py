@@ -41,6 +41,15 @@ TABLE_COLUMNS = ["kernel", "status", "median ms", "±%", "TFLOP/s", "GB/s", "%pe
                  "cosine"]
 
 
+def cosine_value(text):
+    """The table's cosine: "1", "1-2.1e-06" (its distance from 1, where small) or "0.998765"."""
+    if text == "1":
+        return 1.0
+    if text.startswith("1-") or text.startswith("1+"):
+        return 1 + float(text[1:])
+    return float(text)
+
+
 def table_rows(stdout):
     """{kernel: [status, median ms, ±%, TFLOP/s, GB/s, %peak, MHz, max_abs, rel_l2, cosine]} of the printed table."""
     lines = stdout.splitlines()
@@ -72,8 +81,9 @@ def test_table_shows_every_cpu_kernel_with_speed_and_error(big_run):
         status, median_ms, spread, tflops, gbps, peak, clock, max_abs, rel_l2, cosine = rows[kernel]
         assert status == "passed", result.stdout
         assert (peak, clock) == ("-", "-")  # GPU figures: no ceiling, no SM clock on the CPU
-        for text in (median_ms, spread, tflops, gbps, max_abs, rel_l2, cosine):
+        for text in (median_ms, spread, tflops, gbps, max_abs, rel_l2):
             assert math.isfinite(float(text)), (kernel, text)
+        assert 0.99 < cosine_value(cosine) <= 1, (kernel, cosine)
         assert float(median_ms) > 0 and float(tflops) > 0 and float(gbps) > 0
         # The table's TFLOP/s is the JSON's work over the JSON's median time.
         k = next(k for k in report["calls"][0]["kernels"] if k["kernel"] == kernel)
@@ -89,7 +99,7 @@ def test_table_shows_every_cpu_kernel_with_speed_and_error(big_run):
 def test_reference_has_zero_error_against_itself(big_run):
     result, report, _ = big_run
     status, *_, max_abs, rel_l2, cosine = table_rows(result.stdout)["reference"]
-    assert (float(max_abs), float(rel_l2), cosine) == (0.0, 0.0, "1.00000000")
+    assert (float(max_abs), float(rel_l2), cosine) == (0.0, 0.0, "1")
     error = next(k for k in report["calls"][0]["kernels"] if k["kernel"] == "reference")["error"]
     assert error["max_abs"] == error["mean_abs"] == error["rel_l2"] == error["rel_l1"] == 0
     assert error["cosine"] == pytest.approx(1, abs=1e-15)
@@ -328,3 +338,44 @@ def test_save_inputs_writes_the_replayed_calls_only(tmp_path):
                    "--save-inputs", tmp_path / "picked.h5", *FAST, check=0)
     info = run_attnreplay("info", tmp_path / "picked.h5", check=0)
     assert "1 calls" in info.stdout, info.stdout
+
+
+def summary_lines(stdout):
+    lines = stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("summary over"))
+    return lines[start:]
+
+
+def test_the_run_ends_with_a_summary_over_its_calls(tmp_path):
+    (tmp_path / "two.txt").write_text("--shape 1,2,64,32\n--shape 1,2,96,32\n")
+    result = run_attnreplay("run", "--testlist", tmp_path / "two.txt", "--kernels", "all", *FAST, check=0)
+    lines = summary_lines(result.stdout)
+    assert lines[0].startswith("summary over 2 calls; vs base: time over torch-flash-cpu's (the fastest exact kernel)")
+    assert lines[2].split()[:5] == ["kernel", "ran", "refused", "failed", "vs"]
+    rows = []
+    for line in lines[3:]:
+        fields = line.replace(" (emul.)", "").split()
+        if len(fields) < 5 or not fields[1].isdigit():
+            break
+        rows.append(fields)
+    names = [row[0] for row in rows]
+    assert names[0] == "torch-flash-cpu" and "torch-math" in names and "sage2-int8-fp8-cpu" in names
+    assert all(row[1] == "2" for row in rows)  # each ran both calls
+    ratios = [float(row[4].rstrip("x")) for row in rows]
+    assert ratios == sorted(ratios) and ratios[0] == 1
+    assert any(line.startswith("  sage2-int8-fp8-cpu (emul.)") for line in lines)
+    # Each refusal once, the kernels that gave it in one line; statuses explained; 120 columns.
+    assert sum("not run, no CUDA device:" in line for line in lines) == 1
+    assert any("statuses: not_verified" in line for line in lines)
+    assert [line for line in lines if len(line) > 120] == []
+
+
+def test_baseline_picks_the_summarys_yardstick(tmp_path):
+    result = run_attnreplay("run", "--shape", "1,2,64,32", "--kernels", "torch-math,torch-flash-cpu",
+                            "--baseline", "torch-math", *FAST, check=0)
+    lines = summary_lines(result.stdout)
+    assert "time over torch-math's" in lines[0]
+    assert next(line for line in lines if line.split()[:1] == ["torch-math"]).split()[4] == "1x"
+    result = run_attnreplay("run", "--shape", "1,2,64,32", "--kernels", "torch-math", "--baseline", "nosuch", *FAST,
+                            check=0)
+    assert "--baseline nosuch has no time in this run; the fastest exact kernel" in result.stdout

@@ -15,7 +15,9 @@ SHAPES = ("--shape", "1,2,96,32", "--dtype", "fp32")
 
 
 def replay(path, probe=""):
-    env = dict(os.environ, ATTNREPLAY_TEST_PROBE=probe)
+    # One thread: under ctest -j2 on two cores, torch's thread pools of two processes spin against
+    # each other and a 0.07 ms call read 8 ms in one run; the verdicts, not the machine, are tested.
+    env = dict(os.environ, ATTNREPLAY_TEST_PROBE=probe, OMP_NUM_THREADS="1")
     import subprocess
     result = subprocess.run([binary(), "run", *SHAPES, "--kernel-module", str(PLUGIN), "--kernels",
                              "steady,probe,torch-math", "--json", str(path), "-q", *FAST],
