@@ -28,7 +28,7 @@ struct KernelOverRun {
 // "call 3 [flux-4096]"; a long tag (a test list's path and line) keeps its end.
 std::string call_name(const nlohmann::json& call) {
   std::string tag = text_at(call, "case_tag");
-  if (tag.size() > 14) tag = "..." + tag.substr(tag.size() - 11);
+  if (tag.size() > 20) tag = "..." + tag.substr(tag.size() - 17);
   return fmt::format("call {}{}", call.value("call_index", -1), tag.empty() ? "" : " [" + tag + "]");
 }
 
@@ -137,7 +137,7 @@ std::string run_summary_text(const nlohmann::json& record, const std::string& ba
   out += base ? fmt::format("; vs base: time over {}'s ({}),\n  the geometric mean over the calls both timed\n",
                             base->name, note)
               : "; no kernel was timed\n";
-  out += fmt::format("  {:<28} {:>5} {:>7} {:>6} {:>8} {:>13} {:>12}  {}\n", "kernel", "ran", "refused", "failed",
+  out += fmt::format("  {:<26} {:>5} {:>7} {:>6} {:>8} {:>13} {:>12}  {}\n", "kernel", "ran", "refused", "failed",
                      "vs base", "median rel_l2",
                      "worst rel_l2", "worst call");
   bool any_emulation = false;
@@ -163,7 +163,7 @@ std::string run_summary_text(const nlohmann::json& record, const std::string& ba
     }
     const double ratio = base ? geomean_ratio(k, *base) : std::nan("");
     any_emulation = any_emulation || k.emulation;
-    out += fmt::format("  {:<28} {:>5} {:>7} {:>6} {:>8} {:>13} {:>12}  {}\n", k.name + (k.emulation ? " (emul.)" : ""),
+    out += fmt::format("  {:<26} {:>5} {:>7} {:>6} {:>8} {:>13} {:>12}  {}\n", k.name + (k.emulation ? " (emul.)" : ""),
                        k.ran, refused, k.failed, std::isnan(ratio) ? "-" : g(ratio, 3) + "x", median_of(k.rel_l2), worst,
                        worst_call);
   }
@@ -176,7 +176,9 @@ std::string run_summary_text(const nlohmann::json& record, const std::string& ba
   for (const KernelOverRun& k : kernels) {
     for (const auto& [reason, count] : k.refused) {
       if (!refusals.count(reason)) reasons.push_back(reason);
-      refusals[reason].push_back(count == static_cast<int>(calls.size()) ? k.name : fmt::format("{} ({} calls)", k.name, count));
+      refusals[reason].push_back(count == static_cast<int>(calls.size())
+                                     ? k.name
+                                     : fmt::format("{} ({} call{})", k.name, count, count == 1 ? "" : "s"));
     }
   }
   for (const std::string& reason : reasons) {
