@@ -110,6 +110,35 @@ void add_footnotes(const nlohmann::json& k, std::vector<std::string>& footnotes)
   if (!reason.empty() && status != "not_verified" && status != "passed") footnotes.push_back(fmt::format("{}: {}", name, reason));
 }
 
+// A call whose every timed row reuses another call's timing, and whose every kernel ran cleanly,
+// in one line: the timings are that call's (printed there), only the errors are its own.
+bool print_as_shared(const nlohmann::json& call, const std::vector<const nlohmann::json*>& rows, std::ostream& out) {
+  std::string shared_from;
+  double low = std::numeric_limits<double>::infinity(), high = -1;
+  std::string worst;
+  for (const nlohmann::json* k : rows) {
+    const std::string status = text_at(*k, "status");
+    if (status != "passed" && status != "not_verified") return false;
+    if (k->contains("timing")) {
+      const std::string from = text_at(*k, "timing_shared_from");
+      if (from.empty() || (!shared_from.empty() && from != shared_from)) return false;
+      shared_from = from;
+    }
+    const auto error = k->find("error");
+    if (error == k->end() || error->value("nan_count", 0ll) + error->value("inf_count", 0ll) > 0) return false;
+    const double rel_l2 = number_at(*error, "rel_l2");
+    low = std::min(low, rel_l2);
+    if (rel_l2 > high) high = rel_l2, worst = text_at(*k, "kernel");
+  }
+  if (shared_from.empty() || worst.empty()) return false;
+  // The source is the timed call's, printed with its table, where both come from one file.
+  const std::string prefix = text_at(call, "source") + ": ";
+  if (shared_from.rfind(prefix, 0) == 0) shared_from = shared_from.substr(prefix.size());
+  out << fmt::format("  call {}: timings measured on {} (same shape); {} kernels ran, rel_l2 {} to {} (worst {})\n",
+                     call.at("call_index").get<std::int64_t>(), shared_from, rows.size(), g(low), g(high), worst);
+  return true;
+}
+
 class ResultsTablePrinter final : public Printer {
  public:
   void print(const nlohmann::json& record, std::ostream& out) const override {
@@ -121,9 +150,6 @@ class ResultsTablePrinter final : public Printer {
 }  // namespace
 
 void print_call_table(const nlohmann::json& call, std::ostream& out, bool every_kernel) {
-  print_call_header(call, out);
-  out << fmt::format(kRowFormat, "kernel", "status", "median ms", "±%", "TFLOP/s", "GB/s", "%peak", "MHz", "max_abs",
-                     "rel_l2", "cosine");
   // Fastest first, untimed rows after, the reference last; the refusals are said once, in the
   // run's summary, unless every kernel is asked for (-v), when the rows keep the run's order.
   std::vector<const nlohmann::json*> rows;
@@ -138,7 +164,11 @@ void print_call_table(const nlohmann::json& call, std::ostream& out, bool every_
       return std::pair{reference, median};
     };
     std::stable_sort(rows.begin(), rows.end(), [&](auto* a, auto* b) { return rank(a) < rank(b); });
+    if (print_as_shared(call, rows, out)) return;
   }
+  print_call_header(call, out);
+  out << fmt::format(kRowFormat, "kernel", "status", "median ms", "±%", "TFLOP/s", "GB/s", "%peak", "MHz", "max_abs",
+                     "rel_l2", "cosine");
   std::vector<std::string> footnotes;
   for (const nlohmann::json* kernel : rows) {
     print_kernel_row(*kernel, out);

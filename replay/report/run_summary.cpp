@@ -133,7 +133,7 @@ std::string run_summary_text(const nlohmann::json& record, const std::string& ba
   const std::vector<KernelOverRun> kernels = kernels_over_run(calls);
   std::string note;
   const KernelOverRun* base = pick_baseline(kernels, baseline, note);
-  std::string out = fmt::format("summary over {} call{}", calls.size(), calls.size() == 1 ? "" : "s");
+  std::string out = fmt::format("\nsummary over {} call{}", calls.size(), calls.size() == 1 ? "" : "s");
   out += base ? fmt::format("; vs base: time over {}'s ({}),\n  the geometric mean over the calls both timed\n",
                             base->name, note)
               : "; no kernel was timed\n";
