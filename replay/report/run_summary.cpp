@@ -81,8 +81,12 @@ double geomean_ratio(const KernelOverRun& a, const KernelOverRun& b) {
 const KernelOverRun* pick_baseline(const std::vector<KernelOverRun>& kernels, const std::string& wanted,
                                    std::string& note) {
   if (!wanted.empty()) {
-    for (const auto& k : kernels)
-      if (k.name == wanted && !k.median_s.empty()) return &k;
+    for (const auto& k : kernels) {
+      if (k.name == wanted && !k.median_s.empty()) {
+        note = "--baseline";
+        return &k;
+      }
+    }
     note = fmt::format("--baseline {} has no time in this run; ", wanted);
   }
   const KernelOverRun* best = nullptr;
