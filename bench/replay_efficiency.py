@@ -1,6 +1,6 @@
 """What a replay costs beside what it measures: wall time against the time spent in timings.
 
-Generates two captures as folders of attnreplay .pt calls (bench/pt_calls.py's form):
+Generates captures as folders of .pt calls (attnreplay's, bench/pt_calls.py; aiter's for the CPU):
 - serving: a Llama-like model (16 layers of 32 query heads, 8 key/value heads, head dim 128, bf16)
   serving request batches, each a prefill and 15 decode steps through every layer: `--calls` calls
   (1,000: 63 forwards, so 63 shapes, as each decode step's key length is its own), left padding as
@@ -10,11 +10,12 @@ Generates two captures as folders of attnreplay .pt calls (bench/pt_calls.py's f
 - aiter: for the CPU, 12 small calls in aiter's folder format (<kernel>_input_<n>.pt: sequences of
   200 to 607, 3 heads, head dim 64, bf16), as a video model's captured attention scaled down.
 
-Replays each through `--kernels` on 1 GPU, and on each count of `--gpus` (`attnreplay run --gpus N`,
-or torchrun with --launcher torchrun), and reports per run: the wall time of the process(es), the time its timings took
-(replay_seconds["measure"], summed over calls: the sampling loop, L2 flushes included), the GPU time
-its samples hold (the timings' measured_s), their ratios, the time outside the calls (start-up, the
-JSON, exit: wall less the calls' phases) and the speed-up over one GPU.
+Replays each through `--kernels` on 1 GPU, and on each count of `--gpus` (`attnreplay run --gpus
+N`, or torchrun with --launcher torchrun), and reports per run: the wall time of the process(es),
+the time its timings took (replay_seconds["measure"], summed over calls: the sampling loop, L2
+flushes included), the GPU time its samples hold (the timings' measured_s), their ratios, the time
+outside the calls (start-up, the JSON, exit: wall less the calls' phases) and the speed-up over one
+GPU.
 
     python bench/replay_efficiency.py --attnreplay build/replay/attnreplay --out efficiency.json --gpus 1,2
 """
