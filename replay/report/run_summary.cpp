@@ -93,9 +93,8 @@ const KernelOverRun* pick_baseline(const std::vector<KernelOverRun>& kernels, co
   for (const auto& k : kernels) {
     if (!k.exact || k.emulation || k.median_s.empty()) continue;
     // The fastest: below 1 against the best so far, over the calls both timed.
-    if (!best || geomean_ratio(k, *best) < 1 || (std::isnan(geomean_ratio(k, *best)) && k.median_s.size() > best->median_s.size())) {
-      best = &k;
-    }
+    const double ratio = best ? geomean_ratio(k, *best) : std::nan("");
+    if (!best || ratio < 1 || (std::isnan(ratio) && k.median_s.size() > best->median_s.size())) best = &k;
   }
   if (best) note += "the fastest exact kernel";
   return best;
@@ -145,27 +144,25 @@ std::string run_summary_text(const nlohmann::json& record, const std::string& ba
                      "vs base", "median rel_l2",
                      "worst rel_l2", "worst call");
   bool any_emulation = false;
-  // Fastest first; those without a ratio last, in their order.
-  std::vector<const KernelOverRun*> order;
-  for (const KernelOverRun& k : kernels) order.push_back(&k);
-  const auto ratio_of = [&](const KernelOverRun* k) {
-    const double r = base ? geomean_ratio(*k, *base) : std::nan("");
-    return std::isnan(r) ? std::numeric_limits<double>::infinity() : r;
-  };
-  std::stable_sort(order.begin(), order.end(), [&](auto* a, auto* b) { return ratio_of(a) < ratio_of(b); });
-  for (const KernelOverRun* kernel : order) {
+  // Each kernel's ratio to the baseline, once; fastest first, those without one last, in their order.
+  std::vector<std::pair<double, const KernelOverRun*>> order;
+  for (const KernelOverRun& k : kernels) order.push_back({base ? geomean_ratio(k, *base) : std::nan(""), &k});
+  const auto sort_key = [](double value) { return std::isnan(value) ? std::numeric_limits<double>::infinity() : value; };
+  std::stable_sort(order.begin(), order.end(),
+                   [&](const auto& a, const auto& b) { return sort_key(a.first) < sort_key(b.first); });
+  for (const auto& [ratio, kernel] : order) {
     const KernelOverRun& k = *kernel;
     if (k.ran + k.failed == 0) continue;
     int refused = 0;
     for (const auto& [reason, count] : k.refused) refused += count;
     std::string worst = "-", worst_call;
     if (!k.rel_l2.empty()) {
+      // A NaN error is the worst.
       const auto it = std::max_element(k.rel_l2.begin(), k.rel_l2.end(),
-                                       [](const auto& a, const auto& b) { return a.first < b.first || std::isnan(b.first); });
+                                       [&](const auto& a, const auto& b) { return sort_key(a.first) < sort_key(b.first); });
       worst = g(it->first);
       worst_call = call_name(calls[it->second]);
     }
-    const double ratio = base ? geomean_ratio(k, *base) : std::nan("");
     any_emulation = any_emulation || k.emulation;
     out += fmt::format("  {:<26} {:>5} {:>7} {:>6} {:>8} {:>13} {:>12}  {}\n", k.name + (k.emulation ? " (emul.)" : ""),
                        k.ran, refused, k.failed, std::isnan(ratio) ? "-" : g(ratio, 3) + "x", median_of(k.rel_l2), worst,
