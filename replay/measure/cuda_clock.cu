@@ -75,11 +75,7 @@ int attribute(cudaDeviceAttr which) {
 struct EventClock::Resources {
   void* flush = nullptr;
   size_t flush_bytes = 0;
-  unsigned long long* probe = nullptr;
-  // Host memory the device reads: [0] the release flag, [1] the blocking kernel's timed-out flag.
-  volatile int* host_flags = nullptr;
-  int* device_flags = nullptr;
-  cudaEvent_t start{}, stop{};
+  unsigned long long* probe = nullptr;  // probe_sm_mhz's and time_queued's
   std::vector<cudaEvent_t> starts, stops;  // time_queued's, grown to its largest batch and reused
   // queue()'s slots: the events around the run and after the probe; in host memory the device
   // writes (so that reading one slot waits for that slot alone): the release flag, the blocking
@@ -95,9 +91,6 @@ struct EventClock::Resources {
   ~Resources() {
     cudaFree(flush);
     cudaFree(probe);
-    cudaFreeHost(const_cast<int*>(host_flags));
-    cudaEventDestroy(start);
-    cudaEventDestroy(stop);
     for (cudaEvent_t event : starts) cudaEventDestroy(event);
     for (cudaEvent_t event : stops) cudaEventDestroy(event);
     for (Slot& slot : slots) {
@@ -142,12 +135,6 @@ EventClock::EventClock(bool cold_l2, size_t min_flush_bytes)
   resources_->flush_bytes = std::max(min_flush_bytes, 2 * static_cast<size_t>(attribute(cudaDevAttrL2CacheSize)));
   if (cold_l2_) ATTNREPLAY_CUDA_CHECK(cudaMalloc(&resources_->flush, resources_->flush_bytes));
   ATTNREPLAY_CUDA_CHECK(cudaMalloc(&resources_->probe, 2 * sizeof(unsigned long long)));
-  int* flags = nullptr;
-  ATTNREPLAY_CUDA_CHECK(cudaHostAlloc(&flags, 2 * sizeof(int), cudaHostAllocMapped));
-  resources_->host_flags = flags;
-  ATTNREPLAY_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&resources_->device_flags), flags, 0));
-  ATTNREPLAY_CUDA_CHECK(cudaEventCreate(&resources_->start));
-  ATTNREPLAY_CUDA_CHECK(cudaEventCreate(&resources_->stop));
   for (Resources::Slot& slot : resources_->slots) {
     ATTNREPLAY_CUDA_CHECK(cudaEventCreate(&slot.start));
     ATTNREPLAY_CUDA_CHECK(cudaEventCreate(&slot.stop));
@@ -165,18 +152,6 @@ EventClock::EventClock(bool cold_l2, size_t min_flush_bytes)
 
 EventClock::~EventClock() = default;
 
-void EventClock::begin(bool blocking) {
-  blocked_ = blocking;
-  if (blocking) {
-    resources_->host_flags[0] = 0;
-    resources_->host_flags[1] = 0;
-    block_until_released<<<1, 1>>>(resources_->device_flags, resources_->device_flags + 1, kBlockTimeoutNs);
-    ATTNREPLAY_CUDA_CHECK(cudaGetLastError());
-  }
-  if (cold_l2_) ATTNREPLAY_CUDA_CHECK(cudaMemsetAsync(resources_->flush, 0, resources_->flush_bytes, 0));
-  ATTNREPLAY_CUDA_CHECK(cudaEventRecord(resources_->start, 0));
-}
-
 namespace {
 
 // Launches the probe on the default stream, after whatever is queued there.
@@ -193,28 +168,6 @@ double read_probe(const unsigned long long* device_probe) {
 }
 
 }  // namespace
-
-void EventClock::release() {
-  if (!blocked_) return;
-  __sync_synchronize();  // everything queued before the flag is seen
-  resources_->host_flags[0] = 1;
-  blocked_ = false;
-}
-
-Sample EventClock::end() {
-  Resources& r = *resources_;
-  ATTNREPLAY_CUDA_CHECK(cudaEventRecord(r.stop, 0));
-  launch_probe(r.probe);
-  release();
-  ATTNREPLAY_CUDA_CHECK(cudaEventSynchronize(r.stop));
-  float milliseconds = 0;
-  ATTNREPLAY_CUDA_CHECK(cudaEventElapsedTime(&milliseconds, r.start, r.stop));
-  Sample sample;
-  sample.seconds = milliseconds * 1e-3;
-  sample.sm_mhz = read_probe(r.probe);
-  sample.block_timed_out = r.host_flags[1] != 0;
-  return sample;
-}
 
 void EventClock::queue(bool blocking, const std::function<void()>& run) {
   if (queued_ == kPipelineDepth) throw std::logic_error("EventClock::queue: the pipeline is full; collect() first");
@@ -261,6 +214,12 @@ Sample EventClock::collect() {
   sample.sm_mhz = nanoseconds ? static_cast<double>(cycles) / static_cast<double>(nanoseconds) * 1e3 : 0.0;
   sample.block_timed_out = slot.flags[1] != 0;
   return sample;
+}
+
+Sample EventClock::time_one(const std::function<void()>& run) {
+  if (queued_ != 0) throw std::logic_error("EventClock::time_one: samples are queued; collect() them first");
+  queue(/*blocking=*/false, run);
+  return collect();
 }
 
 void EventClock::flush_and_wait() {

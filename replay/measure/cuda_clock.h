@@ -32,29 +32,24 @@ class EventClock {
   ~EventClock();
   EventClock(const EventClock&) = delete;
   EventClock& operator=(const EventClock&) = delete;
-  // Flushes the L2 (when cold) and records the start event on the default stream; with
-  // `blocking`, all of it behind a kernel that holds the stream until release() (or end()), so
-  // that the sample's work runs back to back however slowly the host queues it (nvbench's way).
-  void begin(bool blocking = false);
-  // Lets the blocked stream go; end() does it too. Call it when the run throws.
-  void release();
-  // Records the stop event, probes the SM clock, releases the stream, waits, and reads both.
-  Sample end();
-  // The same sample as begin(), run() and end() take, pipelined: queue() queues one whole sample
-  // (the blocking kernel, the flush, the events around run(), the clock probe) and lets it go
-  // without waiting for the samples before it, so that the host queues a sample while the GPU
-  // runs the one before: the GPU's side of each sample is the same, and a decode-sized kernel's
-  // sample costs the GPU's time for it, not that plus the host's. At most kPipelineDepth samples
-  // are queued; collect() waits for the oldest and reads it. When run() throws, the sample is
-  // released and dropped, and the exception goes on.
+  // One sample on the default stream: the L2 flushed (when cold), run() between a start and a stop
+  // event, then a probe of the SM clock. queue() queues it and lets it go without waiting for the
+  // samples before it, so that the host queues a sample while the GPU runs the one before: a
+  // decode-sized kernel's sample costs the GPU's time for it, not that plus the host's. With
+  // `blocking`, the sample's work sits behind a kernel that holds the stream until queue() has
+  // queued all of it, so that it runs back to back however slowly the host queues it (nvbench's
+  // way). At most kPipelineDepth samples are queued; collect() waits for the oldest and reads it.
+  // When run() throws, the sample is let go and dropped, and the exception goes on.
   static constexpr int kPipelineDepth = 2;
   void queue(bool blocking, const std::function<void()>& run);
   Sample collect();
   int queued() const { return queued_; }
+  // One unblocked sample, queued and read at once (none may be queued before it).
+  Sample time_one(const std::function<void()>& run);
   // For timers that bracket a run by other means (CUPTI): flushes the L2 (when cold) and waits
   // until the device is idle, so that nothing queued before the run overlaps it.
   void flush_and_wait();
-  // Probes the SM clock now, as end() does after its stop event, and waits for the reading.
+  // Probes the SM clock now, as a sample does after its stop event, and waits for the reading.
   double probe_sm_mhz();
 
   // triton's do_bench's way, for --timing queued: `runs` samples queued back to back on the
@@ -74,7 +69,6 @@ class EventClock {
   struct Resources;
   std::unique_ptr<Resources> resources_;
   bool cold_l2_;
-  bool blocked_ = false;
   double rated_mhz_ = 0;
   int oldest_ = 0;  // queue()'s slot of the oldest sample in flight
   int queued_ = 0;

@@ -62,13 +62,13 @@ class CudaGraphTimer final : public SampleTimer {
   std::vector<std::optional<double>> time_samples(PreparedKernel& /*kernel*/) override {
     if (!graph_) throw std::logic_error("CudaGraphTimer::time_samples before begin_kernel");
     // Replayed on the default stream, where the clock's events and probe are.
-    clock_.begin();
-    try {
-      graph_->replay();
-    } catch (const c10::Error& error) {
-      throw std::runtime_error(error.what_without_backtrace());
-    }
-    const cuda_clock::Sample sample = clock_.end();
+    const cuda_clock::Sample sample = clock_.time_one([this] {
+      try {
+        graph_->replay();
+      } catch (const c10::Error& error) {
+        throw std::runtime_error(error.what_without_backtrace());
+      }
+    });
     if (!guard_.accept(sample.sm_mhz)) return {std::nullopt};
     return {sample.seconds / runs_};
   }
@@ -92,11 +92,7 @@ class CudaGraphTimer final : public SampleTimer {
   // The median of three runs, on the default stream and hot: the kernel was warmed up already.
   double estimate_single_run_s(PreparedKernel& kernel) {
     std::array<double, 3> seconds{};
-    for (double& s : seconds) {
-      clock_.begin();
-      kernel.run();
-      s = clock_.end().seconds;
-    }
+    for (double& s : seconds) s = clock_.time_one([&kernel] { kernel.run(); }).seconds;
     std::sort(seconds.begin(), seconds.end());
     return seconds[1];
   }
