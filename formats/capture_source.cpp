@@ -75,12 +75,10 @@ std::unique_ptr<CaptureSource> open_capture(const std::string& path) {
   if (looks_like_zip(path)) return open_pt_file(path);
   if (fs::file_size(path, error) == 0) throw_input_error(path, "empty file");
   // Neither signature: say what the content is, whatever the name says.
+  refuse_legacy_torch_save(path);
   std::ifstream in(path, std::ios::binary);
   unsigned char head[8] = {};
   in.read(reinterpret_cast<char*>(head), sizeof head);
-  if (head[0] == 0x80) {
-    throw_input_error(path, "a legacy (pre-1.6, non-zip) torch.save file; re-save it with torch.save's default format");
-  }
   throw_input_error(path, "neither an HDF5 capture nor a torch.save (.pt) file: it starts with bytes {:02x}, not HDF5's "
                           "signature or a zip's",
                     fmt::join(std::span(head, static_cast<std::size_t>(in.gcount())), " "));

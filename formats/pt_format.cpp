@@ -24,6 +24,13 @@ bool looks_like_zip(const std::string& path) {
   return in.read(head, 4) && head[0] == 'P' && head[1] == 'K' && head[2] == 3 && head[3] == 4;
 }
 
+void refuse_legacy_torch_save(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (in.get() == 0x80) {  // a pickle's PROTO opcode, where a zip starts "PK"
+    throw_input_error(path, "a legacy (pre-1.6, non-zip) torch.save file; re-save it with torch.save's default format");
+  }
+}
+
 namespace {
 
 std::vector<char> read_file(const std::string& path) {
@@ -42,10 +49,7 @@ class PtObject {
  public:
   explicit PtObject(const std::string& path) {
     if (!looks_like_zip(path)) {
-      std::ifstream in(path, std::ios::binary);
-      if (in.get() == 0x80) {
-        throw_input_error(path, "a legacy (pre-1.6, non-zip) torch.save file; re-save it with torch.save's default format");
-      }
+      refuse_legacy_torch_save(path);
       throw_input_error(path, "not a .pt file (no zip signature; truncated or another format?)");
     }
     try {

@@ -14,6 +14,9 @@ inline constexpr std::int64_t kPtSchemaVersion = 2;
 inline constexpr const char* kPtSchemaName = "attnreplay.call";
 
 bool looks_like_zip(const std::string& path);
+// Throws InputError, naming the file, when it is a legacy (pre-1.6, pickle-only) torch.save file;
+// returns otherwise. For readers that found no zip signature, before they say what else it is.
+void refuse_legacy_torch_save(const std::string& path);
 // A single .pt: one attnreplay call dict, {"calls": [...]}, an aiter call dict, or a plain
 // {q,k,v} / {query,key,value} dict.
 std::unique_ptr<CaptureSource> open_pt_file(const std::string& path);
