@@ -12,6 +12,7 @@
 #include <map>
 
 #include "formats/errors.h"
+#include "replay/run/sharding.h"
 
 extern char** environ;
 
@@ -39,12 +40,12 @@ std::vector<std::string> rank_environment(int rank, const std::string& launch_id
   std::vector<std::string> out;
   for (char** entry = environ; *entry; ++entry) {
     const std::string variable = *entry;
-    if (variable.rfind("LOCAL_RANK=", 0) == 0 || variable.rfind("ATTNREPLAY_GPUS_LAUNCH=", 0) == 0) continue;
+    if (variable.rfind("LOCAL_RANK=", 0) == 0 || variable.rfind(fmt::format("{}=", kGpusLaunchVariable), 0) == 0) continue;
     out.push_back(variable);
   }
   out.push_back(fmt::format("LOCAL_RANK={}", rank));
   // The parts of this launch, and no earlier one's, are joined (replay/run/merge.h).
-  out.push_back(fmt::format("ATTNREPLAY_GPUS_LAUNCH={}", launch_id));
+  out.push_back(fmt::format("{}={}", kGpusLaunchVariable, launch_id));
   return out;
 }
 

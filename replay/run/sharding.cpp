@@ -144,7 +144,7 @@ Shard shard_from_flag(const std::string& text, const EnvironmentLookup& environm
     shard.local_rank = static_cast<int>(integer(environment, "LOCAL_RANK").value_or(0));
     shard.launcher = "--shard";
     // A rank that `run --gpus` started (replay/run/local_ranks.h): its launch's id.
-    if (const auto launch = environment("ATTNREPLAY_GPUS_LAUNCH")) {
+    if (const auto launch = environment(kGpusLaunchVariable)) {
       shard.launcher = "--gpus";
       shard.launch_id = *launch;
     }

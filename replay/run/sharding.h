@@ -27,6 +27,10 @@ EnvironmentLookup process_environment();
 // naming the variable when one is not a number or a rank is not below its size.
 Shard shard_from_launcher(const EnvironmentLookup& environment);
 
+// The variable `run --gpus` (replay/run/local_ranks.h) gives each rank it starts: that launch's id,
+// and the sign that --shard RANK/SIZE came from it.
+inline constexpr const char* kGpusLaunchVariable = "ATTNREPLAY_GPUS_LAUNCH";
+
 // `--shard`: "auto" (the launcher's), "none" (one process whatever the launcher says), or
 // "RANK/SIZE" given by hand (a loop of shell jobs, a cluster without these launchers).
 Shard shard_from_flag(const std::string& text, const EnvironmentLookup& environment);
