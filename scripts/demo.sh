@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The README's demo command: set up (idempotent), capture the bundled real model (MiniLM) with
 # LD_PRELOAD, replay its attention calls through every kernel (and a Python plug-in), audit the quantized kernels'
-# accuracy on them, then a CPU-sized suite of the peers' shapes.
+# accuracy on them, then a CPU-sized suite of the peers' shapes, and one HTML report of the three.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$ROOT/scripts/setup.sh"
@@ -29,5 +29,8 @@ echo; echo "== How much accuracy the quantized kernels lose on this model (their
 echo; echo "== The peers' shapes, scaled to what a CPU replays in about a minute (examples/cpu_suite.txt)"
 "$BIN" run --testlist "$ROOT/examples/cpu_suite.txt" --json "$OUT/suite.json" --csv "$OUT/suite.csv" || status=$?
 
-echo; echo "Results: $OUT/{minilm,audit,suite}.{json,csv}"
+echo; echo "== One HTML page of the three: summary, speed against accuracy, roofline, error by layer and step, tables"
+"$BIN" report "$OUT/minilm.json" "$OUT/audit.json" "$OUT/suite.json" -o "$OUT/report.html" || status=$?
+
+echo; echo "Results: $OUT/{minilm,audit,suite}.{json,csv}; open $OUT/report.html in a browser"
 exit "$status"

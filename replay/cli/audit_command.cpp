@@ -59,7 +59,8 @@ class AuditCommand final : public Command {
     // The table's values beside the audit's own record of its options, which stand.
     const nlohmann::json table_options = options_.to_json();
     for (const auto& [key, value] : table_options.items()) record["options"].emplace(key, value);
-    write_outputs(record, output_files(options_.text("--json").value_or(""), options_.text("--csv").value_or("")));
+    write_outputs(record, output_files(options_.text("--json").value_or(""), options_.text("--csv").value_or(""),
+                 options_.text("--html").value_or("")));
     if (!options_.flag("--quiet")) printer_for("table", record).print(record, std::cout);
     print_verdict_counts(report);
     if (report.replay.any_failed()) return kExitFailures;

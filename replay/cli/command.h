@@ -38,5 +38,6 @@ std::unique_ptr<Command> make_info_command();
 std::unique_ptr<Command> make_convert_command();
 std::unique_ptr<Command> make_kernels_command();
 std::unique_ptr<Command> make_plot_command();
+std::unique_ptr<Command> make_report_command();
 
 }  // namespace attnreplay

@@ -24,6 +24,8 @@ constexpr CommandEntry kCommands[] = {
     {"merge", "join the parts of a sharded run into one record (JSON, CSV)", attnreplay::make_merge_command},
     {"compare", "two runs side by side: speed-ups beyond the noise, accuracy changes, regressions",
      attnreplay::make_compare_command},
+    {"report", "one self-contained HTML page of runs' and audits' records: summary, charts, sortable tables",
+     attnreplay::make_report_command},
     {"info", "what captures hold: calls, ops, shapes, dtypes, sizes", attnreplay::make_info_command},
     {"convert", "convert between .h5, .pt and .pt folders", attnreplay::make_convert_command},
     {"kernels", "list the kernels: built-in, plug-ins, and the library adapters", attnreplay::make_kernels_command},

@@ -147,6 +147,8 @@ const std::vector<OptionSpec> kTable = {
     {"--testlist", K::text, "file of run flags, one configuration a line (# comments)", output, kRunUse},
     {"--json", K::text, "write the complete results record", output, kRunUse | kAuditUse},
     {"--csv", K::text, "write one row per call and kernel", output, kRunUse | kAuditUse},
+    {"--html", K::text, "write the results as one self-contained HTML page (as attnreplay report does)", output,
+     kRunUse | kAuditUse},
     {"-q,--quiet", K::flag, "print only the summary", output, kRunUse | kAuditUse},
     {"-v,--verbose", K::flag, "every kernel in each call's table, those that refused it included", output, kRunUse},
     {"--baseline", K::text, "the kernel the closing summary's times are relative to (default: the fastest exact one)",

@@ -203,7 +203,8 @@ class RunCommand final : public Command {
       check_local_ranks(gpus, shard);
       return run_local_ranks(gpus, argv);
     }
-    const OutputFiles outputs = output_files(options_.text("--json").value_or(""), options_.text("--csv").value_or(""));
+    const OutputFiles outputs = output_files(options_.text("--json").value_or(""), options_.text("--csv").value_or(""),
+                 options_.text("--html").value_or(""));
     const bool quiet = options_.flag("--quiet");
     Report report;
     // Before anything touches CUDA: a shared run's process takes its local GPU.

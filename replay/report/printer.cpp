@@ -15,6 +15,7 @@ const Printer& results_table_printer();
 const Printer& results_csv_printer();
 const Printer& audit_table_printer();
 const Printer& audit_csv_printer();
+const Printer& html_report_printer();
 
 namespace {
 
@@ -30,6 +31,7 @@ constexpr PrinterEntry kPrinters[] = {
     {"attnreplay.results", "csv", results_csv_printer},
     {"attnreplay.audit", "table", audit_table_printer},
     {"attnreplay.audit", "csv", audit_csv_printer},
+    {"", "html", html_report_printer},
 };
 
 }  // namespace
@@ -42,10 +44,11 @@ const Printer& printer_for(std::string_view format, const nlohmann::json& record
   throw std::logic_error(fmt::format("no {} printer for records of schema '{}'", format, schema));
 }
 
-OutputFiles output_files(const std::string& json_path, const std::string& csv_path) {
+OutputFiles output_files(const std::string& json_path, const std::string& csv_path, const std::string& html_path) {
   OutputFiles files;
   if (!json_path.empty()) files.push_back({"json", json_path});
   if (!csv_path.empty()) files.push_back({"csv", csv_path});
+  if (!html_path.empty()) files.push_back({"html", html_path});
   return files;
 }
 

@@ -17,7 +17,7 @@ class Printer {
   virtual void print(const nlohmann::json& record, std::ostream& out) const = 0;
 };
 
-// The printer of `format` ("json", "csv", "table") for records of the record's "schema"; throws
+// The printer of `format` ("json", "csv", "table", "html") for records of the record's "schema"; throws
 // std::logic_error for a pair no printer serves.
 const Printer& printer_for(std::string_view format, const nlohmann::json& record);
 
@@ -28,8 +28,8 @@ struct OutputFile {
 };
 using OutputFiles = std::vector<OutputFile>;
 
-// The files --json and --csv name (either may be empty).
-OutputFiles output_files(const std::string& json_path, const std::string& csv_path);
+// The files --json, --csv and --html name (any may be empty).
+OutputFiles output_files(const std::string& json_path, const std::string& csv_path, const std::string& html_path = "");
 // The path of `format` among `files`, or empty.
 std::string output_path(const OutputFiles& files, std::string_view format);
 

@@ -30,9 +30,9 @@ ShardedRun::ShardedRun(const Shard& shard, int timed_per_group, OutputFiles outp
   report.shard_part = ShardPart{shard, host_name()};
   share_.emplace(*report.shard_part, timed_per_group);
   if (!outputs_.empty()) {
-    // merge reads JSON parts: --json's, or the CSV's name with .json.
+    // merge reads JSON parts: --json's, or the first other file's name with .json.
     joined_json_ = output_path(outputs_, "json");
-    if (joined_json_.empty()) joined_json_ = fs::path(output_path(outputs_, "csv")).replace_extension(".json").string();
+    if (joined_json_.empty()) joined_json_ = fs::path(outputs_.front().path).replace_extension(".json").string();
     parts_.push_back({"json", part_path(joined_json_, shard.rank, shard.world_size)});
     for (const OutputFile& output : outputs_) {
       if (output.format != "json") parts_.push_back({output.format, part_path(output.path, shard.rank, shard.world_size)});
