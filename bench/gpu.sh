@@ -12,7 +12,7 @@ LOG="$OUT/gpu.log"
 exec > >(tee -a "$LOG") 2>&1
 status=0
 step() { echo; echo "== $* ($(date -u +%H:%M:%S))"; }
-# GPU_STEPS picks a subset, e.g. GPU_STEPS="tests dobench" (the build always runs); "peer",
+# GPU_STEPS picks a subset, e.g. GPU_STEPS="tests dobench" (the build always runs); "adapters", "peer",
 # "plugins", "groups", "pipeline", "shard", "reference", "batches", "short", "gap", "prep",
 # "scaling" and "prepkernels" run only when asked for (PREP_TESTS=0 leaves out prep's GPU tests, PREP_BASE=0 the
 # base build's preparation where BASE_TREE is set for `same` alone, PREP_VARIANTS
@@ -82,6 +82,11 @@ fi
 if wants dobench; then
 step "timing fidelity against triton.testing.do_bench"
 python3 "$ROOT/bench/do_bench_check.py" --attnreplay "$BIN" --out "$OUT/do_bench.json" | tail -40 || status=1
+fi
+
+if wants adapters; then
+step "each library adapter's headline against do_bench of the library's own call (needs its wheel in .whl)"
+python3 "$ROOT/bench/adapter_headline_check.py" --attnreplay "$BIN" --out "$OUT/adapters.json" || status=1
 fi
 
 if wants short; then

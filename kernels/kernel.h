@@ -40,6 +40,13 @@ struct KernelDescription {
   // A CPU emulation of a GPU kernel (kernels/emulated_kernel.h): its outputs are the GPU kernel's,
   // its time is not representative of anything.
   bool emulation = false;
+  // What the headline time is where the kernel has an input preparation (docs/metrics.md).
+  enum class Headline {
+    kernel,      // run() alone, the kernel (attnreplay's own, timed as peers quote theirs); the whole call beside it
+    whole_call,  // preparation then run(): a library's function that does that work inside; run() alone beside it
+    run_is_call, // run() is a library's function as users call it; the preparation is set-up they do once
+  };
+  Headline headline = Headline::kernel;
 };
 
 // What `call` needs that `kernel` does not compute, in words ("a softcap of 30"); empty when none.

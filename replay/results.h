@@ -36,10 +36,16 @@ struct KernelResult {
   std::string reason;
   // More than the reason's one line, for the JSON only: a plug-in's Python traceback.
   std::string detail;
-  std::optional<TimingSummary> timing;  // absent for the model's own captured output
-  // The kernel with its input preparation (GQA expansion, mask conversion, quantization), for
-  // kernels that need any: what a user pays, beside the kernel-only figure peers quote.
+  // The headline time; absent for the model's own captured output. `timed` says what it covers:
+  // "call", the call as users make it (the input preparation included, where there is one), or
+  // "kernel", the kernel alone (KernelDescription::headline).
+  std::optional<TimingSummary> timing;
+  std::string timed = "call";
+  // Where `timing` is the kernel alone: the kernel with its input preparation (GQA expansion, mask
+  // conversion, quantization), what a user pays, beside the kernel-only figure peers quote.
   std::optional<TimingSummary> timing_with_preparation;
+  // Where `timing` is the whole call and there is a preparation: the kernel alone, a breakdown.
+  std::optional<TimingSummary> timing_kernel_alone;
   // The preparation alone, timed in turns with the two above.
   std::optional<TimingSummary> timing_of_preparation;
   std::optional<ErrorStats> error;

@@ -41,6 +41,8 @@ class PrefillInputs:
 class FlashInferPrefill(ar.Kernel):
     name = "flashinfer-prefill"
     summary = "FlashInfer single_prefill_with_kv_cache (one sequence, NHD, native GQA)"
+    # single_prefill_with_kv_cache() is the call; the packed mask prepare() builds is made once a batch.
+    headline = "run"
     layout = "bshd"
     dtypes = ("float16", "bfloat16")
     head_dims = (64, 128, 256)

@@ -12,10 +12,12 @@ Q_LEN, KV_LEN, device). Mapping:
 - float masks: a score_mod adding mask[b, h, q_idx, kv_idx] to the scaled score;
 - GQA: enable_gqa=True with K and V as they are; head_dim_vo may differ (only Q and K must agree).
 The block mask (and score_mod) is built in prepare(), so that its cost is preparation. flex_attention
-and create_block_mask (which otherwise materialises a (B, H, seq_q, seq_kv) grid) are compiled once
-per (device, dtype, head dims, mask kind, causality), with dynamic shapes, so that a capture of many
-sequence lengths compiles a few times rather than once a shape; the first run of each call, where a
-compilation happens, is warm_up(), whose time attnreplay reports apart as compile_s. `compile=False`
+is compiled per (device, dtype, head dims, mask kind, causality) and specialised to each shape, as a
+model that runs one shape gets it and as do_bench of the compiled call measures it (compiled with
+dynamic shapes it read 1.11-1.27x do_bench's on an H100, bench/results/2026-11-27-h100-adapters/);
+create_block_mask (which otherwise materialises a (B, H, seq_q, seq_kv) grid), preparation, is
+compiled with dynamic shapes. The first run of each call, where a compilation happens, is
+warm_up(), whose time attnreplay reports apart as compile_s. `compile=False`
 (constructor argument or attribute) runs both uncompiled: the tests do, on the CPU.
 
 Declines: dtypes other than fp16, bf16, fp32; on CUDA, head dims below 16 (Triton's tl.dot minimum,
@@ -51,6 +53,8 @@ class FlexInputs:
 class FlexAttention(ar.Kernel):
     name = "flex-attention"
     summary = "torch flex_attention, torch.compile'd, with a block mask for causal and bool masks"
+    # flex_attention() is the call; the block mask prepare() builds is made once and reused by a model.
+    headline = "run"
     layout = "bhsd"
     dtypes = ("float16", "bfloat16", "float32")
     native_gqa = True
@@ -75,7 +79,7 @@ class FlexAttention(ar.Kernel):
             for limit in ("recompile_limit", "cache_size_limit"):
                 if hasattr(config, limit):
                     setattr(config, limit, max(getattr(config, limit), RECOMPILE_LIMIT))
-            self._compiled[kind] = (torch.compile(flex.flex_attention, dynamic=True),
+            self._compiled[kind] = (torch.compile(flex.flex_attention, dynamic=False),
                                     torch.compile(flex.create_block_mask, dynamic=True))
         return self._compiled[kind]
 

@@ -77,6 +77,8 @@ class TritonInputs:
 class SageAttentionTriton(ar.Kernel):
     name = "sageattn-triton"
     summary = "SageAttention's Triton kernel: INT8 Q·K per block, fp16 P·V, quantized inside the call"
+    # sageattn() smooths K inside the call, which prepare() does here: the headline is both, as users call it.
+    headline = "call"
     layout = "bhsd"
     native_gqa = True
     causal_alignments = ("top_left",)

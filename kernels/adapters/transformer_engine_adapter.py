@@ -45,6 +45,8 @@ class TeInputs:
 class TransformerEngineAttention(ar.Kernel):
     name = "transformer-engine"
     summary = "Transformer Engine DotProductAttention (bshd, TE's backend selection)"
+    # The module's forward is the call; prepare() builds the module (cached) and its mask.
+    headline = "run"
     layout = "bshd"
     dtypes = ("float16", "bfloat16")
     native_gqa = True

@@ -54,6 +54,8 @@ def aligned_bias(bias, batch: int, heads: int, seq_q: int, seq_kv: int):
 class XformersMemoryEfficient(ar.Kernel):
     name = "xformers"
     summary = "xformers.ops.memory_efficient_attention, xFormers' dispatcher (BMHK, BMGHK for GQA)"
+    # memory_efficient_attention() is the call; the bias prepare() builds is the model's to pass.
+    headline = "run"
     layout = "bshd"
     dtypes = ("float16", "bfloat16", "float32")
     native_gqa = True

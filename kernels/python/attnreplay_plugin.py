@@ -143,6 +143,11 @@ class Kernel:
     causal_alignments: Sequence[str] = CAUSAL_ALIGNMENTS  # causal diagonals computed; (): not causal
     reduced_precision: Optional[str] = None    # "int8", "float8_e4m3fn": --refcheck's thresholds
     output_dtype: Optional[str] = None         # None: the inputs' dtype
+    # What the headline time is when prepare() has work: "kernel", run() alone, the kernel (the whole
+    # call beside it, as kernels are quoted); "call", prepare() then run(), a library's function as
+    # users call it, which does that work inside (run() alone beside it); "run", run() is a
+    # library's function as users call it and prepare() set-up they do once (a block mask).
+    headline: str = "kernel"
 
     def supports(self, spec: CallSpec) -> Optional[str]:
         """None when the kernel can run the call, else the reason, which the user reads."""

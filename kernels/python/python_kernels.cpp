@@ -198,6 +198,14 @@ class PythonKernel final : public Kernel {
     // A kernel of layout "thd" takes ragged batches as one, paged ones too: one that reads no block
     // table gets the pages gathered (ragged_inputs). The others get them sequence by sequence.
     description_.ragged = description_.paged = kernel_.attr("layout").cast<std::string>() == "thd";
+    const std::string headline = py::getattr(kernel_, "headline", py::str("kernel")).cast<std::string>();
+    using Headline = KernelDescription::Headline;
+    if (headline == "call") description_.headline = Headline::whole_call;
+    else if (headline == "run") description_.headline = Headline::run_is_call;
+    else if (headline != "kernel") {
+      throw InputError(fmt::format("{}: kernel '{}': headline '{}' is not \"kernel\", \"call\" or \"run\"", source,
+                                   description_.name, headline));
+    }
     const py::object reduced = kernel_.attr("reduced_precision");
     if (!reduced.is_none()) {
       const std::string name = reduced.cast<std::string>();

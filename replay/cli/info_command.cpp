@@ -6,6 +6,8 @@
 #include <chrono>
 #include <iostream>
 #include <map>
+#include <string>
+#include <vector>
 
 #include "formats/byte_pool.h"
 #include "formats/capture_source.h"
@@ -15,7 +17,10 @@
 namespace attnreplay {
 namespace {
 
-constexpr const char* kRowFormat = "  {:>6}  {:<44} {:<14} {:<6} {:<38} {:<12} {:<16} {:>10}\n";
+// Within 120 columns for the usual ops and shapes; the bytes, the backend and the metadata go on
+// the lines below, wrapped.
+constexpr const char* kRowFormat = "  {:>4} {:<34} {:<8} {:<4} {:<36} {:<8} {}\n";
+constexpr std::size_t kWidth = 120;
 
 std::uint64_t tensor_bytes(const AttentionCall& call) {
   std::uint64_t bytes = call.q.nbytes() + call.k.nbytes() + call.v.nbytes();
@@ -24,17 +29,31 @@ std::uint64_t tensor_bytes(const AttentionCall& call) {
   return bytes;
 }
 
+// "bytes=... backend=... layer=0 step=1 ...", in lines of at most kWidth characters after an indent, broken
+// between fields (a field longer than a line has one to itself).
+void print_details(const AttentionCall& call, std::uint64_t bytes) {
+  std::vector<std::string> fields{fmt::format("bytes={}", bytes)};
+  if (!call.backend.empty()) fields.push_back("backend=" + call.backend);
+  for (const auto& [key, value] : call.metadata) fields.push_back(key + "=" + value);
+  const std::string indent(8, ' ');
+  std::string line = indent;
+  for (const std::string& field : fields) {
+    if (line.size() > indent.size() && line.size() + 1 + field.size() > kWidth) {
+      std::cout << line << '\n';
+      line = indent;
+    }
+    line += (line.size() > indent.size() ? " " : "") + field;
+  }
+  if (line.size() > indent.size()) std::cout << line << '\n';
+}
+
 void print_call(const AttentionCall& call, std::uint64_t bytes) {
-  const std::string op = call.backend.empty() ? call.op : fmt::format("{} ({})", call.op, call.backend);
-  std::cout << fmt::format(kRowFormat, call.call_index, op, dtype_name(call.q.dtype), layout_name(call.layout),
+  std::cout << fmt::format(kRowFormat, call.call_index, call.op, dtype_name(call.q.dtype), layout_name(call.layout),
                            call.shape().to_string(),
                            call.is_causal ? causal_alignment_name(call.causal_alignment) : "no",
                            call.mask ? fmt::format("{} {}", dtype_name(call.mask->dtype), shape_string(call.mask->shape))
-                                     : "none",
-                           bytes);
-  std::string meta;
-  for (const auto& [key, value] : call.metadata) meta += fmt::format(" {}={}", key, value);
-  if (!meta.empty()) std::cout << "          " << meta << '\n';
+                                     : "none");
+  print_details(call, bytes);
 }
 
 // Reads every call of the capture whole, as a replay would; returns whether every one could be.
@@ -67,7 +86,7 @@ bool print_capture(const std::string& input, bool verify) {
   std::map<std::string, int> ops;
   std::uint64_t bytes = 0;
   std::cout << fmt::format("{}: {}, {} calls\n", input, source->format(), source->size());
-  std::cout << fmt::format(kRowFormat, "call", "op (backend)", "dtype", "layout", "shape", "causal", "mask", "bytes");
+  std::cout << fmt::format(kRowFormat, "call", "op", "dtype", "lay.", "shape", "causal", "mask");
   for (const std::string& error : source->open_errors()) {
     std::cout << "  error: " << error << '\n';
     all_read = false;

@@ -20,10 +20,11 @@ struct KernelOverCalls {
   std::vector<std::pair<double, std::size_t>> rel_l2;  // (error, call position)
 };
 
-// The whole call's median where it was timed apart (a kernel with an input preparation), else the
-// kernel's; 0 when neither was.
+// The whole call's median: the headline's unless that is the kernel alone (`timed`), when the
+// call was timed apart with its input preparation; 0 when untimed.
 double call_median_s(const nlohmann::json& k) {
-  for (const char* key : {"timing_with_preparation", "timing"}) {
+  const bool kernel_alone = k.value("timed", std::string("call")) == "kernel";
+  for (const char* key : {kernel_alone ? "timing_with_preparation" : "timing", "timing"}) {
     if (const auto timing = k.find(key); timing != k.end() && timing->is_object()) {
       if (const double median = number_at(*timing, "median_s"); median > 0) return median;
     }

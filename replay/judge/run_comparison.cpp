@@ -197,6 +197,18 @@ void summarize(RunComparison& comparison) {
 
 }  // namespace
 
+namespace {
+
+// What a row's headline time covers (`timed`); records written before the field had it as the
+// kernel alone wherever the whole call was timed apart.
+std::string what_timed(const nlohmann::json& kernel) {
+  const std::string timed = string_at(kernel, "timed");
+  if (!timed.empty()) return timed;
+  return kernel.contains("timing_with_preparation") ? "kernel" : "call";
+}
+
+}  // namespace
+
 const char* speed_verdict_name(SpeedVerdict verdict) {
   switch (verdict) {
     case SpeedVerdict::faster: return "faster";
@@ -223,11 +235,18 @@ RunComparison compare_runs(const nlohmann::json& base, const std::string& base_n
       if (unmatched.emplace(key, std::pair{&kernel, call_label(call)}).second) change_order.push_back(key);
     }
   }
+  std::map<std::string, std::string> timed_apart;  // kernel -> how its two runs' headlines differ
   for (const auto& call : base_calls) {
     for (const auto& kernel : kernels_of(call)) {
       const std::string name = string_at(kernel, "kernel");
       const auto found = unmatched.find({call_key(call), name});
       const nlohmann::json* partner = found == unmatched.end() ? nullptr : found->second.first;
+      if (partner && kernel.contains("timing") && partner->contains("timing") &&
+          what_timed(kernel) != what_timed(*partner)) {
+        timed_apart[name] = fmt::format("{}: the base timed the {}, the change the {}: its ratios compare two "
+                                        "different things", name, what_timed(kernel) == "call" ? "whole call" : "kernel alone",
+                                        what_timed(*partner) == "call" ? "whole call" : "kernel alone");
+      }
       if (found != unmatched.end()) unmatched.erase(found);
       else ++comparison.only_in_base;
       comparison.rows.push_back(compared_row(call_label(call), name, &kernel, partner));
@@ -240,6 +259,7 @@ RunComparison compare_runs(const nlohmann::json& base, const std::string& base_n
     comparison.rows.push_back(compared_row(found->second.second, key.second, nullptr, found->second.first));
   }
   comparison.differences = record_differences(base, change);
+  for (const auto& [kernel, difference] : timed_apart) comparison.differences.push_back(difference);
   summarize(comparison);
   return comparison;
 }

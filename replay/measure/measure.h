@@ -67,13 +67,15 @@ std::vector<TimingSummary> measure_interleaved(std::span<const TimedKernel> kern
 
 // A kernel with an input preparation (PreparedKernel::has_preparation): the kernel alone and the
 // whole call as users make it (preparation then kernel), in turns so that both see the same
-// clocks, the whole call within half the kernel's sampled time (TimedKernel::budget); with
-// `preparation_alone`, the preparation by itself after them.
+// clocks, the second figure within half the headline's sampled time (TimedKernel::budget): the
+// whole call's when `call_is_headline`, else the kernel's; with `preparation_alone`, the
+// preparation by itself after them.
 struct PreparedTimings {
   TimingSummary kernel, with_preparation;
   std::optional<TimingSummary> of_preparation;
 };
 PreparedTimings measure_with_preparation(PreparedKernel& kernel, SampleTimer& timer, const StoppingRule& rule,
-                                         ClockMonitor* monitor = nullptr, bool preparation_alone = false);
+                                         ClockMonitor* monitor = nullptr, bool preparation_alone = false,
+                                         bool call_is_headline = false);
 
 }  // namespace attnreplay

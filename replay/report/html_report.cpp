@@ -57,11 +57,15 @@ nlohmann::json kernel_row(const nlohmann::json& call, const nlohmann::json& k) {
   row["reason"] = text_at(k, "reason");
   row["emulation"] = k.value("emulation", false);
   row["reduced_precision"] = text_at(k, "reduced_precision");
-  // What each time covers: the kernel alone, and the whole call (with its input preparation) where
-  // that was timed apart; the page's speed-ups use the whole call.
-  row["kernel_s"] = median_of(k, "timing");
-  const nlohmann::json whole = median_of(k, "timing_with_preparation");
-  row["call_s"] = whole.is_null() ? row["kernel_s"] : whole;
+  // What each time covers: the whole call (with its input preparation, where there is one) and the
+  // kernel alone; the page's speed-ups use the whole call. `timing` is whichever `timed` says.
+  const bool headline_is_kernel = k.value("timed", std::string("call")) == "kernel";
+  const nlohmann::json headline = median_of(k, "timing");
+  const nlohmann::json whole = median_of(k, "timing_with_preparation"), alone = median_of(k, "timing_kernel_alone");
+  row["timed"] = text_at(k, "timed");
+  row["call_s"] = headline_is_kernel ? whole : headline;
+  row["kernel_s"] = headline_is_kernel ? headline : (alone.is_null() ? headline : alone);
+  if (row["call_s"].is_null()) row["call_s"] = headline;  // a kernel without preparation: one figure
   row["shared_from"] = text_at(k, "timing_shared_from");
   if (const auto work = call.find("work"); work != call.end()) {
     row["flops"] = finite_or_null(number_at(*work, "flops"));

@@ -79,6 +79,7 @@ nlohmann::json kernel_json(const KernelResult& k) {
   if (!k.timing_shared_from.empty()) j["timing_shared_from"] = k.timing_shared_from;
   if (k.compile_s) j["compile_s"] = number(*k.compile_s);
   if (k.timing_with_preparation) j["timing_with_preparation"] = timing_json(*k.timing_with_preparation);
+  if (k.timing_kernel_alone) j["timing_kernel_alone"] = timing_json(*k.timing_kernel_alone);
   if (k.timing_of_preparation) j["timing_of_preparation"] = timing_json(*k.timing_of_preparation);
   if (k.preparation) {
     const auto seconds = k.preparation_s();
@@ -90,6 +91,7 @@ nlohmann::json kernel_json(const KernelResult& k) {
   }
   if (k.timing) {
     j["timing"] = timing_json(*k.timing);
+    j["timed"] = k.timed;
     j["tflops"] = number(k.tflops());
     j["gbytes_per_s"] = number(k.gbytes_per_s());
   }

@@ -42,12 +42,14 @@ void print_call_header(const nlohmann::json& call, std::ostream& out) {
                          : "");
 }
 
-constexpr const char* kRowFormat = "  {:<18} {:<13} {:>10} {:>6} {:>9} {:>9} {:>6} {:>6} {:>10} {:>10} {:>12}\n";
+// 120 columns. "timed": what the time covers, the whole "call" or the "kernel" alone.
+constexpr const char* kRowFormat = "  {:<18} {:<13} {:<6} {:>10} {:>5} {:>8} {:>8} {:>5} {:>6} {:>9} {:>9} {:>10}\n";
 
 void print_kernel_row(const nlohmann::json& k, std::ostream& out) {
-  std::string time = "-", spread = "-", tflops = "-", gbps = "-", clock = "-";
+  std::string time = "-", spread = "-", tflops = "-", gbps = "-", clock = "-", covers = "-";
   if (const auto timing = k.value("timing", nlohmann::json()); timed(timing)) {  // else the call's notes say why
     time = fmt::format("{:.4g}", number_at(timing, "median_s") * 1e3);
+    covers = k.value("timed", std::string("call"));
     // The SM clock during the samples: at a power limit it sits well under the rated one.
     if (number_at(timing, "sm_clock_median_mhz") > 0) clock = fmt::format("{:.0f}", number_at(timing, "sm_clock_median_mhz"));
     spread = fmt::format("{:.2g}", number_at(timing, "spread_rel") * 100);
@@ -66,8 +68,8 @@ void print_kernel_row(const nlohmann::json& k, std::ostream& out) {
     const double matrix = k.value("matrix_ceiling_fraction", 0.0), copy = k.value("copy_ceiling_fraction", 0.0);
     peak = fmt::format("{:.0f}", 100 * std::max(matrix, copy));
   }
-  out << fmt::format(kRowFormat, text_at(k, "kernel"), text_at(k, "status"), time, spread, tflops, gbps, peak, clock,
-                     max_abs, rel_l2, cosine);
+  out << fmt::format(kRowFormat, text_at(k, "kernel"), text_at(k, "status"), covers, time, spread, tflops, gbps, peak,
+                     clock, max_abs, rel_l2, cosine);
 }
 
 // What a row's figures leave out: NaN outputs, rows without keys, timing methods other than the
@@ -103,8 +105,16 @@ void add_footnotes(const nlohmann::json& k, std::vector<std::string>& footnotes)
                           number_at(*preparation, "time_s") * 1e3, number_at(*preparation, "ratio_to_bound"),
                           si(number_at(*preparation, "bytes"), "B"), number_at(*preparation, "bound_s") * 1e3);
     }
-    footnotes.push_back(fmt::format("{}: {:.4g} ms with its input preparation{}", name,
-                                    number_at(*whole, "median_s") * 1e3, bound));
+    // Beside a library's call, the preparation is work outside that call (KernelDescription::Headline).
+    const bool kernel_alone = k.value("timed", std::string("call")) == "kernel";
+    footnotes.push_back(fmt::format("{}: {:.4g} ms {}{}", name, number_at(*whole, "median_s") * 1e3,
+                                    kernel_alone ? "the whole call, with its input preparation"
+                                                 : "with the input preparation done outside the library's call",
+                                    bound));
+  }
+  if (const auto alone = k.find("timing_kernel_alone"); alone != k.end() && timed(*alone)) {
+    footnotes.push_back(fmt::format("{}: {:.4g} ms the kernel alone, without the input preparation the call does",
+                                    name, number_at(*alone, "median_s") * 1e3));
   }
   const std::string status = text_at(k, "status"), reason = text_at(k, "reason");
   if (!reason.empty() && status != "not_verified" && status != "passed") footnotes.push_back(fmt::format("{}: {}", name, reason));
@@ -167,8 +177,8 @@ void print_call_table(const nlohmann::json& call, std::ostream& out, bool every_
     if (print_as_shared(call, rows, out)) return;
   }
   print_call_header(call, out);
-  out << fmt::format(kRowFormat, "kernel", "status", "median ms", "±%", "TFLOP/s", "GB/s", "%peak", "MHz", "max_abs",
-                     "rel_l2", "cosine");
+  out << fmt::format(kRowFormat, "kernel", "status", "timed", "median ms", "±%", "TFLOP/s", "GB/s", "%peak", "MHz",
+                     "max_abs", "rel_l2", "cosine");
   std::vector<std::string> footnotes;
   for (const nlohmann::json* kernel : rows) {
     print_kernel_row(*kernel, out);

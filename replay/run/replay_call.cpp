@@ -189,9 +189,19 @@ void measure_kernel(PreparedKernel& prepared, const KernelDescription& kernel, K
   SampleTimer& timer = timer_for(kernel.device, r.options.timing, r.options.hot_l2);
   ClockMonitor* monitor = on_gpu ? gpu_clock_monitor() : nullptr;
   if (prepared.has_preparation()) {
-    PreparedTimings timings = measure_with_preparation(prepared, timer, rule, monitor, r.options.time_preparation);
-    k.timing = std::move(timings.kernel);
-    k.timing_with_preparation = std::move(timings.with_preparation);
+    using Headline = KernelDescription::Headline;
+    const bool whole_call = kernel.headline == Headline::whole_call;
+    PreparedTimings timings =
+        measure_with_preparation(prepared, timer, rule, monitor, r.options.time_preparation, whole_call);
+    if (whole_call) {
+      k.timing = std::move(timings.with_preparation);
+      k.timing_kernel_alone = std::move(timings.kernel);
+    } else {
+      // run() alone: the kernel, or a library's call whose preparation is set-up done once.
+      if (kernel.headline == Headline::kernel) k.timed = "kernel";
+      k.timing = std::move(timings.kernel);
+      k.timing_with_preparation = std::move(timings.with_preparation);
+    }
     k.timing_of_preparation = std::move(timings.of_preparation);
   } else {
     k.timing = measure(prepared, timer, rule, monitor);
@@ -208,14 +218,17 @@ void time_kernel(PreparedKernel& prepared, const KernelDescription& kernel, Kern
     prepared.synchronize();
     stopwatch.lap("judge");
     k.timing = shared->timing;
+    k.timed = shared->timed;
     k.timing_with_preparation = shared->with_preparation;
+    k.timing_kernel_alone = shared->kernel_alone;
     k.timing_of_preparation = shared->of_preparation;
     k.timing_shared_from = r.shared_from = shared->timed_call;
   } else {
     measure_kernel(prepared, kernel, k, r);
     if (groups) {
       groups->record(r.timing_group, k.kernel,
-                     {k.timing, k.timing_with_preparation, k.timing_of_preparation, r.call.where()});
+                     {k.timing, k.timed, k.timing_with_preparation, k.timing_kernel_alone, k.timing_of_preparation,
+                      r.call.where()});
     }
     stopwatch.lap("measure");
   }
@@ -349,7 +362,8 @@ std::optional<std::string> untimed_note(const KernelResult& k) {
   std::vector<std::string> untimed;
   const TimingSummary* first = nullptr;
   const std::pair<const std::optional<TimingSummary>*, const char*> timings[] = {
-      {&k.timing, "alone"}, {&k.timing_with_preparation, "with its input preparation"},
+      {&k.timing, k.timed == "kernel" ? "alone" : "the whole call"}, {&k.timing_with_preparation, "with its input preparation"},
+      {&k.timing_kernel_alone, "the kernel alone"},
       {&k.timing_of_preparation, "its input preparation alone"}};
   for (const auto& [timing, what] : timings) {
     if (!*timing || !(*timing)->untimed()) continue;

@@ -20,7 +20,9 @@ namespace attnreplay {
 std::string timing_key(const AttentionCall& call);
 
 struct SharedTiming {
-  std::optional<TimingSummary> timing, with_preparation, of_preparation;
+  std::optional<TimingSummary> timing;
+  std::string timed;  // what `timing` covers (KernelResult::timed)
+  std::optional<TimingSummary> with_preparation, kernel_alone, of_preparation;
   std::string timed_call;  // where the measurement was taken: "run.h5: call 3"
 };
 

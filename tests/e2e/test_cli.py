@@ -30,14 +30,15 @@ ALL = "all,reference"
 CSV_HEADER = [
     "source", "call_index", "case_tag", "op", "backend", "batch", "heads_q", "heads_kv", "seq_q", "seq_kv",
     "head_dim_qk", "head_dim_vo", "dtype", "layout", "is_causal", "causal_alignment", "mask", "batching", "scale", "flops",
-    "bytes", "arithmetic_intensity", "kernel", "status", "reason", "time_method", "cache", "median_s", "min_s",
-    "max_s", "stdev_rel", "spread_rel", "median_ci_low_s", "median_ci_high_s", "median_s_with_preparation", "preparation_median_s", "preparation_ratio_to_bound", "samples", "discarded_samples", "sm_clock_mhz", "power_w",
+    "bytes", "arithmetic_intensity", "kernel", "status", "reason", "time_method", "cache", "timed", "median_s", "min_s",
+    "max_s", "stdev_rel", "spread_rel", "median_ci_low_s", "median_ci_high_s", "median_s_with_preparation",
+    "median_s_kernel_alone", "preparation_median_s", "preparation_ratio_to_bound", "samples", "discarded_samples", "sm_clock_mhz", "power_w",
     "tflops", "gbytes_per_s", "matrix_ceiling_fraction",
     "copy_ceiling_fraction", "max_abs", "mean_abs", "mse",
     "rmse", "std_abs", "rel_l1", "rel_l2", "cosine", "nan_count", "inf_count", "rows_compared", "sampled", "rerun",
 ]
 
-TABLE_COLUMNS = ["kernel", "status", "median ms", "±%", "TFLOP/s", "GB/s", "%peak", "MHz", "max_abs", "rel_l2",
+TABLE_COLUMNS = ["kernel", "status", "timed", "median ms", "±%", "TFLOP/s", "GB/s", "%peak", "MHz", "max_abs", "rel_l2",
                  "cosine"]
 
 
@@ -51,7 +52,7 @@ def cosine_value(text):
 
 
 def table_rows(stdout):
-    """{kernel: [status, median ms, ±%, TFLOP/s, GB/s, %peak, MHz, max_abs, rel_l2, cosine]} of the printed table."""
+    """{kernel: [status, timed, median ms, ±%, TFLOP/s, GB/s, %peak, MHz, max_abs, rel_l2, cosine]} of the printed table."""
     lines = stdout.splitlines()
     header = next(i for i, line in enumerate(lines) if line.split()[:2] == ["kernel", "status"])
     assert re.sub(r"\s+", " ", lines[header].strip()) == " ".join(TABLE_COLUMNS)
@@ -78,7 +79,7 @@ def test_table_shows_every_cpu_kernel_with_speed_and_error(big_run):
     rows = table_rows(result.stdout)
     assert set(CPU_KERNELS) <= set(rows), result.stdout
     for kernel in CPU_KERNELS:
-        status, median_ms, spread, tflops, gbps, peak, clock, max_abs, rel_l2, cosine = rows[kernel]
+        status, timed, median_ms, spread, tflops, gbps, peak, clock, max_abs, rel_l2, cosine = rows[kernel]
         assert status == "passed", result.stdout
         assert (peak, clock) == ("-", "-")  # GPU figures: no ceiling, no SM clock on the CPU
         for text in (median_ms, spread, tflops, gbps, max_abs, rel_l2):
@@ -87,6 +88,8 @@ def test_table_shows_every_cpu_kernel_with_speed_and_error(big_run):
         assert float(median_ms) > 0 and float(tflops) > 0 and float(gbps) > 0
         # The table's TFLOP/s is the JSON's work over the JSON's median time.
         k = next(k for k in report["calls"][0]["kernels"] if k["kernel"] == kernel)
+        # What the time covers: the kernel alone where the whole call (its preparation in) is timed apart.
+        assert timed == k["timed"] == ("kernel" if "timing_with_preparation" in k else "call"), (kernel, timed)
         assert float(tflops) == pytest.approx(report["calls"][0]["work"]["flops"] / k["timing"]["median_s"] / 1e12,
                                               rel=1e-3)
     # 2 * b * h * s^2 * (d_qk + d_vo) = 1.024 GFLOP; Q, K, V, O of 256000 bf16 each = 2.05 MB.
@@ -238,14 +241,17 @@ def test_info_lists_calls_ops_shapes_dtypes_and_bytes(tmp_path):
     result = run_attnreplay("info", tmp_path / "cap.h5", check=0)
     lines = result.stdout.splitlines()
     assert lines[0] == f"{tmp_path / 'cap.h5'}: attnreplay-hdf5 v2, 2 calls"
-    first = next(line.split() for line in lines if line.split()[:1] == ["7"])
-    second = next(line.split() for line in lines if line.split()[:1] == ["9"])
+    at7 = next(i for i, line in enumerate(lines) if line.split()[:1] == ["7"])
+    at9 = next(i for i, line in enumerate(lines) if line.split()[:1] == ["9"])
     bytes7 = (q.numel() + k.numel() + v.numel()) * 2 + mask.numel()
     bytes9 = 4 * f32.size * 4
-    assert first == ["7", "aten::scaled_dot_product_attention", "(flash)", "bfloat16", "bhsd", "b1", "hq4", "hkv2",
-                     "sq8", "skv12", "dqk16", "dvo8", "bottom_right", "bool", "1x1x8x12", str(bytes7)]
-    assert second == ["9", "flash_attn_func", "float32", "bshd", "b2", "hq3", "hkv3", "sq5", "skv5", "dqk4", "dvo4",
-                      "no", "none", str(bytes9)]
+    assert lines[at7].split() == ["7", "aten::scaled_dot_product_attention", "bfloat16", "bhsd", "b1", "hq4", "hkv2",
+                                  "sq8", "skv12", "dqk16", "dvo8", "bottom_right", "bool", "1x1x8x12"]
+    assert lines[at7 + 1].split() == [f"bytes={bytes7}", "backend=flash"]
+    assert lines[at9].split() == ["9", "flash_attn_func", "float32", "bshd", "b2", "hq3", "hkv3", "sq5", "skv5", "dqk4",
+                                  "dvo4", "no", "none"]
+    assert lines[at9 + 1].split() == [f"bytes={bytes9}"]
+    assert [line for line in lines if len(line) > 120] == []
     assert "  1 x aten::scaled_dot_product_attention" in lines
     assert "  1 x flash_attn_func" in lines
     assert f"  tensor bytes: {bytes7 + bytes9}" in lines

@@ -282,9 +282,12 @@ def test_python_h5_read_by_cpp(python_written, dtype, layout):
     want = group["h5_calls"][dtype, layout]
     name = str(PY_DTYPES[dtype]).removeprefix("torch.")
     info = converted(group["info_h5"], "info")
-    row = next(line.split() for line in info.splitlines() if line.split()[:1] == [str(want["call_index"])])
-    assert row[1:4] == ["my_attention", "(my_backend)", name] and row[4] == layout
-    assert row[5:12] == ["b2", "hq4", "hkv2", "sq6", "skv10", "dqk8", "dvo4"]
+    lines = info.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.split()[:1] == [str(want["call_index"])])
+    row = lines[at].split()
+    assert row[1:3] == ["my_attention", name] and row[3] == layout
+    assert row[4:11] == ["b2", "hq4", "hkv2", "sq6", "skv10", "dqk8", "dvo4"]
+    assert "backend=my_backend" in lines[at + 1].split()
     # C++ read the file and wrote it again: the .h5 it wrote holds the same bits ...
     converted(group["h5_to_h5"], "convert to .h5")
     got = find_call(attnreplay_h5.read_calls(str(group["folder"] / "py.back.h5"), as_torch=True), want["call_index"])

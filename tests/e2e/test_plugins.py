@@ -51,6 +51,31 @@ def test_preparation_is_timed_alone_and_with_the_kernel(tmp_path):
     assert row["error"]["rel_l2"] < 1e-6
 
 
+def test_each_row_says_what_its_headline_covers(tmp_path):
+    # The kernel alone with the whole call beside it (the default), a library's whole call with the
+    # kernel alone beside it ("call"), a library's call with its set-up beside it ("run").
+    out = tmp_path / "r.json"
+    result = run_attnreplay("run", *GENERATED, "--kernel-module", TORCH_PLUGINS, "--kernels",
+                            "py-fp64-prepared,py-fp64-call,py-fp64-run", "--json", out, *FAST, check=0)
+    rows = kernels_by_name(load_json(out))
+    kernel, call, run = rows["py-fp64-prepared"], rows["py-fp64-call"], rows["py-fp64-run"]
+    assert kernel["timed"] == "kernel" and "timing_with_preparation" in kernel and "timing_kernel_alone" not in kernel
+    assert call["timed"] == "call" and "timing_kernel_alone" in call and "timing_with_preparation" not in call
+    assert call["timing"]["median_s"] > 0.005 > call["timing_kernel_alone"]["median_s"]  # the 5 ms inside the call
+    assert run["timed"] == "call" and "timing_with_preparation" in run and "timing_kernel_alone" not in run
+    table = {line.split()[0]: line.split()[2] for line in result.stdout.splitlines()  # the call's table rows
+             if line.split()[:1] and line.split()[0].startswith("py-fp64-") and line.split()[1] == "not_verified"}
+    assert table == {"py-fp64-prepared": "kernel", "py-fp64-call": "call", "py-fp64-run": "call"}
+    assert "py-fp64-call: " in result.stdout and "ms the kernel alone" in result.stdout
+
+
+def test_a_headline_other_than_kernel_call_or_run_is_refused_naming_the_file(tmp_path):
+    module = PLUGINS / "bad_headline.py"
+    result = run_attnreplay("run", *GENERATED, "--kernel-module", module, "--kernels", "torch-math", *FAST, check=1)
+    assert str(module) in result.stderr and "headline 'both'" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_capabilities_and_supports_decline_with_the_reason(tmp_path):
     out = tmp_path / "r.json"
     run_attnreplay("run", "--shape", "1,2,16,32", "--s_kv", "5000", "--dtype", "fp32", "--kernel-module",

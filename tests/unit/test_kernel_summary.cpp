@@ -18,7 +18,10 @@ namespace {
 json timed(const std::string& name, double ms, double rel_l2, double with_preparation_ms = 0) {
   json k = {{"kernel", name}, {"status", "not_verified"}, {"timing", {{"median_s", ms * 1e-3}}},
             {"error", {{"rel_l2", rel_l2}}}};
-  if (with_preparation_ms > 0) k["timing_with_preparation"] = {{"median_s", with_preparation_ms * 1e-3}};
+  if (with_preparation_ms > 0) {
+    k["timed"] = "kernel";  // the headline is the kernel alone, the whole call beside it
+    k["timing_with_preparation"] = {{"median_s", with_preparation_ms * 1e-3}};
+  }
   return k;
 }
 

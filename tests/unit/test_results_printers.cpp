@@ -304,11 +304,36 @@ TEST_CASE("report: the SM clock of a GPU kernel's samples in the JSON, the CSV a
   CHECK(fields[at] == "1605");
 }
 
+TEST_CASE("report: a library's call as the headline, the kernel alone beside it, labelled everywhere") {
+  Report report = sample_report();
+  KernelResult& kernel = report.calls[0].kernels[0];
+  TimingSummary alone = *kernel.timing;
+  alone.median_s = 0.0015;
+  kernel.timing_kernel_alone = alone;  // timed stays "call": `timing` is the whole call
+  const nlohmann::json json = report_to_json(report).at("calls")[0].at("kernels")[0];
+  CHECK(json.at("timed") == "call");
+  CHECK(json.at("timing_kernel_alone").at("median_s") == 0.0015);
+  std::ostringstream csv;
+  results_printer("csv", report, csv);
+  const auto fields = split_csv_line(lines_of(csv.str())[1]);
+  CHECK(fields[column("timed")] == "call");
+  CHECK_THAT(std::stod(fields[column("median_s_kernel_alone")]), Catch::Matchers::WithinRel(0.0015, 1e-9));
+  std::ostringstream table;
+  results_printer("table", report, table);
+  CHECK_THAT(table.str(), ContainsSubstring("1.5 ms the kernel alone, without the input preparation the call does"));
+  const auto lines = lines_of(table.str());
+  const auto row = std::find_if(lines.begin(), lines.end(), [](const std::string& l) { return l.find("torch-math-cpu ") == 2; });
+  REQUIRE(row != lines.end());
+  CHECK(row->find(" call ") != std::string::npos);
+  CHECK(row->size() <= 120);
+}
+
 TEST_CASE("report: a preparation's time beside its bound at the copy ceiling") {
   Report report = sample_report();
   KernelResult& kernel = report.calls[0].kernels[0];
   TimingSummary with_preparation = *kernel.timing;
   with_preparation.median_s = 0.0026;  // 0.6 ms of preparation on a 2 ms kernel
+  kernel.timed = "kernel";  // the kernel alone is the headline, the whole call beside it
   kernel.timing_with_preparation = with_preparation;
   TimingSummary of_preparation = *kernel.timing;
   of_preparation.median_s = 0.0006;  // its own figure, not the difference of the other two
@@ -321,8 +346,9 @@ TEST_CASE("report: a preparation's time beside its bound at the copy ceiling") {
   CHECK_THAT(json.at("ratio_to_bound").get<double>(), Catch::Matchers::WithinRel(6.0, 1e-9));
   std::ostringstream table;
   results_printer("table", report, table);
-  CHECK(table.str().find("2.6 ms with its input preparation (preparation alone 0.6 ms, 6.00x its bound: 300 MB at the "
-                         "copy ceiling, 0.1 ms)") != std::string::npos);
+  CHECK(table.str().find("2.6 ms the whole call, with its input preparation (preparation alone 0.6 ms, 6.00x its bound: "
+                         "300 MB at the copy ceiling, 0.1 ms)") != std::string::npos);
+  CHECK(table.str().find(" kernel ") != std::string::npos);  // the row says what its time covers
   // Without a measured ceiling there is no bound, and no ratio.
   kernel.preparation->bound_s = 0;
   CHECK(report_to_json(report).at("calls")[0].at("kernels")[0].at("preparation").at("ratio_to_bound").is_null());
@@ -339,6 +365,7 @@ TEST_CASE("report: a timing whose every sample was discarded shows no time, and 
   untimed.stop_reason = "timeout";
   untimed.sm_clock_median_mhz = 1005;
   kernel.timing = untimed;
+  kernel.timed = "kernel";
   kernel.timing_with_preparation = untimed;
   kernel.timing_of_preparation = untimed;
   kernel.preparation = KernelResult::PreparationBound{300e6, 0.0001};

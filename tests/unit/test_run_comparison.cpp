@@ -97,3 +97,16 @@ TEST_CASE("compare: the geometric mean counts a shared timing once; rows pair by
 TEST_CASE("compare: a record that is not a run's is named") {
   CHECK_THROWS_AS(compare_runs(json{{"kernels", json::array()}}, "audit.json", record({}), "new.json"), InputError);
 }
+
+TEST_CASE("compare: a kernel whose headline covers other work in the two runs is named") {
+  json old_row = kernel_row("sageattn-triton", 0.1, 0.005, 0.01, 1e-2);
+  old_row["timing_with_preparation"] = {{"median_s", 0.18e-3}};  // written before `timed`: the kernel alone
+  json new_row = kernel_row("sageattn-triton", 0.18, 0.005, 0.01, 1e-2);
+  new_row["timed"] = "call";
+  const RunComparison c = compare_runs(record({call(0, {old_row})}), "base.json", record({call(0, {new_row})}), "new.json");
+  REQUIRE(c.differences.size() == 1);
+  CHECK(c.differences[0].find("sageattn-triton: the base timed the kernel alone, the change the whole call") == 0);
+  // The same coverage in both: nothing to say.
+  const RunComparison same = compare_runs(record({call(0, {new_row})}), "a.json", record({call(0, {new_row})}), "b.json");
+  CHECK(same.differences.empty());
+}

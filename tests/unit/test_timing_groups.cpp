@@ -51,7 +51,7 @@ TEST_CASE("TimingGroups: the first calls of a group are timed, the rest share th
 
   TimingGroups one(1);
   CHECK(one.shared("g", "flash") == nullptr);
-  one.record("g", "flash", {summary, std::nullopt, std::nullopt, "run.h5: call 0"});
+  one.record("g", "flash", {.timing = summary, .timed_call = "run.h5: call 0"});
   const SharedTiming* shared = one.shared("g", "flash");
   REQUIRE(shared != nullptr);
   CHECK(shared->timed_call == "run.h5: call 0");
@@ -61,14 +61,14 @@ TEST_CASE("TimingGroups: the first calls of a group are timed, the rest share th
   CHECK(one.shared("h", "flash") == nullptr);
 
   TimingGroups two(2);
-  two.record("g", "flash", {summary, std::nullopt, std::nullopt, "call 0"});
+  two.record("g", "flash", {.timing = summary, .timed_call = "call 0"});
   CHECK(two.shared("g", "flash") == nullptr);
-  two.record("g", "flash", {summary, std::nullopt, std::nullopt, "call 1"});
+  two.record("g", "flash", {.timing = summary, .timed_call = "call 1"});
   REQUIRE(two.shared("g", "flash") != nullptr);
   CHECK(two.shared("g", "flash")->timed_call == "call 0");
 
   TimingGroups every(0);
-  every.record("g", "flash", {summary, std::nullopt, std::nullopt, "call 0"});
+  every.record("g", "flash", {.timing = summary, .timed_call = "call 0"});
   CHECK(every.shared("g", "flash") == nullptr);
 }
 

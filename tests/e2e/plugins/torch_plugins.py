@@ -1,5 +1,7 @@
 """Plug-in kernels in plain torch, as a user writes them: one function, one class with a
 preparation step."""
+import time
+
 import torch
 
 import attnreplay_plugin as ar
@@ -38,6 +40,30 @@ class Fp64Bshd(ar.Kernel):
 
 
 ar.register(Fp64Bshd())
+
+
+class Fp64AsLibraryCall(Fp64Bshd):
+    """The same as a library's function that does its preparation inside the call (5 ms of it):
+    the headline is the whole call, the kernel alone beside it."""
+
+    name = "py-fp64-call"
+    headline = "call"
+
+    def prepare(self, inputs):
+        time.sleep(0.005)
+        return super().prepare(inputs)
+
+
+class Fp64WithSetUp(Fp64Bshd):
+    """The same as a library's function whose preparation is set-up a model does once: the
+    headline is run() alone, the set-up timed in beside it."""
+
+    name = "py-fp64-run"
+    headline = "run"
+
+
+ar.register(Fp64AsLibraryCall())
+ar.register(Fp64WithSetUp())
 
 
 @ar.kernel("py-declines-late", device="cpu", dtypes=("float32",))

@@ -1,0 +1,127 @@
+"""Each library adapter's headline time against triton.testing.do_bench of the library's own call.
+
+An adapter's headline is the library's function as users call it (KernelDescription::Headline):
+`sageattn(q, k, v, tensor_layout="HND", is_causal=..., sm_scale=...)` whole, K smoothing inside;
+`flex_attention(q, k, v, block_mask=...)` with its block mask built once, as a model does. On the
+same GPU, same inputs, both with a cold L2, the two medians must agree within 3 %. attnreplay is
+run with its default timer and with `--timing queued` (do_bench's own way of sampling: where a
+call's launches take longer on the host than its kernels on the GPU, do_bench counts the gaps,
+which the default timer's pipelined samples hide). Adapters whose library is not installed are
+listed as such.
+
+    python bench/adapter_headline_check.py --attnreplay build/replay/attnreplay --out adapters.json
+"""
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+
+import torch
+import triton.testing
+
+# (batch, heads, seq, head_dim, dtype, causal): the issue's shape, Flux, SageAttention's sweep, a causal bf16 one.
+SHAPES = [(2, 16, 2048, 64, torch.float16, True), (1, 24, 4608, 128, torch.bfloat16, False),
+          (4, 32, 1024, 128, torch.float16, False), (2, 16, 4096, 128, torch.bfloat16, True)]
+DTYPE_FLAGS = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+def sageattn_call():
+    try:
+        import sageattention
+    except ImportError as error:
+        return None, f"sageattention does not import: {error}"
+
+    def call(q, k, v, causal, scale):
+        return sageattention.sageattn(q, k, v, tensor_layout="HND", is_causal=causal, sm_scale=scale)
+    return call, None
+
+
+def flex_call():
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    except ImportError as error:
+        return None, f"flex_attention does not import: {error}"
+    compiled = torch.compile(flex_attention, dynamic=False)
+    masks = {}
+
+    def call(q, k, v, causal, scale):
+        block_mask = None
+        if causal:
+            key = (q.shape[2], k.shape[2])
+            if key not in masks:  # built once per shape, as a model builds it once per forward
+                masks[key] = create_block_mask(lambda b, h, qi, ki: ki <= qi, None, None, *key, device="cuda")
+            block_mask = masks[key]
+        return compiled(q, k, v, block_mask=block_mask, scale=scale)
+    return call, None
+
+
+ADAPTERS = {"sageattn-triton": sageattn_call, "flex-attention": flex_call}
+
+
+def attnreplay_headline(binary, shape, kernel, timing):
+    batch, heads, seq, dim, dtype, causal = shape
+    with tempfile.NamedTemporaryFile(suffix=".json") as report:
+        command = [binary, "run", "--shape", f"{batch},{heads},{seq},{dim}", "--dtype", DTYPE_FLAGS[dtype],
+                   "--kernels", kernel, "--json", report.name, "-q", "--no-ceilings", "--timing", timing]
+        command += ["--causal"] if causal else []
+        subprocess.run(command, check=False)
+        replay = json.load(open(report.name))
+    row = replay["calls"][0]["kernels"][0]
+    return row
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--attnreplay", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--tolerance", type=float, default=0.03)
+    args = parser.parse_args()
+    results = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "adapters": {}}
+    for kernel, make in ADAPTERS.items():
+        call, missing = make()
+        if call is None:
+            results["adapters"][kernel] = {"not_installed": missing}
+            continue
+        rows = []
+        for shape in SHAPES:
+            batch, heads, seq, dim, dtype, causal = shape
+            torch.manual_seed(0)
+            q, k, v = (torch.randn(batch, heads, seq, dim, device="cuda", dtype=dtype) for _ in range(3))
+            scale = dim ** -0.5
+            call(q, k.clone(), v, causal, scale)  # compiles, autotunes
+            # sageattn 1.0.x subtracts K's mean from the K it is given: each sample gets the same K.
+            median_ms = triton.testing.do_bench(lambda: call(q, k, v, causal, scale), warmup=100, rep=1000,
+                                                return_mode="median")
+            entry = {"shape": [batch, heads, seq, dim], "dtype": str(dtype).replace("torch.", ""), "causal": causal,
+                     "do_bench_median_s": median_ms * 1e-3}
+            line = (f"{kernel:16} {str(entry['shape']):19} {entry['dtype']:8} causal={causal!s:5} "
+                    f"do_bench {median_ms:.4f} ms")
+            for timing in ("event", "queued"):
+                row = attnreplay_headline(args.attnreplay, shape, kernel, timing)
+                figure = entry[timing] = {"status": row["status"]}
+                if "timing" in row and row["timing"].get("median_s"):
+                    figure["timed"] = row.get("timed")
+                    figure["median_s"] = row["timing"]["median_s"]
+                    if "timing_kernel_alone" in row:
+                        figure["kernel_alone_s"] = row["timing_kernel_alone"]["median_s"]
+                    figure["ratio"] = figure["median_s"] / entry["do_bench_median_s"]
+                    figure["within_tolerance"] = abs(figure["ratio"] - 1) <= args.tolerance
+                else:
+                    figure["reason"] = row.get("reason", "")
+                    figure["within_tolerance"] = False
+                line += (f"  {timing} {figure.get('median_s', float('nan')) * 1e3:.4f} ms "
+                         f"({figure.get('timed', '-')}) {figure.get('ratio', float('nan')):.3f}")
+            entry["within_tolerance"] = entry["event"]["within_tolerance"]
+            rows.append(entry)
+            print(line, flush=True)
+        results["adapters"][kernel] = {"rows": rows}
+    measured = [row for a in results["adapters"].values() for row in a.get("rows", [])]
+    results["passed"] = bool(measured) and all(row["within_tolerance"] for row in measured)
+    json.dump(results, open(args.out, "w"), indent=2)
+    print("passed" if results["passed"] else "NOT within tolerance (or nothing measured)")
+    sys.exit(0 if results["passed"] else 1)
+
+
+if __name__ == "__main__":
+    main()
