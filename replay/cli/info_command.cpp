@@ -29,12 +29,37 @@ std::uint64_t tensor_bytes(const AttentionCall& call) {
   return bytes;
 }
 
+// The metadata a reader looks for first; the rest (process, thread, times) only with -v.
+constexpr std::string_view kShownMetadata[] = {"layer", "step", "caller", "call_site"};
+
+// A call site's path from its package on ("transformers/models/llama/modeling_llama.py:270 in
+// forward"), where it is under a site-packages folder.
+std::string short_call_site(const std::string& site) {
+  for (const std::string_view folder : {"site-packages/", "dist-packages/"}) {
+    if (const auto at = site.rfind(folder); at != std::string::npos) return site.substr(at + folder.size());
+  }
+  return site;
+}
+
 // "bytes=... backend=... layer=0 step=1 ...", in lines of at most kWidth characters after an indent, broken
 // between fields (a field longer than a line has one to itself).
-void print_details(const AttentionCall& call, std::uint64_t bytes) {
+void print_details(const AttentionCall& call, std::uint64_t bytes, bool every_field) {
   std::vector<std::string> fields{fmt::format("bytes={}", bytes)};
   if (!call.backend.empty()) fields.push_back("backend=" + call.backend);
-  for (const auto& [key, value] : call.metadata) fields.push_back(key + "=" + value);
+  if (every_field) {
+    for (const auto& [key, value] : call.metadata) fields.push_back(key + "=" + value);
+  } else {
+    std::size_t shown = 0;
+    for (const std::string_view key : kShownMetadata) {
+      const auto found = call.metadata.find(std::string(key));
+      if (found == call.metadata.end()) continue;
+      fields.push_back(found->first + "=" + (key == "call_site" ? short_call_site(found->second) : found->second));
+      ++shown;
+    }
+    if (const std::size_t hidden = call.metadata.size() - shown; hidden > 0) {
+      fields.push_back(fmt::format("(+{} field{}: -v)", hidden, hidden == 1 ? "" : "s"));
+    }
+  }
   const std::string indent(8, ' ');
   std::string line = indent;
   for (const std::string& field : fields) {
@@ -47,13 +72,13 @@ void print_details(const AttentionCall& call, std::uint64_t bytes) {
   if (line.size() > indent.size()) std::cout << line << '\n';
 }
 
-void print_call(const AttentionCall& call, std::uint64_t bytes) {
+void print_call(const AttentionCall& call, std::uint64_t bytes, bool every_field) {
   std::cout << fmt::format(kRowFormat, call.call_index, call.op, dtype_name(call.q.dtype), layout_name(call.layout),
                            call.shape().to_string(),
                            call.is_causal ? causal_alignment_name(call.causal_alignment) : "no",
                            call.mask ? fmt::format("{} {}", dtype_name(call.mask->dtype), shape_string(call.mask->shape))
                                      : "none");
-  print_details(call, bytes);
+  print_details(call, bytes, every_field);
 }
 
 // Reads every call of the capture whole, as a replay would; returns whether every one could be.
@@ -80,7 +105,7 @@ bool verify_capture(CaptureSource& source) {
 
 // Prints one capture; returns whether every call's header could be read (and with `verify`, every
 // call whole).
-bool print_capture(const std::string& input, bool verify) {
+bool print_capture(const std::string& input, bool verify, bool every_field) {
   auto source = open_capture(input);
   bool all_read = true;
   std::map<std::string, int> ops;
@@ -97,7 +122,7 @@ bool print_capture(const std::string& input, bool verify) {
       const std::uint64_t call_bytes = tensor_bytes(call);
       bytes += call_bytes;
       ++ops[call.op];
-      print_call(call, call_bytes);
+      print_call(call, call_bytes, every_field);
     } catch (const InputError& error) {
       std::cout << "  error: " << error.what() << '\n';
       all_read = false;
@@ -114,12 +139,13 @@ class InfoCommand final : public Command {
   void define(CLI::App& app) override {
     app.add_option("inputs", inputs_, "capture files or folders")->required();
     app.add_flag("--verify", verify_, "also read every call whole, as a replay would, and say how fast");
+    app.add_flag("-v,--verbose", every_field_, "every metadata field of each call, and call sites in full");
   }
   int run(const std::vector<std::string>&) override {
     int status = kExitOk;
     for (const std::string& input : inputs_) {
       try {
-        if (!print_capture(input, verify_)) status = kExitFailures;
+        if (!print_capture(input, verify_, every_field_)) status = kExitFailures;
       } catch (const InputError& error) {
         std::cerr << "error: " << error.what() << '\n';
         status = kExitFailures;
@@ -130,7 +156,7 @@ class InfoCommand final : public Command {
 
  private:
   std::vector<std::string> inputs_;
-  bool verify_ = false;
+  bool verify_ = false, every_field_ = false;
 };
 
 }  // namespace

@@ -76,7 +76,7 @@ void print_distributions(const nlohmann::json& record, std::ostream& out) {
 
 std::string describe_diagnostics(const nlohmann::json& d) {
   const auto& outlier = d.at("k_outlier");
-  return fmt::format("K mean outlier {}x (over channel std {}x) at b{} h{} c{}; INT8 amax spread Q {}x, K {}x, "
+  return fmt::format("K mean outlier {}x (channel std {}x) at b{} h{} c{}; INT8 amax spread Q {}x, K {}x, "
                      "smoothed K {}x",
                      figure(number_at(d, "k_mean_outlier_ratio")), figure(number_at(d, "k_mean_over_std")),
                      outlier.at("batch").get<std::int64_t>(), outlier.at("head").get<std::int64_t>(),
@@ -103,11 +103,12 @@ void print_worst_call(const nlohmann::json& record, const nlohmann::json& worst,
   const auto error = worst.find("error");
   const bool has_error = error != worst.end();
   const std::string op = worst.at("op").get<std::string>();
-  out << fmt::format("  {:>6}  {:<34} {:>5} {:>5} {:>10} {:>12} {:>10}  {}\n", worst.at("call_index").get<std::int64_t>(),
+  out << fmt::format("  {:>6}  {:<34} {:>5} {:>5} {:>10} {:>12} {:>10}\n", worst.at("call_index").get<std::int64_t>(),
                      op.empty() ? "-" : op, metadata_text(worst.at("layer")), metadata_text(worst.at("step")),
                      has_error ? figure(number_at(*error, "rel_l2")) : "-",
                      has_error ? cosine_text(number_at(*error, "cosine")) : "-",
-                     has_error ? figure(number_at(*error, "max_abs")) : "-", worst_heads(worst.at("per_head")));
+                     has_error ? figure(number_at(*error, "max_abs")) : "-");
+  out << fmt::format("          worst heads (b,h rel_l2): {}\n", worst_heads(worst.at("per_head")));
   const auto stages = worst.find("attribution");
   if (stages != worst.end() && !stages->empty()) {
     std::vector<std::string> texts;
@@ -133,8 +134,8 @@ void print_worst_calls(const nlohmann::json& record, std::ostream& out) {
     out << k.at("kernel").get<std::string>()
         << (k.contains("attribution_note") ? fmt::format(": {}", k.at("attribution_note").get<std::string>()) : "")
         << '\n';
-    out << fmt::format("  {:>6}  {:<34} {:>5} {:>5} {:>10} {:>12} {:>10}  {}\n", "call", "op", "layer", "step", "rel_l2",
-                       "cosine", "max_abs", "worst heads: b,h rel_l2");
+    out << fmt::format("  {:>6}  {:<34} {:>5} {:>5} {:>10} {:>12} {:>10}\n", "call", "op", "layer", "step", "rel_l2",
+                       "cosine", "max_abs");
     for (const auto& worst : k.at("worst_calls")) print_worst_call(record, worst, out);
   }
   out << '\n';
@@ -146,24 +147,22 @@ void print_random_comparison(const nlohmann::json& record, std::ostream& out) {
       "standard normal inputs of that shape (seeds --seed and on): their median and range; ratio = captured over\n"
       "random median (> 1: the real tensors are harder than random ones); above/below: outside the random range\n",
       record.at("options").at("random_seeds").get<int>());
-  constexpr const char* kRow = "  {:<44} {:<9} {:<7} {:>5}  {:<20} {:>10} {:>10} {:>21} {:>8} {:>7}\n";
-  out << fmt::format(kRow, "shape", "dtype", "causal", "calls", "kernel", "captured", "random", "random range", "ratio", "");
+  // Each shape on a line of its own, its kernels below it: within 120 columns.
+  constexpr const char* kRow = "    {:<20} {:>10} {:>10} {:>21} {:>8} {:>7}\n";
   for (const auto& group : record.at("shapes")) {
-    bool first = true;
-    const std::string shape = shape_text(group.at("shape"));
+    out << fmt::format("  {}  {}{}  {}\n", shape_text(group.at("shape")), group.at("dtype").get<std::string>(),
+                       group.at("is_causal").get<bool>() ? "  causal" : "", count(group.at("calls").size(), "call"));
+    out << fmt::format(kRow, "kernel", "captured", "random", "random range", "ratio", "");
     for (const auto& summary : group.at("kernels")) {
       const nlohmann::json random = summary.value("random", nlohmann::json());
       const bool has_random = random.is_object();
-      out << fmt::format(kRow, first ? shape : "", first ? group.at("dtype").get<std::string>() : "",
-                         first ? (group.at("is_causal").get<bool>() ? "yes" : "no") : "",
-                         first ? std::to_string(group.at("calls").size()) : "", summary.at("kernel").get<std::string>(),
+      out << fmt::format(kRow, summary.at("kernel").get<std::string>(),
                          figure(number_at(summary, "median_rel_l2")), has_random ? figure(number_at(random, "rel_l2")) : "-",
                          has_random ? fmt::format("{} .. {}", figure(number_at(random, "rel_l2_min")),
                                                   figure(number_at(random, "rel_l2_max")))
                                     : "-",
                          figure(number_at(summary, "captured_over_random_rel_l2")),
                          has_random ? summary.at("captured_vs_random_range").get<std::string>() : "");
-      first = false;
     }
   }
   out << '\n';

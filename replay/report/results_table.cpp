@@ -7,6 +7,8 @@
 #include <cmath>
 #include <limits>
 #include <ostream>
+#include <string>
+#include <vector>
 
 #include "replay/report/json_values.h"
 #include "replay/report/number_format.h"
@@ -18,12 +20,31 @@ namespace {
 
 bool timed(const nlohmann::json& timing) { return timing.is_object() && timing.value("samples", 0) > 0; }
 
+// `fields` joined by two spaces in lines of at most 120 characters, the lines after the first
+// indented by four (the call's work line is by two); a field longer than a line has one to itself.
+void print_wrapped(const std::vector<std::string>& fields, std::ostream& out) {
+  constexpr std::size_t kWidth = 120;
+  const std::string indent(4, ' ');
+  std::string line;
+  for (const std::string& field : fields) {
+    if (field.empty()) continue;
+    if (!line.empty() && line != indent && line.size() + 2 + field.size() > kWidth) {
+      out << line << '\n';
+      line = indent;
+    }
+    line += (line.empty() || line == indent ? "" : "  ") + field;
+  }
+  out << line << '\n';
+}
+
 void print_call_header(const nlohmann::json& call, std::ostream& out) {
   const std::string tag = text_at(call, "case_tag"), op = text_at(call, "op"), backend = text_at(call, "backend");
-  out << fmt::format("{}{}: call {}  {}{}  {} {}  {}  mask {}  scale {:.4g}\n", tag.empty() ? "" : "[" + tag + "] ",
-                     text_at(call, "source"), call.at("call_index").get<std::int64_t>(), op.empty() ? "" : op + " ",
-                     backend.empty() ? "" : "(" + backend + ")", text_at(call, "dtype"), text_at(call, "layout"),
-                     shape_text(call.at("shape")), text_at(call, "mask"), number_at(call, "scale"));
+  print_wrapped({fmt::format("{}{}: call {}", tag.empty() ? "" : "[" + tag + "] ", text_at(call, "source"),
+                             call.at("call_index").get<std::int64_t>()),
+                 op, backend.empty() ? "" : "(" + backend + ")",
+                 fmt::format("{} {}  {}", text_at(call, "dtype"), text_at(call, "layout"), shape_text(call.at("shape"))),
+                 "mask " + text_at(call, "mask"), fmt::format("scale {:.4g}", number_at(call, "scale"))},
+                out);
   const bool causal = call.value("is_causal", false);
   const std::string batching = text_at(call, "batching");
   const auto& extensions = call.at("extensions");

@@ -236,7 +236,8 @@ def test_info_lists_calls_ops_shapes_dtypes_and_bytes(tmp_path):
     attnreplay_h5.write_calls(str(tmp_path / "cap.h5"), [
         {"call_index": 7, "op": "aten::scaled_dot_product_attention", "backend": "flash", "q": q, "k": k, "v": v,
          "mask": mask, "is_causal": True, "causal_alignment": "bottom_right"},
-        {"call_index": 9, "op": "flash_attn_func", "layout": "bshd", "q": f32, "k": f32, "v": f32, "out": f32},
+        {"call_index": 9, "op": "flash_attn_func", "layout": "bshd", "q": f32, "k": f32, "v": f32, "out": f32,
+         "metadata": {"layer": "3", "pid": "42", "call_site": "/env/lib/python3.12/site-packages/m/attn.py:7 in f"}},
     ], deduplicate=False)
     result = run_attnreplay("info", tmp_path / "cap.h5", check=0)
     lines = result.stdout.splitlines()
@@ -250,7 +251,11 @@ def test_info_lists_calls_ops_shapes_dtypes_and_bytes(tmp_path):
     assert lines[at7 + 1].split() == [f"bytes={bytes7}", "backend=flash"]
     assert lines[at9].split() == ["9", "flash_attn_func", "float32", "bshd", "b2", "hq3", "hkv3", "sq5", "skv5", "dqk4",
                                   "dvo4", "no", "none"]
-    assert lines[at9 + 1].split() == [f"bytes={bytes9}"]
+    # The fields a reader looks for, the call site from its package on; the rest with -v.
+    assert lines[at9 + 1].split() == [f"bytes={bytes9}", "layer=3", "call_site=m/attn.py:7", "in", "f", "(+1",
+                                      "field:", "-v)"]
+    every = run_attnreplay("info", "-v", tmp_path / "cap.h5", check=0).stdout
+    assert "pid=42" in every and "call_site=/env/lib/python3.12/site-packages/m/attn.py:7 in f" in every
     assert [line for line in lines if len(line) > 120] == []
     assert "  1 x aten::scaled_dot_product_attention" in lines
     assert "  1 x flash_attn_func" in lines
