@@ -39,22 +39,25 @@ struct RunContext {
   const LoadedPlugins& plugins;
   CallShare* share = nullptr;  // under a launcher: which calls are this process's
   bool every_kernel = false;   // -v: the kernels that refused a call in its table too
+  std::string baseline;        // --baseline: what each call's times are relative to
 };
 
 // The table as each call finishes, and progress where a person watches: scripts and tests read the
 // table and the records.
 class CallDisplay {
  public:
-  CallDisplay(bool quiet, bool every_kernel) : quiet_(quiet), every_kernel_(every_kernel) {}
+  CallDisplay(bool quiet, bool every_kernel, std::string baseline)
+      : quiet_(quiet), every_kernel_(every_kernel), baseline_(std::move(baseline)) {}
   ReplayProgress* progress() { return !quiet_ && isatty(STDERR_FILENO) ? &progress_ : nullptr; }
   void show(const CallResult& call) {
     progress_.clear();
-    if (!quiet_) print_call_table(call_to_json(call), std::cout, every_kernel_), std::cout.flush();
+    if (!quiet_) print_call_table(call_to_json(call), std::cout, every_kernel_, baseline_), std::cout.flush();
   }
   ~CallDisplay() { progress_.clear(); }
 
  private:
   bool quiet_, every_kernel_;
+  std::string baseline_;
   ReplayProgress progress_{std::cerr};
 };
 
@@ -114,7 +117,7 @@ void replay_configuration(const std::vector<std::string>& inputs, const Options&
   options.save_outputs_dir = o.text("--save-outputs").value_or("");
   TimingGroups groups(static_cast<int>(*o.integer("--timed-calls-per-group")));
   if (!o.flag("--time-every-call")) options.timing_groups = &groups;
-  CallDisplay display(run.quiet, run.every_kernel);
+  CallDisplay display(run.quiet, run.every_kernel, run.baseline);
   options.progress = display.progress();
   std::unique_ptr<CaptureWriter> saved_inputs;
   if (const auto path = o.text("--save-inputs")) saved_inputs = open_capture_writer(*path, "attnreplay run --save-inputs");
@@ -220,7 +223,8 @@ class RunCommand final : public Command {
     const LoadedPlugins plugins = load_plugin_files(options_, with_adapters);
     report.input_errors = plugins.errors;
     describe_run(report, argv);
-    RunContext run{report, quiet, {}, plugins, sharded ? &sharded->share() : nullptr, options_.flag("--verbose")};
+    RunContext run{report, quiet, {}, plugins, sharded ? &sharded->share() : nullptr, options_.flag("--verbose"),
+                   options_.text("--baseline").value_or("")};
     if (!options_.flag("--no-ceilings") && gpu_present()) run.ceilings = measure_gpu_ceilings(report.environment, quiet);
     check_flags(report);
     if (const auto testlist = options_.text("--testlist")) replay_testlist(*testlist, run);

@@ -20,18 +20,6 @@ struct KernelOverCalls {
   std::vector<std::pair<double, std::size_t>> rel_l2;  // (error, call position)
 };
 
-// The whole call's median: the headline's unless that is the kernel alone (`timed`), when the
-// call was timed apart with its input preparation; 0 when untimed.
-double call_median_s(const nlohmann::json& k) {
-  const bool kernel_alone = k.value("timed", std::string("call")) == "kernel";
-  for (const char* key : {kernel_alone ? "timing_with_preparation" : "timing", "timing"}) {
-    if (const auto timing = k.find(key); timing != k.end() && timing->is_object()) {
-      if (const double median = number_at(*timing, "median_s"); median > 0) return median;
-    }
-  }
-  return 0;
-}
-
 std::vector<KernelOverCalls> kernels_over_calls(const nlohmann::json& calls) {
   std::vector<KernelOverCalls> kernels;
   std::map<std::string, std::size_t> index;
@@ -54,7 +42,7 @@ std::vector<KernelOverCalls> kernels_over_calls(const nlohmann::json& calls) {
       }
       if (status == "failed") ++entry.standing.failed;
       else ++entry.standing.ran;
-      if (const double median = call_median_s(k); median > 0) entry.median_s[c] = median;
+      if (const double median = call_time_s(k); median > 0) entry.median_s[c] = median;
       if (const auto error = k.find("error"); error != k.end() && error->is_object()) {
         entry.rel_l2.push_back({number_at(*error, "rel_l2"), c});
       }
@@ -102,6 +90,21 @@ const KernelOverCalls* pick_baseline(const std::vector<KernelOverCalls>& kernels
 double nan_last(double value) { return std::isnan(value) ? std::numeric_limits<double>::infinity() : value; }
 
 }  // namespace
+
+double call_time_s(const nlohmann::json& k) {
+  const bool kernel_alone = k.value("timed", std::string("call")) == "kernel";
+  for (const char* key : {kernel_alone ? "timing_with_preparation" : "timing", "timing"}) {
+    if (const auto timing = k.find(key); timing != k.end() && timing->is_object()) {
+      if (const double median = number_at(*timing, "median_s"); median > 0) return median;
+    }
+  }
+  return 0;
+}
+
+bool exact_kernel(const nlohmann::json& k) {
+  return !k.contains("reduced_precision") && !k.value("emulation", false) &&
+         text_at(k, "kernel").rfind("reference", 0) != 0;
+}
 
 std::string call_name(const nlohmann::json& call) {
   std::string tag = text_at(call, "case_tag");

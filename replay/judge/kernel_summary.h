@@ -44,4 +44,12 @@ KernelSummary summarize_kernels(const nlohmann::json& record, const std::string&
 // "call 3 [flux-4096]"; a long tag (a test list's path and line) keeps its end.
 std::string call_name(const nlohmann::json& call);
 
+// A kernel row's whole-call median: the headline's unless that is the kernel alone (`timed`), when
+// the call was timed apart with its input preparation; 0 when untimed.
+double call_time_s(const nlohmann::json& kernel);
+
+// Whether a kernel row may be a default baseline: exact (not quantized, not the reference), not an
+// emulation.
+bool exact_kernel(const nlohmann::json& kernel);
+
 }  // namespace attnreplay

@@ -22,9 +22,10 @@ nlohmann::json quant_options_json(const QuantOptions& options);
 // A finite number, or null: JSON has no NaN or Infinity.
 nlohmann::json json_number(double value);
 
-// One call of a results record: its shape and work, a row per kernel, then the footnotes; the
-// kernels that refused the call only with `every_kernel` (-v; the run's summary lists them once).
-void print_call_table(const nlohmann::json& call, std::ostream& out, bool every_kernel);
+// One call of a results record: its shape and work, a row per kernel, each kernel's whole call over
+// `baseline`'s (--baseline; empty: the call's fastest exact kernel), then the footnotes; the kernels
+// that refused the call only with `every_kernel` (-v; the run's summary lists them once).
+void print_call_table(const nlohmann::json& call, std::ostream& out, bool every_kernel, const std::string& baseline);
 
 // The CSV columns of each record, in order; fixed for a given JSON schema version.
 const std::vector<std::string>& csv_columns();

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "replay/judge/kernel_summary.h"
 #include "replay/report/json_values.h"
 #include "replay/report/number_format.h"
 #include "replay/report/printer.h"
@@ -20,19 +21,19 @@ namespace {
 
 bool timed(const nlohmann::json& timing) { return timing.is_object() && timing.value("samples", 0) > 0; }
 
-// `fields` joined by two spaces in lines of at most 120 characters, the lines after the first
-// indented by four (the call's work line is by two); a field longer than a line has one to itself.
-void print_wrapped(const std::vector<std::string>& fields, std::ostream& out) {
+// `fields` after `line`, joined by two spaces in lines of at most 120 characters, the lines after
+// the first indented by four (eight after a `line`: the call's work line is by two); a field longer
+// than a line has one to itself.
+void print_wrapped(const std::vector<std::string>& fields, std::ostream& out, std::string line = "") {
   constexpr std::size_t kWidth = 120;
-  const std::string indent(4, ' ');
-  std::string line;
+  const std::string indent(line.empty() ? 4 : 8, ' ');
   for (const std::string& field : fields) {
     if (field.empty()) continue;
     if (!line.empty() && line != indent && line.size() + 2 + field.size() > kWidth) {
       out << line << '\n';
       line = indent;
     }
-    line += (line.empty() || line == indent ? "" : "  ") + field;
+    line += (line.find_first_not_of(' ') == std::string::npos ? "" : "  ") + field;
   }
   out << line << '\n';
 }
@@ -170,17 +171,45 @@ bool print_as_shared(const nlohmann::json& call, const std::vector<const nlohman
   return true;
 }
 
+// Each kernel's whole call over the baseline's on this call: `baseline` where it was timed, else the
+// fastest exact kernel here (kernel_summary.h says which may be); nothing with fewer than two times.
+void print_ratios(const std::vector<const nlohmann::json*>& rows, const std::string& baseline, std::ostream& out) {
+  const nlohmann::json* base = nullptr;
+  std::size_t timed = 0;
+  for (const nlohmann::json* k : rows) {
+    const double time = call_time_s(*k);
+    if (time <= 0) continue;
+    ++timed;
+    if (!baseline.empty() ? text_at(*k, "kernel") == baseline
+                          : exact_kernel(*k) && (!base || time < call_time_s(*base))) {
+      base = k;
+    }
+  }
+  if (!base || timed < 2) return;
+  std::vector<std::string> fields;
+  for (const nlohmann::json* k : rows) {
+    if (k == base || call_time_s(*k) <= 0) continue;
+    fields.push_back(fmt::format("{}{} {}x", text_at(*k, "kernel"), k->value("emulation", false) ? " (emul.)" : "",
+                                 g(call_time_s(*k) / call_time_s(*base), 3)));
+  }
+  print_wrapped(fields, out, fmt::format("    whole call over {}'s{}:", text_at(*base, "kernel"),
+                                         baseline.empty() ? " (the fastest exact kernel here)" : ""));
+}
+
 class ResultsTablePrinter final : public Printer {
  public:
   void print(const nlohmann::json& record, std::ostream& out) const override {
-    for (const auto& call : record.at("calls")) print_call_table(call, out, true);
+    const nlohmann::json options = record.value("options", nlohmann::json::object());
+    const auto baseline = options.find("baseline");
+    const std::string base = baseline != options.end() && baseline->is_string() ? baseline->get<std::string>() : "";
+    for (const auto& call : record.at("calls")) print_call_table(call, out, true, base);
     for (const auto& error : record.at("input_errors")) out << "error: " << error.get<std::string>() << '\n';
   }
 };
 
 }  // namespace
 
-void print_call_table(const nlohmann::json& call, std::ostream& out, bool every_kernel) {
+void print_call_table(const nlohmann::json& call, std::ostream& out, bool every_kernel, const std::string& baseline) {
   // Fastest first, untimed rows after, the reference last; the refusals are said once, in the
   // run's summary, unless every kernel is asked for (-v), when the rows keep the run's order.
   std::vector<const nlohmann::json*> rows;
@@ -205,6 +234,7 @@ void print_call_table(const nlohmann::json& call, std::ostream& out, bool every_
     print_kernel_row(*kernel, out);
     add_footnotes(*kernel, footnotes);
   }
+  print_ratios(rows, baseline, out);
   for (const auto& note : call.at("notes")) footnotes.push_back("note: " + note.get<std::string>());
   for (const std::string& footnote : footnotes) out << "    " << footnote << '\n';
   out << '\n';

@@ -390,6 +390,9 @@ def test_baseline_picks_the_summarys_yardstick(tmp_path):
     lines = summary_lines(result.stdout)
     assert "time over torch-math's (--baseline)" in lines[0]
     assert next(line for line in lines if line.split()[:1] == ["torch-math"]).split()[4] == "1x"
+    # Each call's table says it too: every other kernel's whole call over the baseline's.
+    ratios = next(line for line in result.stdout.splitlines() if "whole call over" in line)
+    assert re.fullmatch(r"    whole call over torch-math's:  torch-flash-cpu [0-9.e+-]+x", ratios), ratios
     result = run_attnreplay("run", "--shape", "1,2,64,32", "--kernels", "torch-math", "--baseline", "nosuch", *FAST,
                             check=0)
     assert "--baseline nosuch has no time in this run; the fastest exact kernel" in result.stdout
