@@ -10,22 +10,23 @@
 #include "formats/errors.h"
 #include "formats/hdf5_format.h"
 #include "formats/pt_format.h"
+#include "formats/safetensors_format.h"
 
 namespace attnreplay {
 namespace fs = std::filesystem;
 
 namespace {
 
-// A folder of HDF5 captures, as capture writes them (one file per process): the files' calls one
-// file after the other, files in name order. A file that cannot be opened is reported; the
-// others are read.
-class Hdf5FolderSource final : public CaptureSource {
+// A folder of HDF5 or safetensors captures, as capture writes them (one file per process): the
+// files' calls one file after the other, files in name order. A file that cannot be opened is
+// reported; the others are read.
+class FileFolderSource final : public CaptureSource {
  public:
-  Hdf5FolderSource(std::string path, std::vector<std::string> files) : path_(std::move(path)) {
+  FileFolderSource(std::string path, std::vector<std::string> files) : path_(std::move(path)) {
     std::sort(files.begin(), files.end());
     for (const std::string& file : files) {
       try {
-        auto source = open_hdf5_capture(file);
+        auto source = open_capture(file);
         for (const std::string& error : source->open_errors()) open_errors_.push_back(error);
         for (std::size_t i = 0; i < source->size(); ++i) positions_.emplace_back(sources_.size(), i);
         sources_.push_back(std::move(source));
@@ -60,27 +61,28 @@ std::unique_ptr<CaptureSource> open_capture(const std::string& path) {
   const auto status = fs::status(path, error);
   if (error || !fs::exists(status)) throw_input_error(path, "no such file or folder");
   if (fs::is_directory(status)) {
-    std::vector<std::string> hdf5_files;
+    std::vector<std::string> files;
     for (const auto& entry : fs::directory_iterator(path)) {
       if (entry.path().extension() == ".pt") return open_pt_folder(path);
       const std::string extension = entry.path().extension().string();
-      if (entry.is_regular_file() && (extension == ".h5" || extension == ".hdf5")) {
-        hdf5_files.push_back(entry.path().string());
+      if (entry.is_regular_file() && (extension == ".h5" || extension == ".hdf5" || extension == ".safetensors")) {
+        files.push_back(entry.path().string());
       }
     }
-    if (!hdf5_files.empty()) return std::make_unique<Hdf5FolderSource>(path, std::move(hdf5_files));
-    throw_input_error(path, "a folder with no .pt, .h5 or .hdf5 files");
+    if (!files.empty()) return std::make_unique<FileFolderSource>(path, std::move(files));
+    throw_input_error(path, "a folder with no .pt, .h5, .hdf5 or .safetensors files");
   }
   if (looks_like_hdf5(path)) return open_hdf5_capture(path);
   if (looks_like_zip(path)) return open_pt_file(path);
+  if (looks_like_safetensors(path)) return open_safetensors_capture(path);
   if (fs::file_size(path, error) == 0) throw_input_error(path, "empty file");
   // Neither signature: say what the content is, whatever the name says.
   refuse_legacy_torch_save(path);
   std::ifstream in(path, std::ios::binary);
   unsigned char head[8] = {};
   in.read(reinterpret_cast<char*>(head), sizeof head);
-  throw_input_error(path, "neither an HDF5 capture nor a torch.save (.pt) file: it starts with bytes {:02x}, not HDF5's "
-                          "signature or a zip's",
+  throw_input_error(path, "neither an HDF5 capture, a torch.save (.pt) file nor safetensors: it starts with bytes "
+                          "{:02x}, not HDF5's signature, a zip's or a safetensors header",
                     fmt::join(std::span(head, static_cast<std::size_t>(in.gcount())), " "));
 }
 
@@ -137,7 +139,8 @@ std::unique_ptr<CaptureWriter> open_capture_writer(const std::string& path, cons
     return std::make_unique<Hdf5CaptureWriter>(path, options);
   }
   if (extension == ".pt") return std::make_unique<PtFileWriter>(path);
-  throw_input_error(path, "unknown output format: use .h5, .pt, or a folder ending in '/'");
+  if (extension == ".safetensors") return open_safetensors_writer(path, producer);
+  throw_input_error(path, "unknown output format: use .h5, .pt, .safetensors, or a folder ending in '/'");
 }
 
 }  // namespace attnreplay

@@ -1,4 +1,4 @@
-// `attnreplay convert`: a capture in another format (.h5, .pt, a folder of .pt calls); a call that
+// `attnreplay convert`: a capture in another format (.h5, .pt, .safetensors, a folder of .pt calls); a call that
 // cannot be read is named and skipped, the others are written.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -16,7 +16,7 @@ class ConvertCommand final : public Command {
  public:
   void define(CLI::App& app) override {
     app.add_option("from", from_, "capture to read")->required();
-    app.add_option("to", to_, "capture to write: .h5, .pt, or a folder ending in '/'")->required();
+    app.add_option("to", to_, "capture to write: .h5, .pt, .safetensors, or a folder ending in '/'")->required();
   }
 
   int run(const std::vector<std::string>&) override {

@@ -27,7 +27,7 @@ constexpr CommandEntry kCommands[] = {
     {"report", "one self-contained HTML page of runs' and audits' records: summary, charts, sortable tables",
      attnreplay::make_report_command},
     {"info", "what captures hold: calls, ops, shapes, dtypes, sizes", attnreplay::make_info_command},
-    {"convert", "convert between .h5, .pt and .pt folders", attnreplay::make_convert_command},
+    {"convert", "convert between .h5, .pt, .safetensors and .pt folders", attnreplay::make_convert_command},
     {"kernels", "list the kernels: built-in, plug-ins, and the library adapters", attnreplay::make_kernels_command},
     {"plot", "plots of an audit's JSON: error by call, layer and step; speed against accuracy",
      attnreplay::make_plot_command},

@@ -166,12 +166,12 @@ TEST_CASE("pt: empty, garbage, truncated and legacy files give clear errors") {
   const std::string garbage = dir.file("garbage.pt");
   std::ofstream(garbage, std::ios::binary) << "this is not a torch file at all";
   CHECK_THROWS_AS(open_capture(garbage), InputError);
-  CHECK_THROWS_WITH(open_capture(garbage), ContainsSubstring(garbage) && ContainsSubstring("neither an HDF5 capture nor"));
+  CHECK_THROWS_WITH(open_capture(garbage), ContainsSubstring(garbage) && ContainsSubstring("neither an HDF5 capture, a torch.save"));
   // The error says what the content is, whatever the name says.
   const std::string named_h5 = dir.file("random.h5");
   std::ofstream(named_h5, std::ios::binary) << "\x13\x37random bytes";
   CHECK_THROWS_WITH(open_capture(named_h5),
-                    ContainsSubstring(named_h5) && ContainsSubstring("neither an HDF5 capture nor a torch.save") &&
+                    ContainsSubstring(named_h5) && ContainsSubstring("neither an HDF5 capture, a torch.save") &&
                         ContainsSubstring("13 37"));
 
   const std::string legacy = dir.file("legacy.pt");
