@@ -90,7 +90,8 @@ std::variant<CaptureConfig, std::string> parse_config(const std::function<const 
   if (auto v = get("ATTNCAP_FORMAT")) {
     if (*v == "h5" || *v == "hdf5") config.format = OutputFormat::hdf5;
     else if (*v == "pt") config.format = OutputFormat::pt;
-    else return bad("ATTNCAP_FORMAT", *v, "h5 or pt");
+    else if (*v == "safetensors") config.format = OutputFormat::safetensors;
+    else return bad("ATTNCAP_FORMAT", *v, "h5, pt or safetensors");
   }
   if (auto v = get("ATTNCAP_OPS")) {
     try {

@@ -21,7 +21,7 @@ inline constexpr const char* kDefaultOpsPattern =
     R"(^aten::(scaled_dot_product_attention|_scaled_dot_product_\w*attention\w*|_flash_attention_forward|_efficient_attention_forward)$|^flash_attn\w*::|^_vllm_fa\d_C::|^sgl_kernel::fwd$|^sage\w*::|^xformers\w*::.*attention|^flashinfer::)";
 
 enum class WhenFull { wait, drop };
-enum class OutputFormat { hdf5, pt };
+enum class OutputFormat { hdf5, pt, safetensors };
 
 struct CaptureConfig {
   std::string out = "attncap";  // folder (created) for one file per process, or a .h5 path

@@ -10,22 +10,30 @@
 
 #include "formats/hdf5_format.h"
 #include "formats/pt_format.h"
+#include "formats/safetensors_format.h"
 
 namespace attnreplay::capture {
 
 namespace {
 
-// One .pt per call in a folder of its own: each file appears whole (written, then renamed).
-class PtFolderCapture final : public CaptureWriter {
+// One file per call (.pt or .safetensors) in a folder of its own: each file appears whole
+// (written, then renamed), so that every call is kept however the job ends.
+class CallFolderCapture final : public CaptureWriter {
  public:
-  explicit PtFolderCapture(std::string folder) : folder_(std::move(folder)) {}
+  CallFolderCapture(std::string folder, OutputFormat format) : folder_(std::move(folder)), format_(format) {}
   void append(const AttentionCall& call) override {
-    write_pt_call(call, fmt::format("{}/call_{:06d}.pt", folder_, call.call_index));
+    if (format_ == OutputFormat::pt) {
+      write_pt_call(call, fmt::format("{}/call_{:06d}.pt", folder_, call.call_index));
+    } else {
+      write_safetensors_calls({&call, 1}, fmt::format("{}/call_{:06d}.safetensors", folder_, call.call_index),
+                              "attncap (attnreplay capture)");
+    }
   }
   void close() override {}
 
  private:
   std::string folder_;
+  OutputFormat format_;
 };
 
 }  // namespace
@@ -38,7 +46,7 @@ Recorder::Recorder(const CaptureConfig& config, std::string path) : config_(conf
     writer_ = std::make_unique<Hdf5CaptureWriter>(path_, options);
   } else {
     std::filesystem::create_directories(path_);
-    writer_ = std::make_unique<PtFolderCapture>(path_);
+    writer_ = std::make_unique<CallFolderCapture>(path_, config_.format);
   }
   copier_ = std::thread([this] { copy_loop(); });
   writer_thread_ = std::thread([this] { write_loop(); });

@@ -274,38 +274,7 @@ class SafetensorsWriter final : public CaptureWriter {
   void close() override {
     if (closed_) return;
     closed_ = true;
-    json header = json::object(), records = json::array();
-    std::vector<const HostTensor*> order;
-    std::uint64_t offset = 0;
-    for (std::size_t i = 0; i < calls_.size(); ++i) {
-      records.push_back(call_arguments(calls_[i]));
-      for (const auto& [name, tensor] : calls_[i].named_tensors()) {
-        if (!tensor->data()) throw_input_error(path_, "call {}: field '{}' has no data to write", calls_[i].call_index, name);
-        header[fmt::format("call{}.{}", i, name)] = {
-            {"dtype", dtype_code(tensor->dtype)}, {"shape", tensor->shape}, {"data_offsets", {offset, offset + tensor->nbytes()}}};
-        offset += tensor->nbytes();
-        order.push_back(tensor);
-      }
-    }
-    header["__metadata__"] = {{"format", kFormat}, {"version", kVersion}, {"producer", producer_}, {"calls", records.dump()}};
-    std::string text = header.dump();
-    text.append((8 - (8 + text.size()) % 8) % 8, ' ');  // the data starts 8-byte aligned, as the format advises
-    const std::string partial = path_ + ".partial";
-    {
-      std::ofstream out(partial, std::ios::binary | std::ios::trunc);
-      if (!out) throw_input_error(path_, "cannot open for writing");
-      unsigned char length[8];
-      for (int i = 0; i < 8; ++i) length[i] = static_cast<unsigned char>((text.size() >> (8 * i)) & 0xff);
-      out.write(reinterpret_cast<const char*>(length), 8);
-      out.write(text.data(), static_cast<std::streamsize>(text.size()));
-      for (const HostTensor* tensor : order) {
-        out.write(reinterpret_cast<const char*>(tensor->data()), static_cast<std::streamsize>(tensor->nbytes()));
-      }
-      if (!out.flush()) throw_input_error(path_, "write failed");
-    }
-    std::error_code error;
-    fs::rename(partial, path_, error);
-    if (error) throw_input_error(path_, "cannot move {} into place: {}", partial, error.message());
+    write_safetensors_calls(calls_, path_, producer_);
   }
 
  private:
@@ -333,6 +302,41 @@ std::unique_ptr<CaptureSource> open_safetensors_capture(const std::string& path)
 
 std::unique_ptr<CaptureWriter> open_safetensors_writer(const std::string& path, const std::string& producer) {
   return std::make_unique<SafetensorsWriter>(path, producer);
+}
+
+void write_safetensors_calls(std::span<const AttentionCall> calls, const std::string& path, const std::string& producer) {
+  json header = json::object(), records = json::array();
+  std::vector<const HostTensor*> order;
+  std::uint64_t offset = 0;
+  for (std::size_t i = 0; i < calls.size(); ++i) {
+    records.push_back(call_arguments(calls[i]));
+    for (const auto& [name, tensor] : calls[i].named_tensors()) {
+      if (!tensor->data()) throw_input_error(path, "call {}: field '{}' has no data to write", calls[i].call_index, name);
+      header[fmt::format("call{}.{}", i, name)] = {
+          {"dtype", dtype_code(tensor->dtype)}, {"shape", tensor->shape}, {"data_offsets", {offset, offset + tensor->nbytes()}}};
+      offset += tensor->nbytes();
+      order.push_back(tensor);
+    }
+  }
+  header["__metadata__"] = {{"format", kFormat}, {"version", kVersion}, {"producer", producer}, {"calls", records.dump()}};
+  std::string text = header.dump();
+  text.append((8 - (8 + text.size()) % 8) % 8, ' ');  // the data starts 8-byte aligned, as the format advises
+  const std::string partial = path + ".partial";
+  {
+    std::ofstream out(partial, std::ios::binary | std::ios::trunc);
+    if (!out) throw_input_error(path, "cannot open for writing");
+    unsigned char length[8];
+    for (int i = 0; i < 8; ++i) length[i] = static_cast<unsigned char>((text.size() >> (8 * i)) & 0xff);
+    out.write(reinterpret_cast<const char*>(length), 8);
+    out.write(text.data(), static_cast<std::streamsize>(text.size()));
+    for (const HostTensor* tensor : order) {
+      out.write(reinterpret_cast<const char*>(tensor->data()), static_cast<std::streamsize>(tensor->nbytes()));
+    }
+    if (!out.flush()) throw_input_error(path, "write failed");
+  }
+  std::error_code error;
+  fs::rename(partial, path, error);
+  if (error) throw_input_error(path, "cannot move {} into place: {}", partial, error.message());
 }
 
 }  // namespace attnreplay

@@ -6,6 +6,7 @@
 // every call's other arguments as a JSON array (docs/format.md). A file without that metadata
 // whose tensors are named q, k and v (and mask, out) reads as one bhsd call.
 #include <memory>
+#include <span>
 #include <string>
 
 #include "formats/capture_source.h"
@@ -20,5 +21,8 @@ std::unique_ptr<CaptureSource> open_safetensors_capture(const std::string& path)
 
 // Keeps the calls until close(), which writes the file whole.
 std::unique_ptr<CaptureWriter> open_safetensors_writer(const std::string& path, const std::string& producer);
+
+// Writes `calls` as one file, whole (through `path`.partial, renamed). Throws InputError.
+void write_safetensors_calls(std::span<const AttentionCall> calls, const std::string& path, const std::string& producer);
 
 }  // namespace attnreplay

@@ -304,6 +304,30 @@ def test_pt_format_writes_a_folder_of_loadable_calls(tmp_path):
     assert re.search(r"\b3 calls\b", attnreplay("info", folders[0]).stdout)
 
 
+def test_safetensors_format_writes_a_folder_of_calls_hugging_faces_reader_reads(tmp_path):
+    import json
+
+    from safetensors import safe_open
+
+    result = run_python_job(LOOP, "--calls", "3", out=tmp_path / "caps", ATTNCAP_FORMAT="safetensors")
+    counts = summary(result.stderr)
+    assert counts and counts["captured"] == 3 and counts["failed"] == 0, result.stderr
+    (folder,) = [p for p in (tmp_path / "caps").iterdir() if p.is_dir()]
+    files = sorted(folder.glob("*.safetensors"))
+    assert [f.name for f in files] == ["call_000000.safetensors", "call_000001.safetensors", "call_000002.safetensors"]
+    expected = loop_inputs(3)
+    for i, f in enumerate(files):
+        with safe_open(str(f), "pt") as st:
+            (record,) = json.loads(st.metadata()["calls"])
+            assert record["call_index"] == i and record["op"], record
+            for name, want in zip(("q", "k", "v"), expected[i]):
+                assert np.array_equal(st.get_tensor(f"call0.{name}").numpy(), want), (f.name, name)
+    assert "folder of 3 attnreplay-safetensors v1 files, 3 calls" in attnreplay("info", folder).stdout
+    replayed = attnreplay("run", folder, "--kernels", "reference", "--refcheck", "-q")
+    # The reference and the output the model got, on each call.
+    assert "3 calls, 6 results: 6 passed" in replayed.stdout, replayed.stdout
+
+
 # ---------------------------------------------------------------------------------------------
 # Deduplication: the same Q, K, V twice (and so the same output) are stored once.
 
