@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <span>
 
 #include <fmt/ranges.h>
@@ -104,10 +105,13 @@ class PtFolderWriter final : public CaptureWriter {
   std::string folder_;
 };
 
-class PtFileWriter final : public CaptureWriter {
+// A format that holds every call in one file (.pt, .safetensors): the calls are kept until close(),
+// which writes the file whole.
+class WholeFileWriter final : public CaptureWriter {
  public:
-  explicit PtFileWriter(std::string path) : path_(std::move(path)) {}
-  ~PtFileWriter() override {
+  using Write = std::function<void(std::span<const AttentionCall>, const std::string&)>;
+  WholeFileWriter(std::string path, Write write) : path_(std::move(path)), write_(std::move(write)) {}
+  ~WholeFileWriter() override {
     try {
       close();
     } catch (...) {
@@ -117,11 +121,12 @@ class PtFileWriter final : public CaptureWriter {
   void close() override {
     if (closed_) return;
     closed_ = true;
-    write_pt_calls(calls_, path_);
+    write_(calls_, path_);
   }
 
  private:
   std::string path_;
+  Write write_;
   std::vector<AttentionCall> calls_;
   bool closed_ = false;
 };
@@ -138,8 +143,15 @@ std::unique_ptr<CaptureWriter> open_capture_writer(const std::string& path, cons
     options.producer = producer;
     return std::make_unique<Hdf5CaptureWriter>(path, options);
   }
-  if (extension == ".pt") return std::make_unique<PtFileWriter>(path);
-  if (extension == ".safetensors") return open_safetensors_writer(path, producer);
+  if (extension == ".pt") {
+    return std::make_unique<WholeFileWriter>(
+        path, [](std::span<const AttentionCall> calls, const std::string& to) { write_pt_calls({calls.begin(), calls.end()}, to); });
+  }
+  if (extension == ".safetensors") {
+    return std::make_unique<WholeFileWriter>(path, [producer](std::span<const AttentionCall> calls, const std::string& to) {
+      write_safetensors_calls(calls, to, producer);
+    });
+  }
   throw_input_error(path, "unknown output format: use .h5, .pt, .safetensors, or a folder ending in '/'");
 }
 

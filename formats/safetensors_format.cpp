@@ -260,29 +260,6 @@ class SafetensorsSource final : public CaptureSource {
   std::vector<std::string> open_errors_;
 };
 
-class SafetensorsWriter final : public CaptureWriter {
- public:
-  SafetensorsWriter(std::string path, std::string producer) : path_(std::move(path)), producer_(std::move(producer)) {}
-  ~SafetensorsWriter() override {
-    try {
-      close();
-    } catch (...) {
-    }
-  }
-  void append(const AttentionCall& call) override { calls_.push_back(call); }
-
-  void close() override {
-    if (closed_) return;
-    closed_ = true;
-    write_safetensors_calls(calls_, path_, producer_);
-  }
-
- private:
-  std::string path_, producer_;
-  std::vector<AttentionCall> calls_;
-  bool closed_ = false;
-};
-
 }  // namespace
 
 bool looks_like_safetensors(const std::string& path) {
@@ -298,10 +275,6 @@ bool looks_like_safetensors(const std::string& path) {
 
 std::unique_ptr<CaptureSource> open_safetensors_capture(const std::string& path) {
   return std::make_unique<SafetensorsSource>(path);
-}
-
-std::unique_ptr<CaptureWriter> open_safetensors_writer(const std::string& path, const std::string& producer) {
-  return std::make_unique<SafetensorsWriter>(path, producer);
 }
 
 void write_safetensors_calls(std::span<const AttentionCall> calls, const std::string& path, const std::string& producer) {

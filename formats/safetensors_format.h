@@ -19,9 +19,6 @@ bool looks_like_safetensors(const std::string& path);
 // Throws InputError naming the file (and the call and field) on a bad header.
 std::unique_ptr<CaptureSource> open_safetensors_capture(const std::string& path);
 
-// Keeps the calls until close(), which writes the file whole.
-std::unique_ptr<CaptureWriter> open_safetensors_writer(const std::string& path, const std::string& producer);
-
 // Writes `calls` as one file, whole (through `path`.partial, renamed). Throws InputError.
 void write_safetensors_calls(std::span<const AttentionCall> calls, const std::string& path, const std::string& producer);
 
