@@ -195,10 +195,6 @@ void summarize(RunComparison& comparison) {
   }
 }
 
-}  // namespace
-
-namespace {
-
 // What a row's headline time covers (`timed`); records written before the field had it as the
 // kernel alone wherever the whole call was timed apart.
 std::string what_timed(const nlohmann::json& kernel) {
