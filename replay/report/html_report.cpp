@@ -36,7 +36,9 @@ nlohmann::json call_position(const nlohmann::json& call, const char* key) {
   if (const auto own = call.find(key); own != call.end() && own->is_number_integer()) return *own;
   if (const auto metadata = call.find("metadata"); metadata != call.end() && metadata->is_object()) {
     const std::string text = metadata->value(key, std::string());
-    if (!text.empty() && text.find_first_not_of("0123456789") == std::string::npos) return std::stoll(text);
+    if (!text.empty() && text.size() <= 18 && text.find_first_not_of("0123456789") == std::string::npos) {
+      return std::stoll(text);
+    }
   }
   return nullptr;
 }
@@ -59,13 +61,11 @@ nlohmann::json kernel_row(const nlohmann::json& call, const nlohmann::json& k) {
   row["reduced_precision"] = text_at(k, "reduced_precision");
   // What each time covers: the whole call (with its input preparation, where there is one) and the
   // kernel alone; the page's speed-ups use the whole call. `timing` is whichever `timed` says.
-  const bool headline_is_kernel = k.value("timed", std::string("call")) == "kernel";
-  const nlohmann::json headline = median_of(k, "timing");
-  const nlohmann::json whole = median_of(k, "timing_with_preparation"), alone = median_of(k, "timing_kernel_alone");
+  const nlohmann::json alone = median_of(k, "timing_kernel_alone");
   row["timed"] = text_at(k, "timed");
-  row["call_s"] = headline_is_kernel ? whole : headline;
-  row["kernel_s"] = headline_is_kernel ? headline : (alone.is_null() ? headline : alone);
-  if (row["call_s"].is_null()) row["call_s"] = headline;  // a kernel without preparation: one figure
+  const double call_s = call_time_s(k);
+  row["call_s"] = call_s > 0 ? nlohmann::json(call_s) : nlohmann::json();
+  row["kernel_s"] = alone.is_null() ? median_of(k, "timing") : alone;
   row["shared_from"] = text_at(k, "timing_shared_from");
   if (const auto work = call.find("work"); work != call.end()) {
     row["flops"] = finite_or_null(number_at(*work, "flops"));
