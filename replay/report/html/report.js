@@ -49,6 +49,9 @@
     return c.toFixed(6);
   }
   const times = (x) => (isNumber(x) ? g(x, 3) + "x" : "-");
+  // Not Math.min(...values): a capture's hundreds of thousands of results overflow the call stack.
+  const minOf = (values) => values.reduce((a, b) => Math.min(a, b), Infinity);
+  const maxOf = (values) => values.reduce((a, b) => Math.max(a, b), -Infinity);
 
   // ---- the data ----
   const pages = JSON.parse(document.getElementById("report-data").textContent);
@@ -97,8 +100,8 @@
     const W = 760, H = 440, left = 70, right = 20, top = 16, bottom = 46;
     const xs = points.map((p) => p.x).concat((lines || []).flatMap((l) => l.points.map((q) => q[0])));
     const ys = points.map((p) => p.y).concat((lines || []).flatMap((l) => l.points.map((q) => q[1])));
-    const X = logAxis(Math.min(...xs), Math.max(...xs), left, W - right);
-    const Y = logAxis(Math.min(...ys), Math.max(...ys), H - bottom, top);
+    const X = logAxis(minOf(xs), maxOf(xs), left, W - right);
+    const Y = logAxis(minOf(ys), maxOf(ys), H - bottom, top);
     const chart = svg("svg", { class: "chart", id, viewBox: `0 0 ${W} ${H}`, width: W, height: H, role: "img" });
     for (const t of X.ticks) {
       chart.append(svg("line", { class: "grid", x1: X.map(t), x2: X.map(t), y1: top, y2: H - bottom }));
@@ -264,7 +267,7 @@
       section.append(emptyNote("No call was timed."));
       return section;
     }
-    const lo = Math.min(...points.map((p) => p.x)) / 2, hi = Math.max(...points.map((p) => p.x)) * 2;
+    const lo = minOf(points.map((p) => p.x)) / 2, hi = maxOf(points.map((p) => p.x)) * 2;
     const suffix = (page) => (pages.length > 1 ? ` (${page.name})` : "");
     let any = false;
     for (const page of pages) {
@@ -297,7 +300,7 @@
       const kernels = [...new Set(rows.map((r) => r.kernel))].sort();
       const all = rows.map((r) => r.rel_l2).filter((v) => v > 0);
       if (!all.length) return;
-      const lo = Math.log10(Math.min(...all)), hi = Math.log10(Math.max(...all));
+      const lo = Math.log10(minOf(all)), hi = Math.log10(maxOf(all));
       for (const kernel of kernels) {
         const worst = new Map();
         for (const r of rows.filter((row) => row.kernel === kernel)) {
