@@ -13,6 +13,7 @@
 #include "formats/capture_source.h"
 #include "replay/cli/command.h"
 #include "replay/report/record_files.h"
+#include "replay/report/text_wrap.h"
 
 namespace attnreplay {
 namespace {
@@ -61,15 +62,7 @@ void print_details(const AttentionCall& call, std::uint64_t bytes, bool every_fi
     }
   }
   const std::string indent(8, ' ');
-  std::string line = indent;
-  for (const std::string& field : fields) {
-    if (line.size() > indent.size() && line.size() + 1 + field.size() > kWidth) {
-      std::cout << line << '\n';
-      line = indent;
-    }
-    line += (line.size() > indent.size() ? " " : "") + field;
-  }
-  if (line.size() > indent.size()) std::cout << line << '\n';
+  std::cout << wrap_fields(fields, indent, indent, " ", kWidth);
 }
 
 void print_call(const AttentionCall& call, std::uint64_t bytes, bool every_field) {

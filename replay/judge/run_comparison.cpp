@@ -9,6 +9,7 @@
 #include <map>
 
 #include "formats/errors.h"
+#include "replay/report/json_values.h"
 
 namespace attnreplay {
 namespace {
@@ -20,51 +21,40 @@ constexpr double kErrorFloor = 1e-6;
 // Median SM clocks further apart than this make the runs' ratios the clocks' as much as the code's.
 constexpr double kClockDifference = 0.03;
 
-std::optional<double> optional_number(const nlohmann::json& object, const char* key) {
-  const auto found = object.find(key);
-  if (found == object.end() || !found->is_number()) return std::nullopt;
-  return found->get<double>();
-}
-
-std::string string_at(const nlohmann::json& object, const char* key) {
-  const auto found = object.find(key);
-  return found != object.end() && found->is_string() ? found->get<std::string>() : std::string{};
-}
-
 // The call as both runs name it: the capture's file name (runs may read it from different
 // folders), its index, its tag and its shape.
 std::string call_key(const nlohmann::json& call) {
-  std::string key = fmt::format("{}#{}#{}", std::filesystem::path(string_at(call, "source")).filename().string(),
-                                call.value("call_index", -1), string_at(call, "case_tag"));
+  std::string key = fmt::format("{}#{}#{}", std::filesystem::path(text_at(call, "source")).filename().string(),
+                                call.value("call_index", -1), text_at(call, "case_tag"));
   if (const auto shape = call.find("shape"); shape != call.end()) key += "#" + shape->dump();
-  return key + "#" + string_at(call, "dtype");
+  return key + "#" + text_at(call, "dtype");
 }
 
 std::string call_label(const nlohmann::json& call) {
-  std::string label = fmt::format("{} call {}", std::filesystem::path(string_at(call, "source")).filename().string(),
+  std::string label = fmt::format("{} call {}", std::filesystem::path(text_at(call, "source")).filename().string(),
                                   call.value("call_index", -1));
-  if (const std::string tag = string_at(call, "case_tag"); !tag.empty()) label += " [" + tag + "]";
+  if (const std::string tag = text_at(call, "case_tag"); !tag.empty()) label += " [" + tag + "]";
   return label;
 }
 
 std::optional<TimedFigure> timed_figure(const nlohmann::json& kernel) {
   const auto timing = kernel.find("timing");
   if (timing == kernel.end() || !timing->is_object()) return std::nullopt;
-  const auto median = optional_number(*timing, "median_s");
+  const auto median = optional_number_at(*timing, "median_s");
   if (!median || *median <= 0) return std::nullopt;
   TimedFigure figure;
   figure.median_s = *median;
-  figure.low_s = optional_number(*timing, "median_ci_low_s").value_or(*median);
-  figure.high_s = optional_number(*timing, "median_ci_high_s").value_or(*median);
-  figure.spread_rel = optional_number(*timing, "spread_rel").value_or(0);
-  figure.shared_from = string_at(kernel, "timing_shared_from");
+  figure.low_s = optional_number_at(*timing, "median_ci_low_s").value_or(*median);
+  figure.high_s = optional_number_at(*timing, "median_ci_high_s").value_or(*median);
+  figure.spread_rel = optional_number_at(*timing, "spread_rel").value_or(0);
+  figure.shared_from = text_at(kernel, "timing_shared_from");
   return figure;
 }
 
 std::optional<double> rel_l2(const nlohmann::json& kernel) {
   const auto error = kernel.find("error");
   if (error == kernel.end() || !error->is_object()) return std::nullopt;
-  return optional_number(*error, "rel_l2");
+  return optional_number_at(*error, "rel_l2");
 }
 
 // A call's kernel rows, in the record itself (json::value() would return a copy).
@@ -107,12 +97,12 @@ ComparedRow compared_row(const std::string& label, const std::string& kernel, co
   if (before) {
     row.base = timed_figure(*before);
     row.base_rel_l2 = rel_l2(*before);
-    row.base_status = string_at(*before, "status");
+    row.base_status = text_at(*before, "status");
   }
   if (after) {
     row.change = timed_figure(*after);
     row.change_rel_l2 = rel_l2(*after);
-    row.change_status = string_at(*after, "status");
+    row.change_status = text_at(*after, "status");
   }
   if (before && after) {
     judge_speed(row);
@@ -136,18 +126,18 @@ std::vector<std::string> record_differences(const nlohmann::json& base, const nl
   const nlohmann::json& a = base.contains("environment") ? base["environment"] : empty;
   const nlohmann::json& b = change.contains("environment") ? change["environment"] : empty;
   for (const auto& [key, label] : {std::pair{"gpu", "GPU"}, {"cpu", "CPU"}, {"torch", "torch"}, {"os", "OS"}}) {
-    const std::string x = string_at(a, key), y = string_at(b, key);
+    const std::string x = text_at(a, key), y = text_at(b, key);
     if (x != y) out.push_back(fmt::format("{}: {} vs {}", label, x.empty() ? "-" : x, y.empty() ? "-" : y));
   }
-  if (string_at(base, "tool_version") != string_at(change, "tool_version")) {
-    out.push_back(fmt::format("attnreplay: {} vs {}", string_at(base, "tool_version"), string_at(change, "tool_version")));
+  if (text_at(base, "tool_version") != text_at(change, "tool_version")) {
+    out.push_back(fmt::format("attnreplay: {} vs {}", text_at(base, "tool_version"), text_at(change, "tool_version")));
   }
   const auto median_clock = [](const nlohmann::json& record) {
     std::vector<double> clocks;
     for (const auto& call : record["calls"]) {
       for (const auto& kernel : kernels_of(call)) {
         if (!kernel.contains("timing") || !kernel["timing"].is_object()) continue;
-        if (const auto mhz = optional_number(kernel["timing"], "sm_clock_median_mhz"); mhz && *mhz > 0) clocks.push_back(*mhz);
+        if (const auto mhz = optional_number_at(kernel["timing"], "sm_clock_median_mhz"); mhz && *mhz > 0) clocks.push_back(*mhz);
       }
     }
     if (clocks.empty()) return 0.0;
@@ -198,7 +188,7 @@ void summarize(RunComparison& comparison) {
 // What a row's headline time covers (`timed`); records written before the field had it as the
 // kernel alone wherever the whole call was timed apart.
 std::string what_timed(const nlohmann::json& kernel) {
-  const std::string timed = string_at(kernel, "timed");
+  const std::string timed = text_at(kernel, "timed");
   if (!timed.empty()) return timed;
   return kernel.contains("timing_with_preparation") ? "kernel" : "call";
 }
@@ -227,14 +217,14 @@ RunComparison compare_runs(const nlohmann::json& base, const std::string& base_n
   std::vector<std::pair<std::string, std::string>> change_order;
   for (const auto& call : change_calls) {
     for (const auto& kernel : kernels_of(call)) {
-      const auto key = std::pair{call_key(call), string_at(kernel, "kernel")};
+      const auto key = std::pair{call_key(call), text_at(kernel, "kernel")};
       if (unmatched.emplace(key, std::pair{&kernel, call_label(call)}).second) change_order.push_back(key);
     }
   }
   std::map<std::string, std::string> timed_apart;  // kernel -> how its two runs' headlines differ
   for (const auto& call : base_calls) {
     for (const auto& kernel : kernels_of(call)) {
-      const std::string name = string_at(kernel, "kernel");
+      const std::string name = text_at(kernel, "kernel");
       const auto found = unmatched.find({call_key(call), name});
       const nlohmann::json* partner = found == unmatched.end() ? nullptr : found->second.first;
       if (partner && kernel.contains("timing") && partner->contains("timing") &&

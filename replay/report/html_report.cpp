@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <ostream>
@@ -13,6 +12,7 @@
 #include "replay/judge/kernel_summary.h"
 #include "replay/report/json_values.h"
 #include "replay/report/printer.h"
+#include "replay/report/records.h"
 
 namespace attnreplay {
 
@@ -21,8 +21,6 @@ extern const char* const kReportScript;
 extern const char* const kReportStyle;
 
 namespace {
-
-nlohmann::json finite_or_null(double value) { return std::isfinite(value) ? nlohmann::json(value) : nlohmann::json(); }
 
 nlohmann::json median_of(const nlohmann::json& k, const char* timing_key) {
   const auto timing = k.find(timing_key);
@@ -68,13 +66,13 @@ nlohmann::json kernel_row(const nlohmann::json& call, const nlohmann::json& k) {
   row["kernel_s"] = alone.is_null() ? median_of(k, "timing") : alone;
   row["shared_from"] = text_at(k, "timing_shared_from");
   if (const auto work = call.find("work"); work != call.end()) {
-    row["flops"] = finite_or_null(number_at(*work, "flops"));
-    row["bytes"] = finite_or_null(number_at(*work, "bytes"));
+    row["flops"] = json_number(number_at(*work, "flops"));
+    row["bytes"] = json_number(number_at(*work, "bytes"));
   }
-  row["tflops"] = finite_or_null(number_at(k, "tflops"));
-  row["gbytes_per_s"] = finite_or_null(number_at(k, "gbytes_per_s"));
+  row["tflops"] = json_number(number_at(k, "tflops"));
+  row["gbytes_per_s"] = json_number(number_at(k, "gbytes_per_s"));
   if (const auto error = k.find("error"); error != k.end() && error->is_object()) {
-    for (const char* key : {"rel_l2", "cosine", "max_abs"}) row[key] = finite_or_null(number_at(*error, key));
+    for (const char* key : {"rel_l2", "cosine", "max_abs"}) row[key] = json_number(number_at(*error, key));
     row["nonfinite"] = error->value("nan_count", 0ll) + error->value("inf_count", 0ll);
   }
   row["rerun"] = text_at(k, "rerun");
@@ -86,8 +84,8 @@ nlohmann::json summary_json(const KernelSummary& summary) {
   for (const KernelStanding& k : summary.kernels) {
     kernels.push_back({{"kernel", k.name}, {"emulation", k.emulation}, {"exact", k.exact}, {"ran", k.ran},
                        {"refused", k.refused}, {"failed", k.failed}, {"timed", k.timed},
-                       {"vs_baseline", finite_or_null(k.vs_baseline)}, {"median_rel_l2", finite_or_null(k.median_rel_l2)},
-                       {"worst_rel_l2", finite_or_null(k.worst_rel_l2)}, {"worst_call", k.worst_call}});
+                       {"vs_baseline", json_number(k.vs_baseline)}, {"median_rel_l2", json_number(k.median_rel_l2)},
+                       {"worst_rel_l2", json_number(k.worst_rel_l2)}, {"worst_call", k.worst_call}});
   }
   for (const Refusal& r : summary.refusals) refusals.push_back({{"reason", r.reason}, {"kernels", r.kernels}});
   return {{"calls", summary.calls}, {"baseline", summary.baseline}, {"baseline_note", summary.baseline_note},

@@ -6,17 +6,28 @@
 
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <string>
 
 namespace attnreplay {
 
-// A number of the record, NaN where it is null or absent.
-inline double number_at(const nlohmann::json& object, const char* key) {
+// A number of the record, absent where it is null, missing or not a number.
+inline std::optional<double> optional_number_at(const nlohmann::json& object, const char* key) {
   const auto found = object.find(key);
-  return found == object.end() || !found->is_number() ? std::numeric_limits<double>::quiet_NaN() : found->get<double>();
+  if (found == object.end() || !found->is_number()) return std::nullopt;
+  return found->get<double>();
 }
 
-inline std::string text_at(const nlohmann::json& object, const char* key) { return object.value(key, std::string()); }
+// The same, NaN where absent.
+inline double number_at(const nlohmann::json& object, const char* key) {
+  return optional_number_at(object, key).value_or(std::numeric_limits<double>::quiet_NaN());
+}
+
+// A text of the record, empty where it is missing or not a string.
+inline std::string text_at(const nlohmann::json& object, const char* key) {
+  const auto found = object.find(key);
+  return found != object.end() && found->is_string() ? found->get<std::string>() : std::string();
+}
 
 // "b2 hq24 hkv24 sq4250 skv4250 dqk64 dvo64", as AttentionShape::to_string writes it.
 inline std::string shape_text(const nlohmann::json& s) {

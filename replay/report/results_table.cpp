@@ -15,37 +15,24 @@
 #include "replay/report/number_format.h"
 #include "replay/report/printer.h"
 #include "replay/report/records.h"
+#include "replay/report/text_wrap.h"
 
 namespace attnreplay {
 namespace {
 
 bool timed(const nlohmann::json& timing) { return timing.is_object() && timing.value("samples", 0) > 0; }
 
-// `fields` after `line`, joined by two spaces in lines of at most 120 characters, the lines after
-// the first indented by four (eight after a `line`: the call's work line is by two); a field longer
-// than a line has one to itself.
-void print_wrapped(const std::vector<std::string>& fields, std::ostream& out, std::string line = "") {
-  constexpr std::size_t kWidth = 120;
-  const std::string indent(line.empty() ? 4 : 8, ' ');
-  for (const std::string& field : fields) {
-    if (field.empty()) continue;
-    if (!line.empty() && line != indent && line.size() + 2 + field.size() > kWidth) {
-      out << line << '\n';
-      line = indent;
-    }
-    line += (line.find_first_not_of(' ') == std::string::npos ? "" : "  ") + field;
-  }
-  out << line << '\n';
-}
-
 void print_call_header(const nlohmann::json& call, std::ostream& out) {
   const std::string tag = text_at(call, "case_tag"), op = text_at(call, "op"), backend = text_at(call, "backend");
-  print_wrapped({fmt::format("{}{}: call {}", tag.empty() ? "" : "[" + tag + "] ", text_at(call, "source"),
-                             call.at("call_index").get<std::int64_t>()),
-                 op, backend.empty() ? "" : "(" + backend + ")",
-                 fmt::format("{} {}  {}", text_at(call, "dtype"), text_at(call, "layout"), shape_text(call.at("shape"))),
-                 "mask " + text_at(call, "mask"), fmt::format("scale {:.4g}", number_at(call, "scale"))},
-                out);
+  std::vector<std::string> fields{fmt::format("{}{}: call {}", tag.empty() ? "" : "[" + tag + "] ",
+                                              text_at(call, "source"), call.at("call_index").get<std::int64_t>())};
+  if (!op.empty()) fields.push_back(op);
+  if (!backend.empty()) fields.push_back("(" + backend + ")");
+  fields.push_back(fmt::format("{} {}  {}", text_at(call, "dtype"), text_at(call, "layout"), shape_text(call.at("shape"))));
+  fields.push_back("mask " + text_at(call, "mask"));
+  fields.push_back(fmt::format("scale {:.4g}", number_at(call, "scale")));
+  // Lines after the first indented by four: the call's work line, below, is by two.
+  out << wrap_fields(fields, "", "    ", "  ");
   const bool causal = call.value("is_causal", false);
   const std::string batching = text_at(call, "batching");
   const auto& extensions = call.at("extensions");
@@ -192,8 +179,9 @@ void print_ratios(const std::vector<const nlohmann::json*>& rows, const std::str
     fields.push_back(fmt::format("{}{} {}x", text_at(*k, "kernel"), k->value("emulation", false) ? " (emul.)" : "",
                                  g(call_time_s(*k) / call_time_s(*base), 3)));
   }
-  print_wrapped(fields, out, fmt::format("    whole call over {}'s{}:", text_at(*base, "kernel"),
-                                         baseline.empty() ? " (the fastest exact kernel here)" : ""));
+  out << wrap_fields(fields, fmt::format("    whole call over {}'s{}:", text_at(*base, "kernel"),
+                                         baseline.empty() ? " (the fastest exact kernel here)" : ""),
+                     "        ", "  ");
 }
 
 class ResultsTablePrinter final : public Printer {

@@ -9,6 +9,7 @@
 
 #include "replay/judge/kernel_summary.h"
 #include "replay/report/number_format.h"
+#include "replay/report/text_wrap.h"
 
 namespace attnreplay {
 namespace {
@@ -16,23 +17,14 @@ namespace {
 // `text` in lines of at most 116 characters after a two-space indent (six on the lines after the
 // first), broken at spaces.
 std::string wrapped(const std::string& text) {
-  constexpr std::size_t kWidth = 116;
-  std::string out, line = "  ";
-  std::size_t start = 0;
-  while (start < text.size()) {
+  std::vector<std::string> words;
+  for (std::size_t start = 0; start < text.size();) {
     std::size_t end = text.find(' ', start);
     if (end == std::string::npos) end = text.size();
-    const std::string word = text.substr(start, end - start);
-    if (line.size() + word.size() > kWidth && line.find_first_not_of(' ') != std::string::npos) {
-      line.pop_back();  // the space after the last word
-      out += line + "\n";
-      line = "      ";
-    }
-    line += word + " ";
+    words.push_back(text.substr(start, end - start));
     start = end + 1;
   }
-  while (!line.empty() && line.back() == ' ') line.pop_back();
-  return out + line + "\n";
+  return wrap_fields(words, "  ", "      ", " ", 116);
 }
 
 }  // namespace
