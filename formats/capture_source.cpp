@@ -11,6 +11,7 @@
 #include "formats/errors.h"
 #include "formats/hdf5_format.h"
 #include "formats/pt_format.h"
+#include "formats/flashinfer_trace.h"
 #include "formats/safetensors_format.h"
 
 namespace attnreplay {
@@ -62,6 +63,7 @@ std::unique_ptr<CaptureSource> open_capture(const std::string& path) {
   const auto status = fs::status(path, error);
   if (error || !fs::exists(status)) throw_input_error(path, "no such file or folder");
   if (fs::is_directory(status)) {
+    if (looks_like_flashinfer_trace(path)) return open_flashinfer_trace(path);
     std::vector<std::string> files;
     for (const auto& entry : fs::directory_iterator(path)) {
       if (entry.path().extension() == ".pt") return open_pt_folder(path);
@@ -71,7 +73,8 @@ std::unique_ptr<CaptureSource> open_capture(const std::string& path) {
       }
     }
     if (!files.empty()) return std::make_unique<FileFolderSource>(path, std::move(files));
-    throw_input_error(path, "a folder with no .pt, .h5, .hdf5 or .safetensors files");
+    throw_input_error(path, "a folder with no .pt, .h5, .hdf5 or .safetensors files, nor FlashInfer-Trace's definitions/ "
+                            "and workloads/");
   }
   if (looks_like_hdf5(path)) return open_hdf5_capture(path);
   if (looks_like_zip(path)) return open_pt_file(path);

@@ -14,6 +14,13 @@ class InputError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A call the format being written cannot hold (FlashInfer-Trace has no definition for a sliding
+// window): nothing was written for it, and the message says why. Not a damaged input.
+class NotRepresentable : public InputError {
+ public:
+  using InputError::InputError;
+};
+
 // "run.h5: call 17: field 'k': expected 4 dims, got 3"
 template <typename... Args>
 [[noreturn]] void throw_input_error(const std::string& where, fmt::format_string<Args...> what,

@@ -54,12 +54,152 @@ std::uint64_t read_le64(const unsigned char* p) {
   return value;
 }
 
-// A tensor as the header places it: bytes [begin, end) after the header.
-struct TensorEntry {
+}  // namespace
+
+struct SafetensorsFile::Entry {
   DType dtype = DType::float32;
   std::vector<std::int64_t> shape;
-  std::uint64_t begin = 0, end = 0;
+  std::uint64_t begin = 0, end = 0;  // bytes [begin, end) after the header
 };
+
+struct SafetensorsFile::Mapping {
+  const std::byte* data = nullptr;
+  std::size_t size = 0;
+  ~Mapping() {
+    if (data) munmap(const_cast<std::byte*>(data), size);
+  }
+};
+
+namespace {
+
+// A header entry, checked against the file's data bytes.
+SafetensorsFile::Entry parse_entry(const std::string& path, const std::string& name, const json& entry,
+                                   std::uint64_t data_size) {
+  const std::string where = fmt::format("{}: tensor '{}'", path, name);
+  SafetensorsFile::Entry t;
+  try {
+    const std::string code = entry.at("dtype").get<std::string>();
+    const auto dtype = parse_dtype_code(code);
+    if (!dtype) throw_input_error(where, "dtype '{}' is not one attnreplay reads", code);
+    t.dtype = *dtype;
+    t.shape = entry.at("shape").get<std::vector<std::int64_t>>();
+    const auto offsets = entry.at("data_offsets").get<std::vector<std::uint64_t>>();
+    if (offsets.size() != 2) throw_input_error(where, "data_offsets: expected [begin, end]");
+    t.begin = offsets[0];
+    t.end = offsets[1];
+  } catch (const json::exception& e) {
+    throw_input_error(where, "{}", e.what());
+  }
+  std::uint64_t numel = 1;
+  for (const std::int64_t d : t.shape) {
+    if (d < 0) throw_input_error(where, "negative dimension in shape {}", shape_string(t.shape));
+    numel *= static_cast<std::uint64_t>(d);
+  }
+  if (t.begin > t.end || t.end > data_size || t.end - t.begin != numel * dtype_size(t.dtype)) {
+    throw_input_error(where, "data_offsets [{}, {}] do not hold {} {} values within the file's {} data bytes", t.begin,
+                      t.end, numel, dtype_name(t.dtype), data_size);
+  }
+  return t;
+}
+
+}  // namespace
+
+SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
+  std::ifstream in(path_, std::ios::binary);
+  if (!in) throw_input_error(path_, "cannot open for reading");
+  unsigned char length[8] = {};
+  in.read(reinterpret_cast<char*>(length), 8);
+  const std::uint64_t header_size = read_le64(length);
+  std::error_code error;
+  const std::uint64_t file_size = fs::file_size(path_, error);
+  if (in.gcount() != 8 || header_size > kMaxHeader || 8 + header_size > file_size) {
+    throw_input_error(path_, "not a safetensors file: its header length does not fit the file");
+  }
+  data_start_ = 8 + header_size;
+  data_size_ = file_size - data_start_;
+  std::string text(header_size, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(header_size));
+  json header;
+  try {
+    header = json::parse(text);
+  } catch (const json::exception& e) {
+    throw_input_error(path_, "safetensors header: not JSON: {}", e.what());
+  }
+  if (!header.is_object()) throw_input_error(path_, "safetensors header: not a JSON object");
+  for (const auto& [name, entry] : header.items()) {
+    if (name == "__metadata__") continue;
+    entries_[name] = parse_entry(path_, name, entry, data_size_);
+  }
+  if (const auto metadata = header.find("__metadata__"); metadata != header.end() && metadata->is_object()) {
+    for (const auto& [key, value] : metadata->items()) {
+      if (!value.is_string()) throw_input_error(path_, "__metadata__.{}: not a string, as the format requires", key);
+      metadata_[key] = value.get<std::string>();
+    }
+  }
+  for (const auto& [name, entry] : entries_) tensors_[name] = {entry.dtype, entry.shape};
+}
+
+SafetensorsFile::~SafetensorsFile() = default;
+SafetensorsFile::SafetensorsFile(SafetensorsFile&&) noexcept = default;
+
+
+HostTensor SafetensorsFile::tensor(const std::string& name, bool with_data) {
+  const auto found = entries_.find(name);
+  if (found == entries_.end()) throw_input_error(path_, "no tensor '{}'", name);
+  const Entry& entry = found->second;
+  HostTensor tensor;
+  tensor.dtype = entry.dtype;
+  tensor.shape = entry.shape;
+  if (!with_data) return tensor;
+  // Copied out of the file's mapping: the page cache's bytes, no reads through a stream.
+  if (!mapping_) {
+    const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw_input_error(path_, "cannot open for reading: {}", std::strerror(errno));
+    const std::size_t size = static_cast<std::size_t>(data_start_ + data_size_);
+    void* map = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    ::close(fd);
+    if (map == MAP_FAILED) throw_input_error(path_, "cannot map: {}", std::strerror(errno));
+    mapping_ = std::make_unique<Mapping>();
+    mapping_->data = static_cast<const std::byte*>(map);
+    mapping_->size = size;
+  }
+  auto bytes = allocate_bytes(static_cast<std::size_t>(entry.end - entry.begin));
+  std::memcpy(bytes->data(), mapping_->data + data_start_ + entry.begin, bytes->size());
+  tensor.bytes = std::move(bytes);
+  return tensor;
+}
+
+void write_safetensors(const std::string& path, std::span<const std::pair<std::string, const HostTensor*>> tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  json header = json::object();
+  std::uint64_t offset = 0;
+  for (const auto& [name, tensor] : tensors) {
+    if (!tensor->data()) throw_input_error(path, "tensor '{}' has no data to write", name);
+    header[name] = {{"dtype", dtype_code(tensor->dtype)}, {"shape", tensor->shape}, {"data_offsets", {offset, offset + tensor->nbytes()}}};
+    offset += tensor->nbytes();
+  }
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::string text = header.dump();
+  text.append((8 - (8 + text.size()) % 8) % 8, ' ');  // the data starts 8-byte aligned, as the format advises
+  const std::string partial = path + ".partial";
+  {
+    std::ofstream out(partial, std::ios::binary | std::ios::trunc);
+    if (!out) throw_input_error(path, "cannot open for writing");
+    unsigned char length[8];
+    for (int i = 0; i < 8; ++i) length[i] = static_cast<unsigned char>((text.size() >> (8 * i)) & 0xff);
+    out.write(reinterpret_cast<const char*>(length), 8);
+    out.write(text.data(), static_cast<std::streamsize>(text.size()));
+    for (const auto& [name, tensor] : tensors) {
+      out.write(reinterpret_cast<const char*>(tensor->data()), static_cast<std::streamsize>(tensor->nbytes()));
+    }
+    if (!out.flush()) throw_input_error(path, "write failed");
+  }
+  std::error_code error;
+  fs::rename(partial, path, error);
+  if (error) throw_input_error(path, "cannot move {} into place: {}", partial, error.message());
+}
+
+namespace {
 
 // The other arguments of a call, as the header's "calls" array holds them.
 json call_arguments(const AttentionCall& call) {
@@ -85,44 +225,24 @@ json call_arguments(const AttentionCall& call) {
 
 class SafetensorsSource final : public CaptureSource {
  public:
-  explicit SafetensorsSource(std::string path) : path_(std::move(path)) {
-    std::ifstream in(path_, std::ios::binary);
-    if (!in) throw_input_error(path_, "cannot open for reading");
-    unsigned char length[8] = {};
-    in.read(reinterpret_cast<char*>(length), 8);
-    const std::uint64_t header_size = read_le64(length);
-    std::error_code error;
-    const std::uint64_t file_size = fs::file_size(path_, error);
-    if (in.gcount() != 8 || header_size > kMaxHeader || 8 + header_size > file_size) {
-      throw_input_error(path_, "not a safetensors file: its header length does not fit the file");
-    }
-    data_start_ = 8 + header_size;
-    std::string text(header_size, '\0');
-    in.read(text.data(), static_cast<std::streamsize>(header_size));
-    json header;
-    try {
-      header = json::parse(text);
-    } catch (const json::exception& e) {
-      throw_input_error(path_, "safetensors header: not JSON: {}", e.what());
-    }
-    if (!header.is_object()) throw_input_error(path_, "safetensors header: not a JSON object");
-    const std::uint64_t data_size = data_size_ = file_size - data_start_;
-    for (const auto& [name, entry] : header.items()) {
-      if (name == "__metadata__") continue;
-      tensors_[name] = parse_entry(name, entry, data_size);
-    }
-    const json metadata = header.value("__metadata__", json::object());
-    if (metadata.is_object() && metadata.value("format", std::string()) == kFormat) {
-      const std::string version = metadata.value("version", std::string());
+  explicit SafetensorsSource(std::string path) : path_(std::move(path)), file_(path_) {
+    const auto& tensors = file_.tensors();
+    const auto& metadata = file_.metadata();
+    const auto text_at = [&](const char* key) {
+      const auto found = metadata.find(key);
+      return found == metadata.end() ? std::string() : found->second;
+    };
+    if (text_at("format") == kFormat) {
+      const std::string version = text_at("version");
       if (version != kVersion) throw_input_error(path_, "{} version '{}': this attnreplay reads version {}", kFormat, version, kVersion);
       try {
-        calls_ = json::parse(metadata.value("calls", std::string("[]")));
+        calls_ = json::parse(metadata.count("calls") ? metadata.at("calls") : std::string("[]"));
       } catch (const json::exception& e) {
         throw_input_error(path_, "__metadata__.calls: not JSON: {}", e.what());
       }
       if (!calls_.is_array()) throw_input_error(path_, "__metadata__.calls: not a JSON array");
       format_ = fmt::format("{} v{}", kFormat, kVersion);
-    } else if (tensors_.count("q") && tensors_.count("k") && tensors_.count("v")) {
+    } else if (tensors.count("q") && tensors.count("k") && tensors.count("v")) {
       // Plain q, k, v (and mask, out) tensors: one bhsd call with the defaults.
       calls_ = json::array({json{{"call_index", 0}, {"plain", true}}});
       format_ = "safetensors (q, k, v)";
@@ -170,12 +290,12 @@ class SafetensorsSource final : public CaptureSource {
     const json tensors = record.value("tensors", json::object());
     // Call i's tensors are "call<i>.<field>"; a plain file's are the fields themselves.
     const std::string prefix = plain ? "" : fmt::format("call{}.", position);
-    for (const auto& [name, entry] : tensors_) {
+    for (const auto& [name, entry] : file_.tensors()) {
       if (!name.starts_with(prefix)) continue;
       const std::string field = name.substr(prefix.size());
       HostTensor* slot = call.tensor_field(field);
       if (!slot) throw_input_error(where, "tensor '{}': '{}' is not a field of an attention call", name, field);
-      *slot = load_tensor(entry, with_data);
+      *slot = file_.tensor(name, with_data);
       if (const auto extra = tensors.find(field); extra != tensors.end()) {
         slot->captured_strides = extra->value("strides", std::vector<std::int64_t>());
         slot->device = extra->value("device", std::string("cpu"));
@@ -189,73 +309,8 @@ class SafetensorsSource final : public CaptureSource {
   }
 
  private:
-  TensorEntry parse_entry(const std::string& name, const json& entry, std::uint64_t data_size) const {
-    const std::string where = fmt::format("{}: tensor '{}'", path_, name);
-    TensorEntry t;
-    try {
-      const std::string code = entry.at("dtype").get<std::string>();
-      const auto dtype = parse_dtype_code(code);
-      if (!dtype) throw_input_error(where, "dtype '{}' is not one attnreplay reads", code);
-      t.dtype = *dtype;
-      t.shape = entry.at("shape").get<std::vector<std::int64_t>>();
-      const auto offsets = entry.at("data_offsets").get<std::vector<std::uint64_t>>();
-      if (offsets.size() != 2) throw_input_error(where, "data_offsets: expected [begin, end]");
-      t.begin = offsets[0];
-      t.end = offsets[1];
-    } catch (const json::exception& e) {
-      throw_input_error(where, "{}", e.what());
-    }
-    std::uint64_t numel = 1;
-    for (const std::int64_t d : t.shape) {
-      if (d < 0) throw_input_error(where, "negative dimension in shape {}", shape_string(t.shape));
-      numel *= static_cast<std::uint64_t>(d);
-    }
-    if (t.begin > t.end || t.end > data_size || t.end - t.begin != numel * dtype_size(t.dtype)) {
-      throw_input_error(where, "data_offsets [{}, {}] do not hold {} {} values within the file's {} data bytes", t.begin,
-                        t.end, numel, dtype_name(t.dtype), data_size);
-    }
-    return t;
-  }
-
-  HostTensor load_tensor(const TensorEntry& entry, bool with_data) {
-    HostTensor tensor;
-    tensor.dtype = entry.dtype;
-    tensor.shape = entry.shape;
-    if (!with_data) return tensor;
-    // Copied out of the file's mapping: the page cache's bytes, no reads through a stream.
-    const MappedFile& file = mapping();
-    auto bytes = allocate_bytes(static_cast<std::size_t>(entry.end - entry.begin));
-    std::memcpy(bytes->data(), file.data + data_start_ + entry.begin, bytes->size());
-    tensor.bytes = std::move(bytes);
-    return tensor;
-  }
-
-  // The whole file mapped read-only, on the first load with data.
-  struct MappedFile {
-    const std::byte* data = nullptr;
-    std::size_t size = 0;
-    ~MappedFile() {
-      if (data) munmap(const_cast<std::byte*>(data), size);
-    }
-  };
-  const MappedFile& mapping() {
-    if (!mapped_.data) {
-      const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-      if (fd < 0) throw_input_error(path_, "cannot open for reading: {}", std::strerror(errno));
-      const std::size_t size = static_cast<std::size_t>(data_start_ + data_size_);
-      void* map = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-      ::close(fd);
-      if (map == MAP_FAILED) throw_input_error(path_, "cannot map: {}", std::strerror(errno));
-      mapped_.data = static_cast<const std::byte*>(map);
-      mapped_.size = size;
-    }
-    return mapped_;
-  }
-
   std::string path_, format_;
-  std::uint64_t data_start_ = 0, data_size_ = 0;
-  MappedFile mapped_;
-  std::map<std::string, TensorEntry> tensors_;
+  SafetensorsFile file_;
   json calls_;
   std::vector<std::string> open_errors_;
 };
@@ -278,38 +333,16 @@ std::unique_ptr<CaptureSource> open_safetensors_capture(const std::string& path)
 }
 
 void write_safetensors_calls(std::span<const AttentionCall> calls, const std::string& path, const std::string& producer) {
-  json header = json::object(), records = json::array();
-  std::vector<const HostTensor*> order;
-  std::uint64_t offset = 0;
+  json records = json::array();
+  std::vector<std::pair<std::string, const HostTensor*>> tensors;
   for (std::size_t i = 0; i < calls.size(); ++i) {
     records.push_back(call_arguments(calls[i]));
     for (const auto& [name, tensor] : calls[i].named_tensors()) {
       if (!tensor->data()) throw_input_error(path, "call {}: field '{}' has no data to write", calls[i].call_index, name);
-      header[fmt::format("call{}.{}", i, name)] = {
-          {"dtype", dtype_code(tensor->dtype)}, {"shape", tensor->shape}, {"data_offsets", {offset, offset + tensor->nbytes()}}};
-      offset += tensor->nbytes();
-      order.push_back(tensor);
+      tensors.emplace_back(fmt::format("call{}.{}", i, name), tensor);
     }
   }
-  header["__metadata__"] = {{"format", kFormat}, {"version", kVersion}, {"producer", producer}, {"calls", records.dump()}};
-  std::string text = header.dump();
-  text.append((8 - (8 + text.size()) % 8) % 8, ' ');  // the data starts 8-byte aligned, as the format advises
-  const std::string partial = path + ".partial";
-  {
-    std::ofstream out(partial, std::ios::binary | std::ios::trunc);
-    if (!out) throw_input_error(path, "cannot open for writing");
-    unsigned char length[8];
-    for (int i = 0; i < 8; ++i) length[i] = static_cast<unsigned char>((text.size() >> (8 * i)) & 0xff);
-    out.write(reinterpret_cast<const char*>(length), 8);
-    out.write(text.data(), static_cast<std::streamsize>(text.size()));
-    for (const HostTensor* tensor : order) {
-      out.write(reinterpret_cast<const char*>(tensor->data()), static_cast<std::streamsize>(tensor->nbytes()));
-    }
-    if (!out.flush()) throw_input_error(path, "write failed");
-  }
-  std::error_code error;
-  fs::rename(partial, path, error);
-  if (error) throw_input_error(path, "cannot move {} into place: {}", partial, error.message());
+  write_safetensors(path, tensors, {{"format", kFormat}, {"version", kVersion}, {"producer", producer}, {"calls", records.dump()}});
 }
 
 }  // namespace attnreplay
