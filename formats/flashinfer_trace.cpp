@@ -20,6 +20,8 @@ namespace attnreplay {
 namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
+// A definition's inputs and outputs are in the kernel's argument order, which the file keeps.
+using ordered_json = nlohmann::ordered_json;
 using Shape = std::vector<std::int64_t>;
 
 // ---- What a definition computes, in Python, as its `reference` field holds it ----
@@ -175,10 +177,12 @@ std::string dtype_suffix(DType dtype) {
   }
 }
 
-json tensor_spec(const std::vector<std::string>& axes, DType dtype) { return {{"shape", axes}, {"dtype", dtype_name(dtype)}}; }
-json scalar_spec() { return {{"shape", nullptr}, {"dtype", "float32"}}; }
-json var_axis(const char* description) { return {{"type", "var"}, {"description", description}}; }
-json const_axis(std::int64_t value) { return {{"type", "const"}, {"value", value}}; }
+ordered_json tensor_spec(const std::vector<std::string>& axes, DType dtype) {
+  return {{"shape", axes}, {"dtype", dtype_name(dtype)}};
+}
+ordered_json scalar_spec() { return {{"shape", nullptr}, {"dtype", "float32"}}; }
+ordered_json var_axis(const char* description) { return {{"type", "var"}, {"description", description}}; }
+ordered_json const_axis(std::int64_t value) { return {{"type", "const"}, {"value", value}}; }
 
 // ---- A call as FlashInfer's definitions see it: sequences of packed rows ----
 
@@ -305,7 +309,7 @@ void analyse(SequenceView& view, const MaskReader& mask, std::int64_t mask_batch
 // What FlashInfer-Trace gets for one call.
 struct Workload {
   std::string definition_name, op_type;
-  json definition;
+  ordered_json definition;
   json axes;
   std::vector<std::pair<std::string, HostTensor>> tensors;  // in the definition's input order
   double sm_scale = 0;
@@ -395,7 +399,7 @@ Workload map_call(const AttentionCall& call) {
     for (std::size_t i = 0; i < indices.size(); ++i) indices[i] = static_cast<std::int64_t>(i);
     return indices;
   }();
-  json axes_def, inputs_def, outputs_def;
+  ordered_json axes_def, inputs_def, outputs_def;
   std::vector<std::string> constraints;
   std::string reference = fmt::format(fmt::runtime(kReferenceCommon), fmt::arg("causal", causal ? "True" : "False"));
   const char* qo_rows = decode ? "batch_size" : "total_q";
@@ -558,7 +562,8 @@ class FlashInferTraceWriter final : public CaptureWriter {
       } catch (const json::exception& e) {
         throw_input_error(path.string(), "not JSON: {}", e.what());
       }
-      if (existing.value("inputs", json()) != w.definition["inputs"] || existing.value("axes", json()) != w.definition["axes"]) {
+      const json ours = json::parse(w.definition.dump());
+      if (existing.value("inputs", json()) != ours["inputs"] || existing.value("axes", json()) != ours["axes"]) {
         throw_input_error(path.string(), "a definition of this name is already there with other inputs or axes; write into "
                                          "another folder");
       }

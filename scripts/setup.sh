@@ -54,15 +54,19 @@ install_apt() {
 
 # Python side: torch pinned to the GPU machine's version, so one code base builds on both.
 PY_REQUIREMENTS="$ROOT/scripts/requirements.txt"
+PY_NO_DEPS_REQUIREMENTS="$ROOT/scripts/requirements-no-deps.txt"
 install_venv() {
   local stamp="$VENV/.attnreplay-requirements"
-  if [ -x "$VENV/bin/python" ] && [ -f "$stamp" ] && cmp -s "$stamp" "$PY_REQUIREMENTS"; then return 0; fi
+  if [ -x "$VENV/bin/python" ] && [ -f "$stamp" ] && cat "$PY_REQUIREMENTS" "$PY_NO_DEPS_REQUIREMENTS" | cmp -s "$stamp" -; then
+    return 0
+  fi
   log "creating the Python venv at $VENV (torch and test models; several minutes the first time)"
   mkdir -p "$(dirname "$VENV")"
   [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
   "$VENV/bin/python" -m pip install -q --upgrade pip
   "$VENV/bin/python" -m pip install -q -r "$PY_REQUIREMENTS"
-  cp "$PY_REQUIREMENTS" "$stamp"
+  "$VENV/bin/python" -m pip install -q --no-deps -r "$PY_NO_DEPS_REQUIREMENTS"
+  cat "$PY_REQUIREMENTS" "$PY_NO_DEPS_REQUIREMENTS" > "$stamp"
 }
 
 # A second venv with an older torch and another Python (3.10 where pyenv has it: the oldest that

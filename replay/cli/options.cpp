@@ -149,6 +149,10 @@ const std::vector<OptionSpec> kTable = {
     {"--csv", K::text, "write one row per call and kernel", output, kRunUse | kAuditUse},
     {"--html", K::text, "write the results as one self-contained HTML page (as attnreplay report does)", output,
      kRunUse | kAuditUse},
+    {"--fib-traces", K::text,
+     "write FlashInfer-Bench traces (JSONL, one per workload and kernel) of the calls read from a FlashInfer-Trace "
+     "folder; --baseline's time is their reference latency (docs/format.md)",
+     output, kRunUse},
     {"-q,--quiet", K::flag, "print only the summary", output, kRunUse | kAuditUse},
     {"-v,--verbose", K::flag, "every kernel in each call's table, those that refused it included", output, kRunUse},
     {"--baseline", K::text, "the kernel the closing summary's times are relative to (default: the fastest exact one)",

@@ -19,6 +19,7 @@
 #include "replay/measure/gpu.h"
 #include "replay/report/printer.h"
 #include "replay/report/progress.h"
+#include "replay/report/flashinfer_traces.h"
 #include "replay/report/record_files.h"
 #include "replay/report/records.h"
 #include "replay/report/run_summary.h"
@@ -202,6 +203,9 @@ class RunCommand final : public Command {
     } catch (const InputError& error) {
       throw UsageError(error.what());
     }
+    if (options_.given("--fib-traces") && (shard.sharded() || options_.integer("--gpus").value_or(1) > 1)) {
+      throw UsageError("--fib-traces: written by one process; not with --gpus, --shard or a launcher's ranks");
+    }
     if (const int gpus = static_cast<int>(options_.integer("--gpus").value_or(1)); gpus > 1) {
       check_local_ranks(gpus, shard);
       return run_local_ranks(gpus, argv);
@@ -243,6 +247,7 @@ class RunCommand final : public Command {
     record["options"] = options_.to_json();
     if (sharded) return sharded->finish(record, options_.number("--merge-wait"));
     write_outputs(record, outputs);
+    if (const auto path = options_.text("--fib-traces")) write_fib_traces(record, *path);
     if (!quiet) std::cout << run_summary_text(record, options_.text("--baseline").value_or(""));
     print_summary(record);
     return exit_status(record);
@@ -262,6 +267,15 @@ class RunCommand final : public Command {
       throw UsageError(fmt::format("--gpus {}: this machine shows {} GPU{} (CUDA_VISIBLE_DEVICES limits them)", gpus,
                                    visible, visible == 1 ? "" : "s"));
     }
+  }
+
+  void write_fib_traces(const nlohmann::json& record, const std::string& path) const {
+    const FlashInferTraces traces = flashinfer_traces(record, options_.text("--baseline").value_or(""));
+    std::ofstream out(path, std::ios::trunc);
+    for (const std::string& line : traces.lines) out << line << '\n';
+    if (!out.flush()) throw InputError(fmt::format("{}: cannot write", path));
+    std::cout << fmt::format("{}: {} FlashInfer-Bench trace{}\n", path, traces.lines.size(), traces.lines.size() == 1 ? "" : "s");
+    for (const std::string& note : traces.notes) std::cout << "  " << note << '\n';
   }
 
   // Bad flags on the command line are usage errors (exit 2), found before any work.

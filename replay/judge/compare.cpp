@@ -11,6 +11,10 @@
 namespace attnreplay {
 namespace {
 
+// FlashInfer-Bench's relative error and default tolerance (its bench/utils.py and BenchmarkConfig).
+constexpr double kRelativeEpsilon = 1e-8;
+constexpr double kTolerance = 1e-2;
+
 double relative_l2(double sum_sq_error, double sum_sq_ref) {
   return sum_sq_ref > 0 ? std::sqrt(sum_sq_error / sum_sq_ref) : (sum_sq_error > 0 ? INFINITY : 0.0);
 }
@@ -70,11 +74,13 @@ void fill_figures(ErrorStats& stats, const at::Tensor& error, const at::Tensor& 
   // The first largest error in (batch, head, row, channel) order.
   const at::Tensor worst = error.reshape(-1).argmax();
   const at::Tensor e_sq = at::dot(e, e);
+  const at::Tensor relative = e / (rf.abs() + kRelativeEpsilon);
   const at::Tensor sums = at::stack({error.reshape(-1).index_select(0, worst.reshape(1)).squeeze(0), e_mean,
                                      e_sq / static_cast<double>(stats.elements), e_std, e.sum(),
                                      at::linalg_vector_norm(rf, 1), e_sq, at::dot(rf, rf), at::dot(of, of),
                                      at::dot(of, rf), o_min, o_max, o_mean, o_std, r_min, r_max, r_mean, r_std,
-                                     worst.to(at::kDouble)})
+                                     worst.to(at::kDouble), relative.max(),
+                                     e.gt(kTolerance).logical_and_(relative.gt(kTolerance)).sum().to(at::kDouble)})
                               .cpu();
   const double* v = sums.data_ptr<double>();
   stats.max_abs = v[0], stats.mean_abs = v[1], stats.mse = v[2], stats.std_abs = v[3];
@@ -91,6 +97,8 @@ void fill_figures(ErrorStats& stats, const at::Tensor& error, const at::Tensor& 
   stats.worst_row = reference.rows[static_cast<std::size_t>(slot)];
   stats.worst_head = flat / s.head_dim_vo / n_rows % s.heads_q;
   stats.worst_batch = flat / s.head_dim_vo / n_rows / s.heads_q;
+  stats.max_rel = v[19];
+  stats.beyond_tolerance = static_cast<std::int64_t>(v[20]);
 }
 
 // The figures again over the rows that see a key (ReferenceOutput::no_key).

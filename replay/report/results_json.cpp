@@ -47,6 +47,8 @@ nlohmann::json error_json(const ErrorStats& e) {
           {"rel_l1", number(e.rel_l1)},
           {"rel_l2", number(e.rel_l2)},
           {"cosine", number(e.cosine)},
+          {"max_rel", number(e.max_rel)},
+          {"beyond_tolerance", e.beyond_tolerance},
           {"nan_count", e.nan_count},
           {"inf_count", e.inf_count},
           {"worst", {{"batch", e.worst_batch}, {"head", e.worst_head}, {"row", e.worst_row}, {"channel", e.worst_channel}}},

@@ -112,6 +112,9 @@ def numpy_stats(output, reference):
         "std_abs": e.std(),
         "rel_l1": e.sum() / np.abs(r).sum(),
         "rel_l2": math.sqrt((e * e).sum()) / math.sqrt((r * r).sum()),
+        # FlashInfer-Bench's (bench/utils.py compute_error_stats), in fp64 here.
+        "max_rel": (e / (np.abs(r) + 1e-8)).max(),
+        "beyond_tolerance": int(((e > 1e-2) & (e / (np.abs(r) + 1e-8) > 1e-2)).sum()),
         "cosine": 1.0 if both_zero else (o * r).sum() / (math.sqrt((o * o).sum()) * math.sqrt((r * r).sum())),
         "worst": dict(zip(("batch", "head", "row", "channel"), map(int, worst))),
         "output": {"min": o.min(), "max": o.max(), "mean": o.mean(), "std": o.std()},
@@ -179,10 +182,10 @@ def test_json_statistics_equal_numpy(replayed):
         assert tuple(output.shape) == reference.shape, name
         want = numpy_stats(as_f64(output), reference)
         got = kernel["error"]
-        for field in ("elements", "nan_count", "inf_count"):
+        for field in ("elements", "nan_count", "inf_count", "beyond_tolerance"):
             assert got[field] == want[field], f"{case} {name} {field}: JSON {got[field]}, numpy {want[field]}"
         assert got["rows_compared"] == CASES[case]["sq"] and got["sampled"] is False
-        for field in ("max_abs", "mean_abs", "rmse", "std_abs", "rel_l1", "rel_l2", "cosine"):
+        for field in ("max_abs", "mean_abs", "rmse", "std_abs", "rel_l1", "rel_l2", "cosine", "max_rel"):
             assert_close(f"{case} {name} {field}", got[field], want[field])
         assert_close(f"{case} {name} mse", got["mse"], want["mse"], atol=1e-24)  # a square: its own floor
         for side in ("output", "reference"):
