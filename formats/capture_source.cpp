@@ -80,6 +80,9 @@ std::unique_ptr<CaptureSource> open_capture(const std::string& path) {
   if (looks_like_zip(path)) return open_pt_file(path);
   if (looks_like_safetensors(path)) return open_safetensors_capture(path);
   if (fs::file_size(path, error) == 0) throw_input_error(path, "empty file");
+  if (fs::path(path).extension() == ".jsonl" && fs::path(path).parent_path().parent_path().filename() == "workloads") {
+    throw_input_error(path, "a FlashInfer-Trace workloads file: give the folder that holds definitions/ and workloads/");
+  }
   // Neither signature: say what the content is, whatever the name says.
   refuse_legacy_torch_save(path);
   std::ifstream in(path, std::ios::binary);

@@ -3,12 +3,15 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 
 #include <unistd.h>
 
 #include "formats/capture_source.h"
+#include "formats/flashinfer_trace.h"
 #include "kernels/plugins.h"
 #include "replay/cli/command.h"
 #include "replay/cli/options.h"
@@ -74,10 +77,58 @@ void replay_generated(const Options& o, const ReplayOptions& options, RunContext
   if (run.share) run.share->replayed_generated();
 }
 
+// FlashInfer's fi_trace dumps: a definition JSON, or a folder of only those (no workloads/), each
+// one operation and shape with no tensors. Empty when `input` is not one.
+std::vector<std::string> fi_trace_definitions(const std::string& input) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  if (fs::is_regular_file(input, error)) return fs::path(input).extension() == ".json" ? std::vector{input} : std::vector<std::string>{};
+  if (!fs::is_directory(input, error) || looks_like_flashinfer_trace(input)) return {};
+  std::vector<std::string> files;
+  for (const auto& entry : fs::directory_iterator(input, error)) {
+    if (!entry.is_regular_file()) continue;
+    if (entry.path().extension() != ".json") return {};
+    files.push_back(entry.path().string());
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+void replay_definitions(const std::vector<std::string>& files, const Options& o, const ReplayOptions& options,
+                        RunContext& run, CallDisplay& display, CaptureWriter* saved_inputs) {
+  for (const std::string& file : files) {
+    try {
+      const auto definition = read_flashinfer_definition(file);
+      if (!definition) {
+        run.report.input_errors.push_back(fmt::format("{}: a FlashInfer definition of no attention operation attnreplay "
+                                                      "replays (gqa_ragged, gqa_paged, mla_paged)",
+                                                      file));
+        continue;
+      }
+      const auto [spec, flags] = generated_spec(o, *definition);
+      if (run.share && !run.share->take_generated()) continue;
+      AttentionCall call = generate_call(spec);
+      call.source = file;
+      call.metadata[kFlashInferDefinitionKey] = definition->name;
+      if (saved_inputs) saved_inputs->append(call);
+      CallResult result = replay_call(call, options, flags);
+      display.show(result);
+      run.report.calls.push_back(std::move(result));
+      if (run.share) run.share->replayed_generated();
+    } catch (const InputError& error) {
+      run.report.input_errors.push_back(error.what());
+    }
+  }
+}
+
 void replay_captures(const std::vector<std::string>& inputs, const Options& o, const ReplayOptions& options,
                      RunContext& run, CallDisplay& display, CaptureWriter* saved_inputs) {
   std::vector<std::unique_ptr<CaptureSource>> sources;
   for (const std::string& input : inputs) {
+    if (const auto definitions = fi_trace_definitions(input); !definitions.empty()) {
+      replay_definitions(definitions, o, options, run, display, saved_inputs);
+      continue;
+    }
     try {
       sources.push_back(open_capture(input));
     } catch (const InputError& error) {
@@ -122,7 +173,11 @@ void replay_configuration(const std::vector<std::string>& inputs, const Options&
   options.progress = display.progress();
   std::unique_ptr<CaptureWriter> saved_inputs;
   if (const auto path = o.text("--save-inputs")) saved_inputs = open_capture_writer(*path, "attnreplay run --save-inputs");
-  if (wants_generated(o)) {
+  // fi_trace dumps take the generation flags (--batch_size, --s_qo, ...) for their own calls.
+  const bool definitions_given = std::any_of(inputs.begin(), inputs.end(), [](const std::string& input) {
+    return !fi_trace_definitions(input).empty();
+  });
+  if (wants_generated(o) && !definitions_given) {
     replay_generated(o, options, run, display, saved_inputs.get());
   } else if (inputs.empty()) {
     throw InputError("nothing to replay: give capture files or folders, --shape, or --testlist");

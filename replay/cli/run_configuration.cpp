@@ -140,6 +140,29 @@ std::pair<GeneratedCallSpec, std::string> generated_spec(const Options& o) {
   return {spec, generated_call_flags(spec)};
 }
 
+std::pair<GeneratedCallSpec, std::string> generated_spec(const Options& o, const FlashInferDefinitionShape& definition) {
+  using Kind = FlashInferDefinitionShape::Kind;
+  GeneratedCallSpec spec;
+  spec.shape = generated_shape(o);
+  spec.shape.heads_q = definition.heads_q;
+  spec.shape.heads_kv = definition.heads_kv;
+  spec.shape.head_dim_qk = definition.head_dim_qk;
+  spec.shape.head_dim_vo = definition.head_dim_vo;
+  if (definition.kind == Kind::paged_decode) spec.shape.seq_q = 1;
+  spec.dtype = definition.dtype;
+  spec.layout = Layout::thd;
+  spec.is_causal = definition.causal;
+  spec.causal_alignment = CausalAlignment::bottom_right;
+  spec.scale = o.number("--scale");
+  spec.seed = static_cast<std::uint64_t>(o.integer("--seed").value_or(0));
+  spec.routine = definition.kind == Kind::ragged_prefill  ? BatchRoutine::prefill_ragged
+                 : definition.kind == Kind::paged_prefill ? BatchRoutine::prefill_paged
+                                                          : BatchRoutine::decode_paged;
+  spec.page_size = definition.page_size;
+  spec.random_actual_seq_len = o.flag("--random_actual_seq_len");
+  return {spec, generated_call_flags(spec)};
+}
+
 std::function<bool(std::int64_t)> parse_call_ranges(const std::string& text) {
   if (text.empty()) return {};
   std::vector<std::pair<std::int64_t, std::int64_t>> ranges;

@@ -8,6 +8,7 @@
 #include <string>
 #include <utility>
 
+#include "formats/flashinfer_trace.h"
 #include "replay/cli/options.h"
 #include "replay/run/generate.h"
 #include "replay/run/replay_options.h"
@@ -24,6 +25,10 @@ void apply_stopping_flags(const Options& options, StoppingRule& rule);
 bool wants_generated(const Options& options);
 // The generated call's description and the flags that regenerate it.
 std::pair<GeneratedCallSpec, std::string> generated_spec(const Options& options);
+// A FlashInfer definition without workloads (an fi_trace dump) as a generated call: its heads, head
+// dims, page size, dtype and causality; batch and lengths from --batch_size, --s_qo, --s_kv (a decode
+// has one query per sequence).
+std::pair<GeneratedCallSpec, std::string> generated_spec(const Options& options, const FlashInferDefinitionShape& definition);
 
 // "0-40,55" -> a predicate on call indices; empty for an empty text.
 std::function<bool(std::int64_t)> parse_call_ranges(const std::string& text);
