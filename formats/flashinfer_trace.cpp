@@ -727,6 +727,7 @@ class FlashInferTraceSource final : public CaptureSource {
 
   AttentionCall load(std::size_t position, bool with_data) override {
     const WorkloadLine& line = workloads_.at(position);
+    if (blobs_.size() > kOpenBlobs) blobs_.clear();  // workloads are read in order: a blob is rarely read again
     const DefinitionInfo& info = definitions_.at(line.definition);
     const FlashInferDefinitionShape& d = info.shape;
     const std::string where = fmt::format("{} (workload {})", line.where, line.workload.value("uuid", "?"));
@@ -734,7 +735,7 @@ class FlashInferTraceSource final : public CaptureSource {
     AttentionCall call;
     call.source = path_;
     call.call_index = static_cast<std::int64_t>(position);
-    call.op = "flashinfer-trace:" + d.name;
+    call.op = d.name;
     call.layout = Layout::thd;
     call.is_causal = d.causal;
     call.causal_alignment = CausalAlignment::bottom_right;
@@ -925,16 +926,11 @@ class FlashInferTraceSource final : public CaptureSource {
       std::error_code error;
       if (!fs::exists(path, error)) throw_input_error(where, "input file {} does not exist", path.string());
       found = blobs_.emplace(path.string(), SafetensorsFile(path.string())).first;
-      // Workloads are read in order; a blob is rarely read again after its workload's.
-      if (blobs_.size() > 64) {
-        const std::string keep = path.string();
-        for (auto it = blobs_.begin(); it != blobs_.end();) it = it->first == keep ? std::next(it) : blobs_.erase(it);
-        found = blobs_.find(keep);
-      }
     }
     return found->second;
   }
 
+  static constexpr std::size_t kOpenBlobs = 64;
   std::string path_, format_;
   std::map<std::string, DefinitionInfo> definitions_;
   std::vector<WorkloadLine> workloads_;

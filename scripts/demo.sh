@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The README's demo command: set up (idempotent), capture the bundled real model (MiniLM) with
 # LD_PRELOAD, replay its attention calls through every kernel (and a Python plug-in), audit the quantized kernels'
-# accuracy on them, then a CPU-sized suite of the peers' shapes, and one HTML report of the three.
+# accuracy on them, write them as FlashInfer-Bench workloads, then a CPU-sized suite of the peers' shapes, and one
+# HTML report of the three.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$ROOT/scripts/setup.sh"
@@ -25,6 +26,11 @@ status=0
 echo; echo "== How much accuracy the quantized kernels lose on this model (their CPU emulations, inputs cast to bf16)"
 "$BIN" audit "$OUT/minilm_capture" --kernels flash-cpu,sage1-int8-cpu,sage2-int8-fp8-cpu,fa3-fp8-cpu \
   --cast-inputs bf16 --random-compare --attribute --worst 2 --json "$OUT/audit.json" --csv "$OUT/audit.csv" || status=$?
+
+echo; echo "== The same calls as FlashInfer-Bench workloads (FlashInfer-Trace), which its solutions run on and attnreplay reads back"
+rm -rf "$OUT/minilm_flashinfer"
+"$BIN" convert "$OUT/minilm_capture" "$OUT/minilm_flashinfer" --to flashinfer-trace || status=$?
+(cd "$OUT/minilm_flashinfer" && find definitions workloads -type f | sort | sed 's/^/  /')
 
 echo; echo "== The peers' shapes, scaled to what a CPU replays in about a minute (examples/cpu_suite.txt)"
 "$BIN" run --testlist "$ROOT/examples/cpu_suite.txt" --json "$OUT/suite.json" --csv "$OUT/suite.csv" || status=$?

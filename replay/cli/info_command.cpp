@@ -65,8 +65,15 @@ void print_details(const AttentionCall& call, std::uint64_t bytes, bool every_fi
   std::cout << wrap_fields(fields, indent, indent, " ", kWidth);
 }
 
+// An op wider than its column keeps its start and end (the whole name is in the ops' count below).
+std::string op_column(const std::string& op) {
+  constexpr std::size_t kOpWidth = 34;
+  if (op.size() <= kOpWidth) return op;
+  return op.substr(0, 13) + "..." + op.substr(op.size() - (kOpWidth - 16));
+}
+
 void print_call(const AttentionCall& call, std::uint64_t bytes, bool every_field) {
-  std::cout << fmt::format(kRowFormat, call.call_index, call.op, dtype_name(call.q.dtype), layout_name(call.layout),
+  std::cout << fmt::format(kRowFormat, call.call_index, op_column(call.op), dtype_name(call.q.dtype), layout_name(call.layout),
                            call.shape().to_string(),
                            call.is_causal ? causal_alignment_name(call.causal_alignment) : "no",
                            call.mask ? fmt::format("{} {}", dtype_name(call.mask->dtype), shape_string(call.mask->shape))

@@ -61,7 +61,9 @@ def test_each_row_says_what_its_headline_covers(tmp_path):
     kernel, call, run = rows["py-fp64-prepared"], rows["py-fp64-call"], rows["py-fp64-run"]
     assert kernel["timed"] == "kernel" and "timing_with_preparation" in kernel and "timing_kernel_alone" not in kernel
     assert call["timed"] == "call" and "timing_kernel_alone" in call and "timing_with_preparation" not in call
-    assert call["timing"]["median_s"] > 0.005 > call["timing_kernel_alone"]["median_s"]  # the 5 ms inside the call
+    # The 5 ms sleep is inside the whole call, not the kernel alone (half of it: the two medians are
+    # timed apart, and a loaded machine moves each).
+    assert call["timing"]["median_s"] - call["timing_kernel_alone"]["median_s"] > 0.0025
     assert run["timed"] == "call" and "timing_with_preparation" in run and "timing_kernel_alone" not in run
     table = {line.split()[0]: line.split()[2] for line in result.stdout.splitlines()  # the call's table rows
              if line.split()[:1] and line.split()[0].startswith("py-fp64-") and line.split()[1] == "not_verified"}
