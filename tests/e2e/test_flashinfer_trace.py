@@ -110,6 +110,24 @@ def test_the_workloads_hold_the_captures_rows_that_see_a_key_bit_for_bit(decoder
             assert np.array_equal(got[name].numpy(), value), (call["call_index"], name)
 
 
+def test_attnreplay_reads_the_workloads_back_bit_for_bit(decoder):
+    folder, _, fi, _ = decoder
+    data, _ = fib_data()
+    traces = data.TraceSet.from_path(str(fi))
+    back = folder / "back.h5"
+    run_attnreplay("run", fi, "--kernels", "reference", "--save-inputs", back, "-q", *FAST, check=0)
+    calls = read_calls(back)
+    lines = [trace for name in sorted(traces.workloads) for trace in traces.workloads[name]]
+    assert len(calls) == len(lines) == 10
+    for call, trace in zip(calls, lines):
+        tensors = load_file(str(fi / trace.workload.inputs["q"].path))
+        assert call["layout"] == "thd" and call["metadata"]["flashinfer.definition"] == trace.definition
+        for field, key in (("q", "q"), ("k", "k"), ("v", "v"), ("out", "output"), ("cu_seqlens_q", "qo_indptr"),
+                           ("cu_seqlens_k", "kv_indptr")):
+            assert np.array_equal(call[field], tensors[key].numpy()), (trace.workload.uuid, field)
+        assert call["scale"] == trace.workload.inputs["sm_scale"].value
+
+
 def test_the_definitions_reference_code_computes_what_attnreplays_reference_does(decoder):
     folder, _, fi, _ = decoder
     data, utils = fib_data()
