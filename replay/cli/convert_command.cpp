@@ -21,7 +21,8 @@ class ConvertCommand final : public Command {
  public:
   void define(CLI::App& app) override {
     app.add_option("from", from_, "capture to read")->required();
-    app.add_option("to", to_, "capture to write: .h5, .pt, .safetensors, or a folder ending in '/'")->required();
+    // Named apart from --to: CLI11 keeps one namespace for positionals and flags.
+    app.add_option("output", to_, "capture to write: .h5, .pt, .safetensors, or a folder ending in '/'")->required();
     app.add_option("--to", format_, "the format of `to`: by its name (default), or flashinfer-trace (a folder of FlashInfer-Bench's "
                                     "definitions and workloads, docs/format.md)")
         ->check(CLI::IsMember({"auto", "flashinfer-trace"}));

@@ -1,4 +1,5 @@
 #include "replay/run/call_share.h"
+
 #include "replay/run/sharding.h"
 
 #include <memory>
@@ -6,6 +7,7 @@
 
 #include "formats/errors.h"
 #include "replay/judge/attention_work.h"
+#include "replay/measure/gpu.h"
 #include "replay/run/timing_groups.h"
 
 namespace attnreplay {
@@ -40,7 +42,8 @@ std::vector<std::function<bool(std::int64_t)>> CallShare::take_captured(
       }
     }
   }
-  const std::vector<int> rank_of = assign_calls(shareable, part_.shard.world_size, timed_per_group_);
+  const std::vector<int> rank_of = assign_calls(shareable, part_.shard.world_size, timed_per_group_,
+                                                gpu_present() ? ShareCosts::gpu() : ShareCosts::cpu());
   places_.assign(sources.size(), {});
   auto mine = std::make_shared<std::vector<std::set<std::int64_t>>>(sources.size());
   for (std::size_t i = 0; i < listed.size(); ++i) {

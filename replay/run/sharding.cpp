@@ -14,10 +14,8 @@
 namespace attnreplay {
 namespace {
 
-// What replaying a call costs beyond its FLOPs (reading, staging, comparing), in FLOPs, and how
-// many runs of a call its timing takes (warm-up and samples, with and without preparation): rough
-// weights for sharing out, not predictions.
-constexpr double kCallOverheadFlops = 2e9;
+// How many runs of a call its timing takes at least (warm-up and samples, with and without
+// preparation).
 constexpr double kTimingRuns = 20;
 
 std::optional<long long> integer(const EnvironmentLookup& environment, const std::string& name) {
@@ -173,20 +171,31 @@ std::vector<std::vector<std::size_t>> timing_groups_of(const std::vector<Shareab
 
 }  // namespace
 
-std::vector<int> assign_calls(const std::vector<ShareableCall>& calls, int world_size, int timed_per_group) {
+// The GPU's from an H100 (bench/results/2026-11-27-h100-replay-efficiency/: a decode's group and a
+// prefill's each about 1 s, 10 ms a call beside its timings); the CPU's weigh a call's FLOPs as
+// before there was a floor (2 GFLOP of overhead a call).
+ShareCosts ShareCosts::gpu() { return {3e14, 0.01, 0.1}; }
+ShareCosts ShareCosts::cpu() { return {2e10, 0.1, 0.0}; }
+
+std::vector<int> assign_calls(const std::vector<ShareableCall>& calls, int world_size, int timed_per_group,
+                              const ShareCosts& costs) {
   std::vector<int> rank_of(calls.size(), 0);
   if (world_size <= 1 || calls.empty()) return rank_of;
   const std::vector<std::vector<std::size_t>> groups = timing_groups_of(calls);
+  // A call once, with what replaying it costs beside its run.
+  const auto call_s = [&](double flops) { return flops / costs.flops_per_s + costs.call_overhead_s; };
+  // A timing of a call: its runs, or its floor where that is more.
+  const auto timing_s = [&](double largest_flops) { return std::max(costs.timing_floor_s, kTimingRuns * call_s(largest_flops)); };
   // What replaying calls group[begin, end) costs on one rank: every call, and its timed calls'
   // timing (as long as the largest's).
   const auto cost_of = [&](const std::vector<std::size_t>& group, std::size_t begin, std::size_t end) {
     double cost = 0, largest = 0;
     for (std::size_t i = begin; i < end; ++i) {
-      cost += calls[group[i]].flops + kCallOverheadFlops;
+      cost += call_s(calls[group[i]].flops);
       largest = std::max(largest, calls[group[i]].flops);
     }
     const std::size_t timed = timed_per_group <= 0 ? end - begin : std::min<std::size_t>(end - begin, timed_per_group);
-    return cost + static_cast<double>(timed) * kTimingRuns * (largest + kCallOverheadFlops);
+    return cost + static_cast<double>(timed) * timing_s(largest);
   };
   std::vector<double> group_cost;
   for (const auto& group : groups) group_cost.push_back(cost_of(group, 0, group.size()));
@@ -220,7 +229,7 @@ std::vector<int> assign_calls(const std::vector<ShareableCall>& calls, int world
       // A cut costs the piece cut off its own timing: worth it only when the overflow is more.
       double largest = 0;
       for (std::size_t i = begin; i < group.size(); ++i) largest = std::max(largest, calls[group[i]].flops);
-      const double cut = std::max(timed_per_group, 1) * kTimingRuns * (largest + kCallOverheadFlops);
+      const double cut = std::max(timed_per_group, 1) * timing_s(largest);
       double room = share - load[rank];
       std::size_t end = group.size();
       if (!last_rank && rest - room > cut) {

@@ -41,13 +41,26 @@ struct ShareableCall {
   std::string timing_group;  // calls of one group share a timing (replay/run/timing_groups.h)
 };
 
-// The rank that replays each call. Balanced by work: a call costs its FLOPs plus a fixed
-// overhead, and the calls of a timing group pay their timing once. A group (calls of one shape)
+// What replaying costs on the device that replays, in seconds: rough weights for sharing out, not
+// predictions. On a GPU a timing's cost is its floor (the stopping rule's least GPU time and
+// samples, each sample's own overhead) for all but the longest calls, so groups of very different
+// FLOPs cost about the same; on a CPU a call's FLOPs set its cost.
+struct ShareCosts {
+  double flops_per_s = 0;     // the rate attention runs at
+  double call_overhead_s = 0; // reading, staging, the reference, judging and comparing a call, beside its run
+  double timing_floor_s = 0;  // the least one kernel's timing of a group costs
+  static ShareCosts gpu();
+  static ShareCosts cpu();
+};
+
+// The rank that replays each call. Balanced by work: a call costs its run (its FLOPs at the
+// device's rate) plus a fixed overhead, and the calls of a timing group pay their timing once. A group (calls of one shape)
 // stays on one rank, so that its first-time costs and its timing are paid once, also when every
 // call is timed, unless it is bigger than a rank's share, when it is cut into consecutive pieces
 // that are timed each. Pieces go largest first to the least loaded rank (ties to the lower rank):
 // the same answer in every process. `timed_per_group` 0: every call is timed (--time-every-call).
-std::vector<int> assign_calls(const std::vector<ShareableCall>& calls, int world_size, int timed_per_group);
+std::vector<int> assign_calls(const std::vector<ShareableCall>& calls, int world_size, int timed_per_group,
+                              const ShareCosts& costs);
 
 // Where a rank writes its part of `path` ("out.json" -> "out.part1-of-4.json").
 std::string part_path(const std::string& path, int rank, int world_size);

@@ -84,6 +84,8 @@ TEST_CASE("shard_from_launcher and --shard: bad values are named") {
   }
 }
 
+const ShareCosts kCpu = ShareCosts::cpu();
+
 std::vector<double> loads(const std::vector<ShareableCall>& calls, const std::vector<int>& rank_of, int world) {
   std::vector<double> load(static_cast<std::size_t>(world), 0);
   for (std::size_t i = 0; i < calls.size(); ++i) load[static_cast<std::size_t>(rank_of[i])] += calls[i].flops;
@@ -95,9 +97,9 @@ TEST_CASE("assign_calls: groups kept whole when that balances, cut when one is b
   std::vector<ShareableCall> calls;
   const double flops[] = {4e11, 3e11, 2e11, 1e11};
   for (int i = 0; i < 200; ++i) calls.push_back({flops[i % 4], "shape " + std::to_string(i % 4)});
-  const auto rank_of = assign_calls(calls, 2, 1);
+  const auto rank_of = assign_calls(calls, 2, 1, kCpu);
   REQUIRE(rank_of.size() == calls.size());
-  CHECK(assign_calls(calls, 2, 1) == rank_of);  // the same plan in every process
+  CHECK(assign_calls(calls, 2, 1, kCpu) == rank_of);  // the same plan in every process
   std::map<std::string, std::set<int>> ranks_of_group;
   for (std::size_t i = 0; i < calls.size(); ++i) ranks_of_group[calls[i].timing_group].insert(rank_of[i]);
   for (const auto& [group, ranks] : ranks_of_group) CHECK(ranks.size() == 1);  // each timed once
@@ -106,7 +108,7 @@ TEST_CASE("assign_calls: groups kept whole when that balances, cut when one is b
 
   // One shape only (a video model's 1,500 calls): cut into consecutive runs, one per rank.
   const std::vector<ShareableCall> one_shape(1500, {1e11, "only"});
-  const auto cut = assign_calls(one_shape, 4, 1);
+  const auto cut = assign_calls(one_shape, 4, 1, kCpu);
   int changes = 0;
   for (std::size_t i = 1; i < cut.size(); ++i) changes += cut[i] != cut[i - 1];
   CHECK(changes == 3);
@@ -115,20 +117,47 @@ TEST_CASE("assign_calls: groups kept whole when that balances, cut when one is b
 
   // Timed call by call: a shape's calls still on one rank where they fit a share (its first-time
   // costs paid once), and balanced over more ranks than shapes.
-  const auto two_ranks = assign_calls(calls, 4, 0);
+  const auto two_ranks = assign_calls(calls, 4, 0, kCpu);
   std::map<std::string, std::set<int>> ranks_when_each_timed;
   for (std::size_t i = 0; i < calls.size(); ++i) ranks_when_each_timed[calls[i].timing_group].insert(two_ranks[i]);
   CHECK(ranks_when_each_timed["shape 3"].size() == 1);
   CHECK(ranks_when_each_timed["shape 2"].size() == 1);
-  const auto each = assign_calls(calls, 8, 0);
+  const auto each = assign_calls(calls, 8, 0, kCpu);
   const auto load8 = loads(calls, each, 8);
   // Keeping shapes together costs a little balance at eight ranks for four shapes.
   CHECK(*std::max_element(load8.begin(), load8.end()) / *std::min_element(load8.begin(), load8.end()) < 1.15);
 
-  CHECK(assign_calls(calls, 1, 1) == std::vector<int>(calls.size(), 0));
+  CHECK(assign_calls(calls, 1, 1, kCpu) == std::vector<int>(calls.size(), 0));
   // More ranks than calls: some get none, none gets two.
-  const auto sparse = assign_calls({{1e9, "a"}, {1e9, "b"}}, 4, 1);
+  const auto sparse = assign_calls({{1e9, "a"}, {1e9, "b"}}, 4, 1, kCpu);
   CHECK(sparse[0] != sparse[1]);
+}
+
+TEST_CASE("assign_calls on a GPU: groups whose timings cost their floor are shared out by count, not FLOPs") {
+  // A serving trace as bench/replay_efficiency.py makes it: 63 forwards of 16 layers, a few prefills
+  // (~2.4 GFLOP a call) among decode steps (~26 MFLOP), each forward's 16 calls one timing group. On
+  // the H100 each group took about 1 s whatever its FLOPs: the timings sit at their floor.
+  std::vector<ShareableCall> calls;
+  for (int forward = 0; forward < 63; ++forward) {
+    const double flops = forward % 16 == 0 ? 2.4e9 * (1 + forward % 3) : 2.6e7 * (1 + forward % 5);
+    for (int layer = 0; layer < 16; ++layer) calls.push_back({flops, "forward " + std::to_string(forward)});
+  }
+  const auto rank_of = assign_calls(calls, 4, 1, ShareCosts::gpu());
+  CHECK(assign_calls(calls, 4, 1, ShareCosts::gpu()) == rank_of);
+  std::vector<std::set<std::string>> groups_of(4);
+  for (std::size_t i = 0; i < calls.size(); ++i) groups_of[static_cast<std::size_t>(rank_of[i])].insert(calls[i].timing_group);
+  std::size_t in_all = 0;
+  for (const auto& groups : groups_of) {
+    CHECK(groups.size() >= 15);
+    CHECK(groups.size() <= 16);
+    in_all += groups.size();
+  }
+  CHECK(in_all == 63);  // no group cut
+  // On the CPU the same calls' FLOPs decide: a rank with prefills takes fewer groups.
+  const auto on_cpu = assign_calls(calls, 4, 1, ShareCosts::cpu());
+  std::vector<std::set<std::string>> cpu_groups(4);
+  for (std::size_t i = 0; i < calls.size(); ++i) cpu_groups[static_cast<std::size_t>(on_cpu[i])].insert(calls[i].timing_group);
+  CHECK(std::any_of(cpu_groups.begin(), cpu_groups.end(), [](const auto& groups) { return groups.size() < 15; }));
 }
 
 TEST_CASE("part_path: the rank and size before the extension") {
