@@ -1,12 +1,14 @@
 """FlashInfer-Trace on the GPU: a transformers decoder (GQA, a left-padded batch, generate()) run in
 bf16 on CUDA under the preload, its capture converted to FlashInfer-Trace, the folder replayed
 through the GPU kernels with --fib-traces, and the traces read back by FlashInfer-Bench's own
-models (from `--fib-wheel`, installed without its GPU dependencies). Prints, per kernel, the
+models (from `--fib-wheel`, installed without its GPU dependencies; `--wheels` adds the wheels of
+what they need that the machine lacks, pydantic's). Prints, per kernel, the
 traces' statuses and the median latency and max relative error; the model's own output replayed
 from the folder against the capture's figures over the rows that see a key.
 
     python bench/flashinfer_trace_check.py --attnreplay build/replay/attnreplay \\
-        --attncap build/capture/libattncap.so --fib-wheel .whl/flashinfer_bench-0.1.2-py3-none-any.whl --out fib.json
+        --attncap build/capture/libattncap.so --fib-wheel .whl/flashinfer_bench-0.1.2-py3-none-any.whl \\
+        --wheels .whl/pydantic*.whl .whl/annotated_types*.whl .whl/typing_*.whl --out fib.json
 """
 import argparse
 import collections
@@ -34,6 +36,8 @@ def main():
     parser.add_argument("--attnreplay", required=True)
     parser.add_argument("--attncap", required=True)
     parser.add_argument("--fib-wheel", required=True)
+    parser.add_argument("--wheels", nargs="*", default=[], help="wheels of its dependencies to install beside it")
+    parser.add_argument("--head-dim", type=int, default=128, help="the decoder's head dim (the GPU kernels' sizes)")
     parser.add_argument("--out", required=True)
     parser.add_argument("--kernels", default="gpu")
     parser.add_argument("--baseline", default="torch-flash")
@@ -41,8 +45,8 @@ def main():
     work = tempfile.mkdtemp(prefix="fib-")
     caps, fi = os.path.join(work, "caps"), os.path.join(work, "fi")
     env = dict(os.environ, LD_PRELOAD=args.attncap, ATTNCAP_OUT=caps, HF_HUB_OFFLINE="1")
-    run([sys.executable, os.path.join(ROOT, "tests/e2e/jobs/decoder_job.py"), "--device", "cuda", "--dtype", "bfloat16"],
-        env=env)
+    run([sys.executable, os.path.join(ROOT, "tests/e2e/jobs/decoder_job.py"), "--device", "cuda", "--dtype", "bfloat16",
+         "--head-dim", str(args.head_dim)], env=env)
     (capture,) = glob.glob(os.path.join(caps, "*.h5"))
     print(run([args.attnreplay, "convert", capture, fi, "--to", "flashinfer-trace"]).strip())
     traces_path = os.path.join(work, "traces.jsonl")
@@ -52,7 +56,7 @@ def main():
     run([args.attnreplay, "run", capture, "--kernels", "reference", "--json", before, "-q"])
 
     site = os.path.join(work, "site")
-    run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", site, args.fib_wheel])
+    run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", site, args.fib_wheel, *args.wheels])
     package = types.ModuleType("flashinfer_bench")  # its __init__ imports its GPU dependencies
     package.__path__ = [os.path.join(site, "flashinfer_bench")]
     sys.modules["flashinfer_bench"] = package

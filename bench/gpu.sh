@@ -23,7 +23,8 @@ step() { echo; echo "== $* ($(date -u +%H:%M:%S))"; }
 # default stopping rule's medians with nvbench's on suite_gpu.txt; "efficiency" times the replay
 # itself, EFFICIENCY_GPUS, EFFICIENCY_CALLS, EFFICIENCY_TRACES and EFFICIENCY_EXTRA picking GPU counts,
 # the serving trace's calls, traces, flags); "fib" turns a bf16 decoder's capture into FlashInfer-Trace and
-# replays it with --fib-traces (needs flashinfer_bench's wheel in .whl).
+# replays it with --fib-traces (needs flashinfer_bench's wheel in .whl, and pydantic's with its
+# dependencies where the machine lacks them).
 STEPS="${GPU_STEPS:-tests dobench suite quant capture}"
 wants() { [[ " $STEPS " == *" $1 "* ]]; }
 
@@ -165,7 +166,9 @@ fi
 if wants fib; then
 step "FlashInfer-Trace: a bf16 decoder's capture as workloads, replayed with --fib-traces (bench/flashinfer_trace_check.py)"
 python3 "$ROOT/bench/flashinfer_trace_check.py" --attnreplay "$BIN" --attncap "$ATTNREPLAY_ATTNCAP_LIB" \
-  --fib-wheel "$(ls "$ROOT"/.whl/flashinfer_bench-*.whl | head -1)" --out "$OUT/flashinfer_trace.json" || status=1
+  --fib-wheel "$(ls "$ROOT"/.whl/flashinfer_bench-*.whl | head -1)" \
+  --wheels $(ls "$ROOT"/.whl/pydantic*.whl "$ROOT"/.whl/annotated_types*.whl "$ROOT"/.whl/typing_*.whl 2>/dev/null) \
+  --out "$OUT/flashinfer_trace.json" || status=1
 fi
 
 if wants batches; then

@@ -151,7 +151,8 @@ std::pair<GeneratedCallSpec, std::string> generated_spec(const Options& o, const
   if (definition.kind == Kind::paged_decode) spec.shape.seq_q = 1;
   spec.dtype = definition.dtype;
   spec.layout = Layout::thd;
-  spec.is_causal = definition.causal;
+  // A dump's name says no causality (FlashInfer names it from the constant axes): --causal does.
+  spec.is_causal = definition.causal || o.flag("--causal");
   spec.causal_alignment = CausalAlignment::bottom_right;
   spec.scale = o.number("--scale");
   spec.seed = static_cast<std::uint64_t>(o.integer("--seed").value_or(0));

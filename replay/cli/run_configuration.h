@@ -26,8 +26,8 @@ bool wants_generated(const Options& options);
 // The generated call's description and the flags that regenerate it.
 std::pair<GeneratedCallSpec, std::string> generated_spec(const Options& options);
 // A FlashInfer definition without workloads (an fi_trace dump) as a generated call: its heads, head
-// dims, page size, dtype and causality; batch and lengths from --batch_size, --s_qo, --s_kv (a decode
-// has one query per sequence).
+// dims, page size and dtype; batch and lengths from --batch_size, --s_qo, --s_kv (a decode has one
+// query per sequence); causal where its name says so or --causal is given.
 std::pair<GeneratedCallSpec, std::string> generated_spec(const Options& options, const FlashInferDefinitionShape& definition);
 
 // "0-40,55" -> a predicate on call indices; empty for an empty text.

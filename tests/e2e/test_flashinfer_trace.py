@@ -284,19 +284,29 @@ def test_converting_again_adds_nothing_and_damaged_workloads_are_named(decoder, 
 
 
 def test_fi_trace_dumps_replay_as_generated_calls(tmp_path):
-    dump = {"name": "gqa_paged_decode_h8_kv2_d64_ps16", "op_type": "gqa_paged", "tags": ["fi_api:flashinfer.decode"],
-            "axes": {"batch_size": {"type": "var"}, "num_qo_heads": {"type": "const", "value": 8},
-                     "num_kv_heads": {"type": "const", "value": 2}, "head_dim": {"type": "const", "value": 64},
-                     "num_pages": {"type": "var"}, "page_size": {"type": "const", "value": 16}},
-            "inputs": {"q": {"shape": ["batch_size", "num_qo_heads", "head_dim"], "dtype": "bfloat16"}},
-            "outputs": {}}
+    # As FlashInfer writes them: constant axes with values, variable ones without, no workload;
+    # the name says nothing of causality.
+    decode = {"name": "gqa_paged_decode_h8_kv2_d64_ps16", "op_type": "gqa_paged", "tags": ["fi_api:flashinfer.decode"],
+              "axes": {"batch_size": {"type": "var"}, "num_qo_heads": {"type": "const", "value": 8},
+                       "num_kv_heads": {"type": "const", "value": 2}, "head_dim": {"type": "const", "value": 64},
+                       "num_pages": {"type": "var"}, "page_size": {"type": "const", "value": 16}},
+              "inputs": {"q": {"shape": ["batch_size", "num_qo_heads", "head_dim"], "dtype": "bfloat16"}},
+              "outputs": {}}
+    prefill = {"name": "gqa_ragged_prefill_h4_kv4_d32", "op_type": "gqa_ragged", "tags": ["fi_api:flashinfer.prefill"],
+               "axes": {"total_q": {"type": "var"}, "num_qo_heads": {"type": "const", "value": 4},
+                        "num_kv_heads": {"type": "const", "value": 4}, "head_dim": {"type": "const", "value": 32}},
+               "inputs": {"q": {"shape": ["total_q", "num_qo_heads", "head_dim"], "dtype": "float16"}},
+               "outputs": {}}
     (tmp_path / "dumps").mkdir()
-    (tmp_path / "dumps" / "decode.json").write_text(json.dumps(dump))
+    (tmp_path / "dumps" / "decode.json").write_text(json.dumps(decode))
+    (tmp_path / "dumps" / "prefill.json").write_text(json.dumps(prefill))
     record = tmp_path / "r.json"
-    run_attnreplay("run", tmp_path / "dumps", "--batch_size", "3", "--s_kv", "100", "--kernels", "reference", "--json",
-                   record, "-q", *FAST, check=0)
-    (call,) = load_json(record)["calls"]
-    assert call["shape"]["heads_q"] == 8 and call["shape"]["heads_kv"] == 2 and call["shape"]["head_dim_qk"] == 64
-    assert call["dtype"] == "bfloat16" and call["metadata"]["flashinfer.definition"] == dump["name"]
-    assert call["sequences"] == {"q_lens": [1, 1, 1], "k_lens": [100, 100, 100]}
-    assert "page size 16" in call["batching"]
+    run_attnreplay("run", tmp_path / "dumps", "--batch_size", "3", "--s_qo", "16", "--s_kv", "100", "--causal",
+                   "--kernels", "reference", "--json", record, "-q", *FAST, check=0)
+    first, second = load_json(record)["calls"]
+    assert first["shape"]["heads_q"] == 8 and first["shape"]["heads_kv"] == 2 and first["shape"]["head_dim_qk"] == 64
+    assert first["dtype"] == "bfloat16" and first["metadata"]["flashinfer.definition"] == decode["name"]
+    assert first["sequences"] == {"q_lens": [1, 1, 1], "k_lens": [100, 100, 100]}
+    assert "page size 16" in first["batching"]
+    assert second["dtype"] == "float16" and second["is_causal"] and second["causal_alignment"] == "bottom_right"
+    assert second["sequences"] == {"q_lens": [16, 16, 16], "k_lens": [100, 100, 100]}

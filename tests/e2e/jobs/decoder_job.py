@@ -16,10 +16,11 @@ def main():
     parser.add_argument("--new-tokens", type=int, default=4)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--head-dim", type=int, default=16, help="each head's size (4 query heads, 2 key/value heads)")
     args = parser.parse_args()
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+    config = LlamaConfig(vocab_size=256, hidden_size=4 * args.head_dim, intermediate_size=8 * args.head_dim,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
                          pad_token_id=0, bos_token_id=1, eos_token_id=2, attn_implementation="sdpa")
     model = LlamaForCausalLM(config).eval().to(device=args.device, dtype=getattr(torch, args.dtype))
     ids = torch.randint(3, 256, (2, 12))
