@@ -1,5 +1,7 @@
 #include "formats/torch_save.h"
 
+#include <caffe2/serialize/inline_container.h>
+
 #include <ATen/ATen.h>
 
 #include <fcntl.h>
@@ -326,65 +328,24 @@ std::shared_ptr<std::vector<std::byte>> TorchSaveArchive::read_record(const Reco
   return out;
 }
 
-// The zip's end record (zip64 where torch.save wrote one), its central directory, and each
-// entry's local header, for where its stored bytes start. torch.save stores entries uncompressed.
+// The zip's directory through caffe2's reader, the one torch.load uses: each record's offset in
+// the file and its size (torch.save stores records uncompressed); the bytes are read here, straight
+// into memory, when a tensor is asked for.
 void TorchSaveArchive::read_directory() {
+  try {
+    caffe2::serialize::PyTorchStreamReader reader(path_);
+    for (const std::string& name : reader.getAllRecords()) {
+      records_[name] = Record{reader.getRecordOffset(name), reader.getRecordSize(name)};
+    }
+  } catch (const c10::Error& error) {
+    throw_input_error(path_, "not a zip that torch.save wrote, or a damaged one: {}", error.what_without_backtrace());
+  }
   struct stat info{};
   if (fstat(fd_, &info) != 0) throw_input_error(path_, "cannot stat: {}", std::strerror(errno));
-  const auto file_size = static_cast<std::uint64_t>(info.st_size);
-  auto read_at = [this, file_size](std::uint64_t offset, std::size_t bytes) {
-    if (offset + bytes > file_size) throw_input_error(path_, "truncated zip: its directory points past the end");
-    std::vector<unsigned char> out(bytes);
-    if (::pread(fd_, out.data(), bytes, static_cast<off_t>(offset)) != static_cast<ssize_t>(bytes)) {
-      throw_input_error(path_, "cannot read: {}", std::strerror(errno));
+  for (const auto& [name, record] : records_) {
+    if (record.offset + record.size > static_cast<std::uint64_t>(info.st_size)) {
+      throw_input_error(path_, "truncated: record '{}' ends past the end of the file", name);
     }
-    return out;
-  };
-  const std::size_t tail_size = static_cast<std::size_t>(std::min<std::uint64_t>(file_size, 65557));
-  const std::vector<unsigned char> tail = read_at(file_size - tail_size, tail_size);
-  std::size_t end = tail_size < 22 ? std::string::npos : tail_size - 22;
-  while (end != std::string::npos && little_endian(&tail[end], 4) != 0x06054b50) end = end == 0 ? std::string::npos : end - 1;
-  if (end == std::string::npos) throw_input_error(path_, "truncated zip: no end-of-directory record");
-  std::uint64_t entries = little_endian(&tail[end + 10], 2);
-  std::uint64_t directory = little_endian(&tail[end + 16], 4);
-  if (directory == 0xFFFFFFFF || entries == 0xFFFF) {
-    // The zip64 end record, found through its locator just before the end record.
-    const std::uint64_t locator = file_size - tail_size + end - 20;
-    const auto loc = read_at(locator, 20);
-    if (little_endian(loc.data(), 4) != 0x07064b50) throw_input_error(path_, "zip64 locator missing");
-    const auto end64 = read_at(little_endian(&loc[8], 8), 56);
-    entries = little_endian(&end64[32], 8);
-    directory = little_endian(&end64[48], 8);
-  }
-  std::uint64_t at = directory;
-  for (std::uint64_t i = 0; i < entries; ++i) {
-    const auto header = read_at(at, 46);
-    if (little_endian(header.data(), 4) != 0x02014b50) throw_input_error(path_, "damaged zip directory");
-    const auto method = little_endian(&header[10], 2);
-    std::uint64_t size = little_endian(&header[24], 4);  // uncompressed
-    const auto name_length = little_endian(&header[28], 2), extra_length = little_endian(&header[30], 2),
-               comment_length = little_endian(&header[32], 2);
-    std::uint64_t local = little_endian(&header[42], 4);
-    const auto name_extra = read_at(at + 46, name_length + extra_length);
-    std::string name(reinterpret_cast<const char*>(name_extra.data()), name_length);
-    // A zip64 extra field holds the sizes and offset that did not fit, in that order.
-    for (std::size_t e = name_length; e + 4 <= name_extra.size();) {
-      const auto id = little_endian(&name_extra[e], 2), length = little_endian(&name_extra[e + 2], 2);
-      if (id == 0x0001) {
-        std::size_t field = e + 4;
-        if (size == 0xFFFFFFFF) size = little_endian(&name_extra[field], 8), field += 8;
-        if (little_endian(&header[20], 4) == 0xFFFFFFFF) field += 8;
-        if (local == 0xFFFFFFFF) local = little_endian(&name_extra[field], 8);
-      }
-      e += 4 + length;
-    }
-    if (method != 0) throw_input_error(path_, "zip entry '{}' is compressed; torch.save stores entries", name);
-    const auto local_header = read_at(local, 30);
-    const std::uint64_t data = local + 30 + little_endian(&local_header[26], 2) + little_endian(&local_header[28], 2);
-    // Names are <archive>/data.pkl and <archive>/data/<key>: the archive's folder left off.
-    const auto slash = name.find('/');
-    records_[slash == std::string::npos ? name : name.substr(slash + 1)] = Record{data, size};
-    at += 46 + name_length + extra_length + comment_length;
   }
 }
 

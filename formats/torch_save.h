@@ -1,7 +1,7 @@
 #pragma once
 // A file torch.save wrote (a zip of a pickle and one record per storage), read at page-cache speed:
-// the zip's directory, then the pickle of plain containers and tensors that torch.save writes, by a
-// small unpickler of its own, with each tensor described (shape, dtype, strides, where its bytes
+// the zip's directory by caffe2's reader (torch.load's), then the pickle of plain containers and
+// tensors that torch.save writes, by a small unpickler of its own, with each tensor described (shape, dtype, strides, where its bytes
 // are) rather than read. A tensor's bytes are read only when asked for, straight into memory: one
 // read per tensor, no per-element decoding, and a call's header costs the pickle alone.
 #include <ATen/core/ivalue.h>
