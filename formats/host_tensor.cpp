@@ -3,6 +3,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
+#include <cstring>
+
 #include "formats/errors.h"
 
 namespace attnreplay {
@@ -40,6 +43,12 @@ double HostTensor::at(std::int64_t flat_index) const {
   return element_to_double(dtype, data() + static_cast<std::size_t>(flat_index) * dtype_size(dtype));
 }
 
+std::vector<std::int64_t> HostTensor::to_integers() const {
+  std::vector<std::int64_t> values(static_cast<std::size_t>(numel()));
+  for (std::size_t i = 0; i < values.size(); ++i) values[i] = static_cast<std::int64_t>(at(static_cast<std::int64_t>(i)));
+  return values;
+}
+
 std::vector<double> HostTensor::to_doubles() const {
   std::vector<double> values(static_cast<std::size_t>(numel()));
   const std::size_t size = dtype_size(dtype);
@@ -66,6 +75,51 @@ bool HostTensor::captured_contiguous() const {
 std::string shape_string(const std::vector<std::int64_t>& shape) {
   if (shape.empty()) return "scalar";
   return fmt::format("{}", fmt::join(shape, "x"));
+}
+
+HostTensor with_shape(HostTensor tensor, std::vector<std::int64_t> shape) {
+  const std::int64_t before = tensor.numel();
+  tensor.shape = std::move(shape);
+  ATTNREPLAY_ASSERT(tensor.numel() == before, "with_shape: another number of elements");
+  tensor.captured_strides.clear();
+  return tensor;
+}
+
+HostTensor int32_tensor(const std::vector<std::int64_t>& values) {
+  HostTensor tensor = HostTensor::allocate(DType::int32, {static_cast<std::int64_t>(values.size())});
+  auto* out = reinterpret_cast<std::int32_t*>(tensor.mutable_data());
+  for (std::size_t i = 0; i < values.size(); ++i) out[i] = static_cast<std::int32_t>(values[i]);
+  return tensor;
+}
+
+HostTensor last_dim_slice(const HostTensor& tensor, std::int64_t first, std::int64_t count) {
+  std::vector<std::int64_t> shape = tensor.shape;
+  const std::int64_t width = shape.back();
+  shape.back() = count;
+  HostTensor part = HostTensor::allocate(tensor.dtype, shape);
+  const std::size_t es = dtype_size(tensor.dtype);
+  const std::int64_t rows = tensor.numel() / std::max<std::int64_t>(width, 1);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    std::memcpy(part.mutable_data() + static_cast<std::size_t>(r * count) * es,
+                tensor.data() + static_cast<std::size_t>(r * width + first) * es, static_cast<std::size_t>(count) * es);
+  }
+  return part;
+}
+
+HostTensor last_dim_concat(const HostTensor& a, const HostTensor& b) {
+  std::vector<std::int64_t> shape = a.shape;
+  const std::int64_t wa = a.shape.back(), wb = b.shape.back();
+  shape.back() = wa + wb;
+  HostTensor joined = HostTensor::allocate(a.dtype, shape);
+  const std::size_t es = dtype_size(a.dtype);
+  const std::int64_t rows = a.numel() / std::max<std::int64_t>(wa, 1);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    std::byte* to = joined.mutable_data() + static_cast<std::size_t>(r * (wa + wb)) * es;
+    std::memcpy(to, a.data() + static_cast<std::size_t>(r * wa) * es, static_cast<std::size_t>(wa) * es);
+    std::memcpy(to + static_cast<std::size_t>(wa) * es, b.data() + static_cast<std::size_t>(r * wb) * es,
+                static_cast<std::size_t>(wb) * es);
+  }
+  return joined;
 }
 
 }  // namespace attnreplay

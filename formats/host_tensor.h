@@ -34,11 +34,23 @@ struct HostTensor {
   std::byte* mutable_data();
   double at(std::int64_t flat_index) const;
   std::vector<double> to_doubles() const;
+  // An integer tensor's values (offsets, counts, a block table).
+  std::vector<std::int64_t> to_integers() const;
   std::vector<std::int64_t> contiguous_strides() const;
   // True when the captured strides equal the row-major ones (or are unknown).
   bool captured_contiguous() const;
 };
 
 std::string shape_string(const std::vector<std::int64_t>& shape);  // "2x24x4250x64"
+
+// The same bytes under another shape of as many elements (a packed (T, H, D) as pages of one token,
+// (T, 1, H, D)); the captured strides go, since they were the other shape's.
+HostTensor with_shape(HostTensor tensor, std::vector<std::int64_t> shape);
+// A one-dimensional int32 tensor of `values`.
+HostTensor int32_tensor(const std::vector<std::int64_t>& values);
+// Channels [first, first + count) of the last dim of every row.
+HostTensor last_dim_slice(const HostTensor& tensor, std::int64_t first, std::int64_t count);
+// The rows of `a` and `b` side by side along the last dim (the other dims equal).
+HostTensor last_dim_concat(const HostTensor& a, const HostTensor& b);
 
 }  // namespace attnreplay

@@ -13,12 +13,6 @@ namespace {
 
 bool is_index_dtype(DType dtype) { return dtype == DType::int32 || dtype == DType::int64; }
 
-std::vector<std::int64_t> integers(const HostTensor& tensor) {
-  std::vector<std::int64_t> values(static_cast<std::size_t>(tensor.numel()));
-  for (std::size_t i = 0; i < values.size(); ++i) values[i] = static_cast<std::int64_t>(tensor.at(static_cast<std::int64_t>(i)));
-  return values;
-}
-
 // The first of the call's tensors beside q, k, v and out (offsets, counts, the block table, ...)
 // whose values were not read (a header), or empty when all were.
 std::string_view unread_field(const AttentionCall& call) {
@@ -104,7 +98,7 @@ std::vector<AttentionCall::Sequence> AttentionCall::sequences() const {
   };
   if (const std::string_view field = unread_field(*this); !field.empty()) fail(field, "its values were not read");
   auto offsets = [&](const HostTensor& tensor, std::string_view field, std::int64_t rows, std::string_view holder) {
-    std::vector<std::int64_t> cu = integers(tensor);
+    std::vector<std::int64_t> cu = tensor.to_integers();
     if (cu.front() != 0) fail(field, fmt::format("expected to start at 0, got {}", cu.front()));
     for (std::size_t b = 0; b + 1 < cu.size(); ++b) {
       if (cu[b + 1] < cu[b]) fail(field, fmt::format("decreases at sequence {} ({} then {})", b, cu[b], cu[b + 1]));
@@ -126,7 +120,7 @@ std::vector<AttentionCall::Sequence> AttentionCall::sequences() const {
     std::fill(capacity.begin(), capacity.end(), block_table->shape[1] * k.shape[1]);
   }
   if (seqused_k) {
-    const std::vector<std::int64_t> used = integers(*seqused_k);
+    const std::vector<std::int64_t> used = seqused_k->to_integers();
     for (std::size_t b = 0; b < result.size(); ++b) {
       if (used[b] < 0 || used[b] > capacity[b]) {
         fail("seqused_k", fmt::format("sequence {} uses {} keys, but has {}", b, used[b], capacity[b]));
@@ -135,7 +129,7 @@ std::vector<AttentionCall::Sequence> AttentionCall::sequences() const {
     }
   }
   if (is_paged()) {
-    const std::vector<std::int64_t> table = integers(*block_table);
+    const std::vector<std::int64_t> table = block_table->to_integers();
     const std::int64_t width = block_table->shape[1], page_size = k.shape[1], pages = k.shape[0];
     for (std::size_t b = 0; b < result.size(); ++b) {
       for (std::int64_t j = 0; j * page_size < result[b].k_len; ++j) {
