@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <numeric>
 #include <random>
 #include <set>
 
@@ -27,7 +28,7 @@ struct DefinitionInfo {
   json definition;
   std::string path;
   FlashInferDefinitionShape shape;
-  bool mla = false;
+  bool mla() const { return shape.op_type == "mla_paged"; }
 };
 
 std::int64_t const_value(const json& axes, const char* name, const std::string& where) {
@@ -42,7 +43,7 @@ std::optional<DefinitionInfo> attention_definition(const json& definition, const
   const std::string op_type = definition.value("op_type", "");
   const std::string name = definition.value("name", "");
   if (op_type != "gqa_ragged" && op_type != "gqa_paged" && op_type != "mla_paged") return std::nullopt;
-  DefinitionInfo info{definition, path, {}, op_type == "mla_paged"};
+  DefinitionInfo info{definition, path, {}};
   FlashInferDefinitionShape& s = info.shape;
   s.name = name;
   s.op_type = op_type;
@@ -54,7 +55,7 @@ std::optional<DefinitionInfo> attention_definition(const json& definition, const
                                      : FlashInferDefinitionShape::Kind::paged_prefill;
     s.causal = name.find("_causal") != std::string::npos;
     s.heads_q = const_value(axes, "num_qo_heads", path);
-    if (info.mla) {
+    if (info.mla()) {
       s.heads_kv = 1;
       s.head_dim_vo = const_value(axes, "head_dim_ckv", path);
       s.head_dim_qk = s.head_dim_vo + const_value(axes, "head_dim_kpe", path);
@@ -63,7 +64,7 @@ std::optional<DefinitionInfo> attention_definition(const json& definition, const
       s.head_dim_qk = s.head_dim_vo = const_value(axes, "head_dim", path);
     }
     if (op_type != "gqa_ragged") s.page_size = const_value(axes, "page_size", path);
-    const std::string q_name = info.mla ? "q_nope" : "q";
+    const std::string q_name = info.mla() ? "q_nope" : "q";
     const std::string dtype = definition.at("inputs").at(q_name).at("dtype").get<std::string>();
     const auto parsed = parse_dtype(dtype);
     if (!parsed) throw_input_error(path, "inputs.{}.dtype: '{}' is not a dtype attnreplay reads", q_name, dtype);
@@ -162,7 +163,7 @@ class FlashInferTraceSource final : public CaptureSource {
     call.causal_alignment = CausalAlignment::bottom_right;
     call.scale = in.scalar("sm_scale");
     const bool decode = d.kind == FlashInferDefinitionShape::Kind::paged_decode;
-    if (info.mla) {
+    if (info.mla()) {
       HostTensor q_nope = in.tensor("q_nope"), q_pe = in.tensor("q_pe"), ckv = in.tensor("ckv_cache"), kpe = in.tensor("kpe_cache");
       call.q = with_data ? last_dim_concat(q_nope, q_pe) : q_nope;
       call.q.shape.back() = d.head_dim_qk;
@@ -183,7 +184,7 @@ class FlashInferTraceSource final : public CaptureSource {
       const std::int64_t sequences = kv_indptr.shape[0] - 1;
       if (decode) {
         std::vector<std::int64_t> one_each(static_cast<std::size_t>(rows + 1));
-        for (std::size_t i = 0; i < one_each.size(); ++i) one_each[i] = static_cast<std::int64_t>(i);
+        std::iota(one_each.begin(), one_each.end(), std::int64_t{0});
         call.cu_seqlens_q = int32_tensor(one_each);
       } else {
         call.cu_seqlens_q = in.tensor("qo_indptr");

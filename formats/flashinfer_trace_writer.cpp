@@ -10,10 +10,12 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <numeric>
 #include <set>
 
 #include "formats/content_hash.h"
 #include "formats/errors.h"
+#include "formats/mask_view.h"
 #include "formats/safetensors_format.h"
 
 namespace attnreplay {
@@ -132,6 +134,14 @@ ordered_json scalar_spec() { return {{"shape", nullptr}, {"dtype", "float32"}}; 
 ordered_json var_axis(const char* description) { return {{"type", "var"}, {"description", description}}; }
 ordered_json const_axis(std::int64_t value) { return {{"type", "const"}, {"value", value}}; }
 
+// A paged definition's variable axes (GQA's and MLA's alike); its constant ones go after them.
+ordered_json paged_var_axes(const char* qo_rows, bool decode) {
+  return {{qo_rows, var_axis(decode ? "sequences, one query each" : "queries of every sequence")},
+          {"num_pages", var_axis("pages of the KV cache")},
+          {"len_indptr", var_axis("sequences + 1")},
+          {"num_kv_indices", var_axis("pages the sequences read")}};
+}
+
 // ---- A call as FlashInfer's definitions see it: sequences of packed rows ----
 
 // One sequence's rows in the call's tensors: batch element `batch` of a dense call, or the
@@ -153,53 +163,31 @@ const std::byte* row_of(const HostTensor& tensor, Layout layout, std::int64_t ba
   return tensor.data() + static_cast<std::size_t>(index) * dtype_size(tensor.dtype);
 }
 
-// Whether the mask lets (batch b, row i) see key j, the same for every head (else NotRepresentable).
-class MaskReader {
- public:
-  MaskReader(const AttentionCall& call, const AttentionShape& s) : mask_(call.mask ? &*call.mask : nullptr), s_(s), where_(call.where()) {
-    if (!mask_) return;
-    Shape dims = mask_->shape;
-    while (dims.size() < 4) dims.insert(dims.begin(), 1);
-    dims_ = dims;
-    strides_ = {dims[1] * dims[2] * dims[3], dims[2] * dims[3], dims[3], 1};
-    for (int d = 0; d < 4; ++d) {
-      if (dims[d] == 1) strides_[d] = 0;
-    }
-  }
-  bool present() const { return mask_ != nullptr; }
-  // Row i of batch b as allowed keys; checks every head gives the same row.
-  std::vector<bool> row(std::int64_t b, std::int64_t i) const {
-    std::vector<bool> allowed(static_cast<std::size_t>(s_.seq_kv), true);
-    if (!mask_) return allowed;
-    const std::int64_t heads = dims_[1];
-    for (std::int64_t h = 0; h < heads; ++h) {
-      for (std::int64_t j = 0; j < s_.seq_kv; ++j) {
-        const bool sees = element(b, h, i, j);
-        if (h == 0) allowed[static_cast<std::size_t>(j)] = sees;
-        else if (allowed[static_cast<std::size_t>(j)] != sees) {
-          throw NotRepresentable(fmt::format("{}: a mask that differs between heads: FlashInfer's definitions take none", where_));
-        }
+// Row i of batch b as the keys it may see (MaskView's broadcast; a mask absent sees all), the same
+// for every head, else NotRepresentable. A float mask's 0 lets a key be seen and -inf, or any
+// addend whose exp() is 0 in every precision a kernel uses, hides it; any other value is a bias.
+std::vector<bool> allowed_keys(const MaskView& mask, const AttentionShape& s, std::int64_t b, std::int64_t i,
+                               const std::string& where) {
+  std::vector<bool> allowed(static_cast<std::size_t>(s.seq_kv), true);
+  if (!mask) return allowed;
+  std::vector<double> bias(static_cast<std::size_t>(s.seq_kv));
+  for (std::int64_t h = 0; h < (mask.per_head() ? s.heads_q : 1); ++h) {
+    mask.row(b, h, i, 0, s.seq_kv, bias.data());
+    for (std::size_t j = 0; j < bias.size(); ++j) {
+      if (!(bias[j] == 0 || bias[j] <= -1e4)) {
+        throw NotRepresentable(fmt::format("{}: an additive mask holding {} (a bias, not only 0 and -inf): FlashInfer's "
+                                           "definitions take none",
+                                           where, bias[j]));
+      }
+      const bool sees = bias[j] == 0;
+      if (h == 0) allowed[j] = sees;
+      else if (allowed[j] != sees) {
+        throw NotRepresentable(fmt::format("{}: a mask that differs between heads: FlashInfer's definitions take none", where));
       }
     }
-    return allowed;
   }
-
- private:
-  bool element(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) const {
-    const double value = mask_->at(b * strides_[0] + h * strides_[1] + i * strides_[2] + j * strides_[3]);
-    if (mask_->dtype == DType::boolean) return value != 0;
-    if (value == 0) return true;
-    // exp() of an addend this negative is 0 in any precision a kernel uses: the key is hidden.
-    if (value <= -1e4) return false;
-    throw NotRepresentable(fmt::format("{}: an additive mask holding {} (a bias, not only 0 and -inf): FlashInfer's "
-                                       "definitions take none",
-                                       where_, value));
-  }
-  const HostTensor* mask_;
-  AttentionShape s_;
-  std::string where_;
-  Shape dims_, strides_;
-};
+  return allowed;
+}
 
 // The keys row i sees, [first, end), or NotRepresentable when they are not one range.
 std::pair<std::int64_t, std::int64_t> key_range(const std::vector<bool>& allowed, const std::string& where, std::int64_t row) {
@@ -218,12 +206,13 @@ std::pair<std::int64_t, std::int64_t> key_range(const std::vector<bool>& allowed
 }
 
 // Finds which rows see keys, and whether they see them as causal (bottom-right) or full.
-void analyse(SequenceView& view, const MaskReader& mask, std::int64_t mask_batch) {
+void analyse(SequenceView& view) {
   const AttentionCall& call = view.call;
   const AttentionShape s = call.shape();
+  const MaskView mask(call.mask, s);
   std::vector<std::pair<std::int64_t, std::int64_t>> ranges;
   for (std::int64_t i = 0; i < s.seq_q; ++i) {
-    std::vector<bool> allowed = mask.row(mask_batch, i);
+    std::vector<bool> allowed = allowed_keys(mask, s, view.batch, i, call.where());
     const auto [first, end] = call.visible_keys(i, s);
     for (std::int64_t j = 0; j < s.seq_kv; ++j) {
       if (j < first || j >= end) allowed[static_cast<std::size_t>(j)] = false;
@@ -287,11 +276,7 @@ Workload map_call(const AttentionCall& call) {
   } else {
     for (std::int64_t b = 0; b < s.batch; ++b) views.push_back({call, b});
   }
-  const MaskReader dense_mask(call, s);
-  for (auto& view : views) {
-    if (call.is_ragged()) analyse(view, MaskReader(view.call, view.call.shape()), 0);
-    else analyse(view, dense_mask, view.batch);
-  }
+  for (auto& view : views) analyse(view);
   std::erase_if(views, [](const SequenceView& view) { return view.kept_rows.empty(); });
   if (views.empty()) throw NotRepresentable(fmt::format("{}: no query sees a key", call.where()));
   const bool decode = std::all_of(views.begin(), views.end(), [](const auto& v) { return v.kept_rows.size() == 1; });
@@ -342,11 +327,6 @@ Workload map_call(const AttentionCall& call) {
   const auto batch = static_cast<std::int64_t>(views.size());
   const bool mla = s.heads_kv == 1 && s.head_dim_qk > s.head_dim_vo &&
                    std::memcmp(last_dim_slice(k, 0, s.head_dim_vo).data(), v.data(), v.nbytes()) == 0;
-  const std::vector<std::int64_t> every_key = [&] {
-    std::vector<std::int64_t> indices(static_cast<std::size_t>(total_kv));
-    for (std::size_t i = 0; i < indices.size(); ++i) indices[i] = static_cast<std::int64_t>(i);
-    return indices;
-  }();
   ordered_json axes_def, inputs_def, outputs_def;
   std::vector<std::string> constraints;
   std::string reference = fmt::format(fmt::runtime(kReferenceCommon), fmt::arg("causal", causal ? "True" : "False"));
@@ -356,14 +336,11 @@ Workload map_call(const AttentionCall& call) {
     w.op_type = "mla_paged";
     w.definition_name = decode ? fmt::format("mla_paged_decode_h{}_ckv{}_kpe{}_ps1{}", s.heads_q, ckv, kpe, suffix)
                                : fmt::format("mla_paged_prefill{}_h{}_ckv{}_kpe{}_ps1{}", causal ? "_causal" : "", s.heads_q, ckv, kpe, suffix);
-    axes_def = {{qo_rows, var_axis(decode ? "sequences, one query each" : "queries of every sequence")},
-                {"num_pages", var_axis("pages of the KV cache")},
-                {"len_indptr", var_axis("sequences + 1")},
-                {"num_kv_indices", var_axis("pages the sequences read")},
-                {"num_qo_heads", const_axis(s.heads_q)},
-                {"head_dim_ckv", const_axis(ckv)},
-                {"head_dim_kpe", const_axis(kpe)},
-                {"page_size", const_axis(1)}};
+    axes_def = paged_var_axes(qo_rows, decode);
+    axes_def["num_qo_heads"] = const_axis(s.heads_q);
+    axes_def["head_dim_ckv"] = const_axis(ckv);
+    axes_def["head_dim_kpe"] = const_axis(kpe);
+    axes_def["page_size"] = const_axis(1);
     inputs_def = {{"q_nope", tensor_spec({qo_rows, "num_qo_heads", "head_dim_ckv"}, dtype)},
                   {"q_pe", tensor_spec({qo_rows, "num_qo_heads", "head_dim_kpe"}, dtype)},
                   {"ckv_cache", tensor_spec({"num_pages", "page_size", "head_dim_ckv"}, dtype)},
@@ -379,14 +356,11 @@ Workload map_call(const AttentionCall& call) {
     w.definition_name = decode ? fmt::format("gqa_paged_decode_h{}_kv{}_d{}_ps1{}", s.heads_q, s.heads_kv, s.head_dim_qk, suffix)
                                : fmt::format("gqa_paged_prefill{}_h{}_kv{}_d{}_ps1{}", causal ? "_causal" : "", s.heads_q,
                                              s.heads_kv, s.head_dim_qk, suffix);
-    axes_def = {{qo_rows, var_axis(decode ? "sequences, one query each" : "queries of every sequence")},
-                {"num_pages", var_axis("pages of the KV cache")},
-                {"len_indptr", var_axis("sequences + 1")},
-                {"num_kv_indices", var_axis("pages the sequences read")},
-                {"num_qo_heads", const_axis(s.heads_q)},
-                {"num_kv_heads", const_axis(s.heads_kv)},
-                {"head_dim", const_axis(s.head_dim_qk)},
-                {"page_size", const_axis(1)}};
+    axes_def = paged_var_axes(qo_rows, decode);
+    axes_def["num_qo_heads"] = const_axis(s.heads_q);
+    axes_def["num_kv_heads"] = const_axis(s.heads_kv);
+    axes_def["head_dim"] = const_axis(s.head_dim_qk);
+    axes_def["page_size"] = const_axis(1);
     inputs_def = {{"q", tensor_spec({qo_rows, "num_qo_heads", "head_dim"}, dtype)},
                   {"k_cache", tensor_spec({"num_pages", "page_size", "num_kv_heads", "head_dim"}, dtype)},
                   {"v_cache", tensor_spec({"num_pages", "page_size", "num_kv_heads", "head_dim"}, dtype)}};
@@ -425,6 +399,8 @@ Workload map_call(const AttentionCall& call) {
     inputs_def["kv_indptr"] = tensor_spec({"len_indptr"}, DType::int32);
     inputs_def["kv_indices"] = tensor_spec({"num_kv_indices"}, DType::int32);
     w.tensors.emplace_back("kv_indptr", int32_tensor(kv_indptr));
+    std::vector<std::int64_t> every_key(static_cast<std::size_t>(total_kv));  // pages of one token, in order
+    std::iota(every_key.begin(), every_key.end(), std::int64_t{0});
     w.tensors.emplace_back("kv_indices", int32_tensor(every_key));
     constraints.push_back("num_kv_indices == kv_indptr[-1]");
     w.axes = {{qo_rows, decode ? batch : total_q}, {"num_pages", total_kv}, {"len_indptr", batch + 1}, {"num_kv_indices", total_kv}};

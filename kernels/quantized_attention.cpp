@@ -13,7 +13,7 @@
 #include <thread>
 
 #include "formats/errors.h"
-#include "kernels/mask_view.h"
+#include "formats/mask_view.h"
 
 namespace attnreplay {
 

@@ -10,8 +10,8 @@
 #include <thread>
 
 #include "formats/errors.h"
+#include "formats/mask_view.h"
 #include "kernels/kernel.h"
-#include "kernels/mask_view.h"
 
 namespace attnreplay {
 namespace {

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 
 #include <unistd.h>
@@ -65,16 +66,22 @@ class CallDisplay {
   ReplayProgress progress_{std::cerr};
 };
 
-void replay_generated(const Options& o, const ReplayOptions& options, RunContext& run, CallDisplay& display,
-                      CaptureWriter* saved_inputs) {
-  const auto [spec, flags] = generated_spec(o);
+// A generated call (`flags` rerun it), made only where this process's share takes it.
+void replay_one_generated(const std::function<AttentionCall()>& make, const std::string& flags, const ReplayOptions& options,
+                          RunContext& run, CallDisplay& display, CaptureWriter* saved_inputs) {
   if (run.share && !run.share->take_generated()) return;
-  const AttentionCall call = generate_call(spec);
+  const AttentionCall call = make();
   if (saved_inputs) saved_inputs->append(call);
   CallResult result = replay_call(call, options, flags);
   display.show(result);
   run.report.calls.push_back(std::move(result));
   if (run.share) run.share->replayed_generated();
+}
+
+void replay_generated(const Options& o, const ReplayOptions& options, RunContext& run, CallDisplay& display,
+                      CaptureWriter* saved_inputs) {
+  const auto [spec, flags] = generated_spec(o);
+  replay_one_generated([&spec] { return generate_call(spec); }, flags, options, run, display, saved_inputs);
 }
 
 // FlashInfer's fi_trace dumps: a definition JSON, or a folder of only those (no workloads/), each
@@ -106,15 +113,13 @@ void replay_definitions(const std::vector<std::string>& files, const Options& o,
         continue;
       }
       const auto [spec, flags] = generated_spec(o, *definition);
-      if (run.share && !run.share->take_generated()) continue;
-      AttentionCall call = generate_call(spec);
-      call.source = file;
-      call.metadata[kFlashInferDefinitionKey] = definition->name;
-      if (saved_inputs) saved_inputs->append(call);
-      CallResult result = replay_call(call, options, flags);
-      display.show(result);
-      run.report.calls.push_back(std::move(result));
-      if (run.share) run.share->replayed_generated();
+      const auto make = [&spec, &file, &definition] {
+        AttentionCall call = generate_call(spec);
+        call.source = file;
+        call.metadata[kFlashInferDefinitionKey] = definition->name;
+        return call;
+      };
+      replay_one_generated(make, flags, options, run, display, saved_inputs);
     } catch (const InputError& error) {
       run.report.input_errors.push_back(error.what());
     }

@@ -24,6 +24,8 @@ class MaskView {
   }
 
   explicit operator bool() const { return mask_ != nullptr; }
+  // Whether the mask has a row of its own for each query head (else one, broadcast to all).
+  bool per_head() const { return stride_[1] != 0; }
 
   // The additive term for keys first_key .. first_key + count - 1 of row (b, h, i).
   template <typename Value>
