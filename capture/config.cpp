@@ -10,14 +10,14 @@
 
 namespace attnreplay::capture {
 
+bool in_ranges(const CaptureConfig::Ranges& ranges, std::int64_t value) {
+  return ranges.empty() || std::any_of(ranges.begin(), ranges.end(), [value](const auto& range) {
+           return value >= range.first && value <= range.second;
+         });
+}
+
 bool CaptureConfig::selects(std::int64_t call_index) const {
-  if (!call_ranges.empty()) {
-    const bool in_range = std::any_of(call_ranges.begin(), call_ranges.end(), [call_index](const auto& range) {
-      return call_index >= range.first && call_index <= range.second;
-    });
-    if (!in_range) return false;
-  }
-  return call_index % every == 0;
+  return in_ranges(call_ranges, call_index) && call_index % every == 0;
 }
 
 std::optional<std::uint64_t> parse_byte_size(const std::string& text) {
@@ -56,6 +56,21 @@ std::optional<std::int64_t> parse_int(const std::string& text) {
   }
 }
 
+// "0-40,55": inclusive ranges.
+std::optional<CaptureConfig::Ranges> parse_ranges(const std::string& text) {
+  CaptureConfig::Ranges ranges;
+  std::stringstream stream(text);
+  for (std::string part; std::getline(stream, part, ',');) {
+    const auto dash = part.find('-', 1);
+    auto low = parse_int(dash == std::string::npos ? part : part.substr(0, dash));
+    auto high = dash == std::string::npos ? low : parse_int(part.substr(dash + 1));
+    if (!low || !high || *low < 0 || *high < *low) return std::nullopt;
+    ranges.emplace_back(*low, *high);
+  }
+  if (ranges.empty()) return std::nullopt;
+  return ranges;
+}
+
 std::optional<bool> parse_bool(const std::string& text) {
   if (text == "1" || text == "true" || text == "yes" || text == "on") return true;
   if (text == "0" || text == "false" || text == "no" || text == "off") return false;
@@ -70,7 +85,8 @@ std::variant<CaptureConfig, std::string> parse_config(const std::function<const 
       "ATTNCAP_OUT",        "ATTNCAP_FORMAT",      "ATTNCAP_OPS",     "ATTNCAP_CALLS",  "ATTNCAP_EVERY",
       "ATTNCAP_MAX_CALLS",  "ATTNCAP_MAX_BYTES",   "ATTNCAP_QUEUE_BYTES", "ATTNCAP_WHEN_FULL",
       "ATTNCAP_BACKWARD",   "ATTNCAP_OUTPUT",      "ATTNCAP_CALL_SITE", "ATTNCAP_CALLS_PER_STEP",
-      "ATTNCAP_QUIET",      "ATTNCAP_ENABLE",      "ATTNCAP_TORCH_LIB",  "ATTNCAP_PARTS_DIR"};
+      "ATTNCAP_QUIET",      "ATTNCAP_ENABLE",      "ATTNCAP_TORCH_LIB",  "ATTNCAP_PARTS_DIR",
+      "ATTNCAP_SUBSTITUTE", "ATTNCAP_SUBSTITUTE_CALLS", "ATTNCAP_SUBSTITUTE_LAYERS", "ATTNCAP_SUBSTITUTE_STEPS"};
   for (const std::string& name : attncap_names) {
     if (!kKnown.count(name)) return fmt::format("unknown variable {} (see docs/capture.md)", name);
   }
@@ -106,14 +122,16 @@ std::variant<CaptureConfig, std::string> parse_config(const std::function<const 
     }
     config.ops_pattern = pattern;
   }
-  if (auto v = get("ATTNCAP_CALLS")) {
-    std::stringstream stream(*v);
-    for (std::string part; std::getline(stream, part, ',');) {
-      const auto dash = part.find('-', 1);
-      auto low = parse_int(dash == std::string::npos ? part : part.substr(0, dash));
-      auto high = dash == std::string::npos ? low : parse_int(part.substr(dash + 1));
-      if (!low || !high || *low < 0 || *high < *low) return bad("ATTNCAP_CALLS", *v, "ranges like 0-40,55");
-      config.call_ranges.emplace_back(*low, *high);
+  const std::pair<const char*, CaptureConfig::Ranges*> range_lists[] = {
+      {"ATTNCAP_CALLS", &config.call_ranges},
+      {"ATTNCAP_SUBSTITUTE_CALLS", &config.substitute_calls},
+      {"ATTNCAP_SUBSTITUTE_LAYERS", &config.substitute_layers},
+      {"ATTNCAP_SUBSTITUTE_STEPS", &config.substitute_steps}};
+  for (const auto& [name, target] : range_lists) {
+    if (auto v = get(name)) {
+      auto ranges = parse_ranges(*v);
+      if (!ranges) return bad(name, *v, "ranges like 0-40,55");
+      *target = std::move(*ranges);
     }
   }
   if (auto v = get("ATTNCAP_EVERY")) {
@@ -156,6 +174,19 @@ std::variant<CaptureConfig, std::string> parse_config(const std::function<const 
     auto n = parse_int(*v);
     if (!n || *n < 0) return bad("ATTNCAP_CALLS_PER_STEP", *v, "a non-negative integer");
     config.calls_per_step = *n;
+  }
+  if (auto v = get("ATTNCAP_SUBSTITUTE")) {
+    if (v->empty()) return bad("ATTNCAP_SUBSTITUTE", *v, "a kernel's name, as `attnreplay kernels` lists them");
+    config.substitute = *v;
+    // Substitution alone writes nothing; ATTNCAP_OUT asks for a capture beside it.
+    config.capture = get("ATTNCAP_OUT").has_value();
+  }
+  for (const char* name : {"ATTNCAP_SUBSTITUTE_CALLS", "ATTNCAP_SUBSTITUTE_LAYERS", "ATTNCAP_SUBSTITUTE_STEPS"}) {
+    if (get(name) && config.substitute.empty()) return fmt::format("{} is set, but ATTNCAP_SUBSTITUTE is not", name);
+  }
+  if ((!config.substitute_layers.empty() || !config.substitute_steps.empty()) && !config.call_site) {
+    return "ATTNCAP_SUBSTITUTE_LAYERS and ATTNCAP_SUBSTITUTE_STEPS need call sites to tell layers and steps apart: "
+           "leave ATTNCAP_CALL_SITE on";
   }
   return config;
 }

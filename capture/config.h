@@ -38,9 +38,19 @@ struct CaptureConfig {
   bool call_site = true;       // Python file:line and caller object, or the C++ frame
   std::int64_t calls_per_step = 0;  // 0: infer steps and layers from the caller objects
   bool quiet = false;          // no summary at exit
+  // Whether calls are written: always, except where ATTNCAP_SUBSTITUTE is set without ATTNCAP_OUT.
+  bool capture = true;
+  // Kernel substitution (capture/substitution.h): the kernel, and the calls, layers and steps it
+  // takes (empty: all); the call's index counts every attention call, as ATTNCAP_CALLS does.
+  std::string substitute;
+  using Ranges = std::vector<std::pair<std::int64_t, std::int64_t>>;
+  Ranges substitute_calls, substitute_layers, substitute_steps;
 
   bool selects(std::int64_t call_index) const;
 };
+
+// Whether `value` is in one of `ranges`; every value is when there are none.
+bool in_ranges(const CaptureConfig::Ranges& ranges, std::int64_t value);
 
 // Reads every ATTNCAP_* variable through `lookup`; an unknown ATTNCAP_ name is an error too, so
 // that a typo does not silently capture everything. Returns the config or the error message.

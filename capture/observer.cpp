@@ -35,6 +35,7 @@
 #include "capture/op_hooks.h"
 #include "capture/python_entry_points.h"
 #include "capture/recorder.h"
+#include "capture/substituter.h"
 
 extern char** environ;
 
@@ -45,7 +46,8 @@ namespace fs = std::filesystem;
 struct State {
   CaptureConfig config;
   std::regex ops;
-  std::unique_ptr<Recorder> recorder;
+  std::unique_ptr<Recorder> recorder;        // null when nothing is written (substitution alone)
+  std::unique_ptr<Substituter> substituter;  // null unless ATTNCAP_SUBSTITUTE
   std::atomic<std::int64_t> next_index{0};
   std::atomic<std::int64_t> selected{0};
   std::mutex position_mutex;
@@ -56,6 +58,10 @@ struct State {
 };
 
 State* state = nullptr;  // set once by attncap_start; never freed (callbacks may run at exit)
+
+void count_failed() {
+  if (state->recorder) ++state->recorder->stats().failed;
+}
 
 // Matched ops active on this thread: the outermost one is recorded, inner ones name its backend.
 thread_local int active_depth = 0;
@@ -69,26 +75,34 @@ struct TensorCopies {
   // A dense (b, s, h, d) query of a paged or length-limited call is stored as its (b * s, h, d)
   // rows, and so is the output.
   bool flatten_batch = false;
+  std::uint64_t finished_bytes = 0;  // copies finished early (a substituted call's inputs)
   std::uint64_t nbytes() const {
-    std::uint64_t total = 0;
+    std::uint64_t total = finished_bytes;
     for (const auto* copy : {&q, &k, &v, &mask, &out, &alibi_slopes, &sinks, &cu_seqlens_q, &cu_seqlens_k, &seqused_k,
                              &block_table}) {
       total += *copy ? (*copy)->nbytes() : 0;
     }
     return total;
   }
+  // Finishes the copies still pending into `call`; a second call finishes only those started since.
   void finish_into(AttentionCall& call) {
-    call.q = q->finish();
-    call.k = k->finish();
-    call.v = v->finish();
-    if (mask) call.mask = mask->finish();
-    if (out) call.out = out->finish();
-    if (alibi_slopes) call.alibi_slopes = alibi_slopes->finish();
-    if (sinks) call.sinks = sinks->finish();
-    if (cu_seqlens_q) call.cu_seqlens_q = cu_seqlens_q->finish();
-    if (cu_seqlens_k) call.cu_seqlens_k = cu_seqlens_k->finish();
-    if (seqused_k) call.seqused_k = seqused_k->finish();
-    if (block_table) call.block_table = block_table->finish();
+    auto finish = [this](std::optional<HostCopy>& copy, auto& field) {
+      if (!copy) return;
+      finished_bytes += copy->nbytes();
+      field = copy->finish();
+      copy.reset();
+    };
+    finish(q, call.q);
+    finish(k, call.k);
+    finish(v, call.v);
+    finish(mask, call.mask);
+    finish(out, call.out);
+    finish(alibi_slopes, call.alibi_slopes);
+    finish(sinks, call.sinks);
+    finish(cu_seqlens_q, call.cu_seqlens_q);
+    finish(cu_seqlens_k, call.cu_seqlens_k);
+    finish(seqused_k, call.seqused_k);
+    finish(block_table, call.block_table);
     if (flatten_batch) {
       for (HostTensor* rows : {&call.q, call.out ? &*call.out : nullptr}) {
         if (!rows || rows->rank() != 4) continue;
@@ -104,6 +118,10 @@ struct PendingCall final : at::ObserverContext {
   AttentionCall call;  // everything but the tensor data
   std::shared_ptr<TensorCopies> copies = std::make_shared<TensorCopies>();
   std::chrono::steady_clock::time_point started;
+  // Under ATTNCAP_SUBSTITUTE: whether the kernel is to be asked, whether it gave the output, and
+  // otherwise why the call was left to the op.
+  bool substitute = false, substituted = false, on_gpu = false;
+  std::string left_reason;
 };
 
 // Marks an inner or ignored matched op, so the end callback keeps the depth right.
@@ -301,8 +319,23 @@ bool map_ragged(const std::vector<NamedInput>& inputs, const std::array<const c1
 
 // Builds the record from the op's arguments. Tensors are copied to host memory now: after the
 // start callback the inputs are no longer ours to read.
+// Where a call came from and its place in the run (layer, step), where call sites are on.
+struct CallPlace {
+  CallSite site;
+  PositionTracker::Position position;
+};
+
+std::optional<CallPlace> place_call() {
+  if (!state->config.call_site) return std::nullopt;
+  CallPlace place{current_call_site(), {}};
+  std::lock_guard lock(state->position_mutex);
+  place.position = state->positions->next(place.site.caller_id);
+  return place;
+}
+
 void fill_call(PendingCall& pending, const std::string& op, const c10::FunctionSchema* schema,
-               c10::ArrayRef<c10::IValue> arguments, std::int64_t sequence_nr, std::int64_t index) {
+               c10::ArrayRef<c10::IValue> arguments, std::int64_t sequence_nr, std::int64_t index,
+               const std::optional<CallPlace>& place) {
   AttentionCall& call = pending.call;
   const auto inputs = named_inputs(schema, arguments);
   const auto qkv = find_qkv(inputs);
@@ -412,14 +445,11 @@ void fill_call(PendingCall& pending, const std::string& op, const c10::FunctionS
                                                           std::chrono::system_clock::now().time_since_epoch()).count());
   call.metadata["sequence_nr"] = std::to_string(sequence_nr);
   if (!state->rank.empty()) call.metadata["rank"] = state->rank;
-  if (state->config.call_site) {
-    const CallSite site = current_call_site();
-    if (!site.location.empty()) call.metadata["call_site"] = site.location;
-    if (!site.caller_class.empty()) call.metadata["caller"] = site.caller_class;
-    std::lock_guard lock(state->position_mutex);
-    const auto position = state->positions->next(site.caller_id);
-    call.metadata["step"] = std::to_string(position.step);
-    call.metadata["layer"] = std::to_string(position.layer);
+  if (place) {
+    if (!place->site.location.empty()) call.metadata["call_site"] = place->site.location;
+    if (!place->site.caller_class.empty()) call.metadata["caller"] = place->site.caller_class;
+    call.metadata["step"] = std::to_string(place->position.step);
+    call.metadata["layer"] = std::to_string(place->position.layer);
   }
 }
 
@@ -474,6 +504,7 @@ struct Selection {
 
 Selection select_call() {
   const std::int64_t index = state->next_index++;
+  if (!state->recorder) return {index, false};
   ++state->recorder->stats().seen;
   const bool wanted = state->recorder->accepting() && state->config.selects(index) &&
                       (state->config.max_calls < 0 || state->selected.load() < state->config.max_calls);
@@ -488,9 +519,31 @@ Selection select_call() {
 
 // A matched op starts: the outermost one becomes a call (recorded if selected, or as `preselected`
 // says); one inside it names the backend that ran.
+// Under ATTNCAP_SUBSTITUTE: whether the kernel is to be asked for this call, or why not.
+void judge_substitution(PendingCall& pending, const std::string& op, const c10::FunctionSchema* schema, bool hooked,
+                        c10::ArrayRef<c10::IValue> inputs, std::int64_t index, const std::optional<CallPlace>& place) {
+  const auto qkv = find_qkv(named_inputs(schema, inputs));
+  if (!qkv[0]) {
+    pending.left_reason = fmt::format("{}: no query/key/value tensors among its arguments", op);
+    return;
+  }
+  const at::Tensor& query = qkv[0]->toTensor();
+  pending.on_gpu = query.is_cuda();
+  const bool returns_one_tensor =
+      schema && schema->returns().size() == 1 && schema->returns()[0].type()->kind() == c10::TypeKind::TensorType;
+  auto reason = state->substituter->declines_early(
+      op, hooked, returns_one_tensor, index, place ? std::optional(place->position.layer) : std::nullopt,
+      place ? std::optional(place->position.step) : std::nullopt, query, qkv[1]->toTensor(), qkv[2]->toTensor());
+  if (reason) {
+    pending.left_reason = std::move(*reason);
+  } else {
+    pending.substitute = true;
+  }
+}
+
 std::unique_ptr<at::ObserverContext> begin_call(const std::string& op, const c10::FunctionSchema* schema,
                                                 c10::ArrayRef<c10::IValue> inputs, std::int64_t sequence_nr,
-                                                std::optional<Selection> preselected = std::nullopt) {
+                                                bool hooked, std::optional<Selection> preselected = std::nullopt) {
   if (active_depth > 0) {
     ++active_depth;
     if (outermost && outermost->call.backend.empty()) outermost->call.backend = op;
@@ -509,17 +562,20 @@ std::unique_ptr<at::ObserverContext> begin_call(const std::string& op, const c10
     }
     auto pending = std::make_unique<PendingCall>();
     const Selection selection = preselected ? *preselected : select_call();
-    if (selection.wanted) {
+    const std::optional<CallPlace> place =
+        selection.wanted || state->substituter ? place_call() : std::nullopt;
+    if (state->substituter) judge_substitution(*pending, op, schema, hooked, inputs, selection.index, place);
+    if (selection.wanted || pending->substitute) {
       at::RecordFunctionGuard no_observers(false);  // our copies must not be observed
       c10::AutoGradMode no_grad(false);
-      fill_call(*pending, op, schema, inputs, sequence_nr, selection.index);
-      pending->record = true;
+      fill_call(*pending, op, schema, inputs, sequence_nr, selection.index, place);
+      pending->record = selection.wanted;
     }
     pending->started = std::chrono::steady_clock::now();
     outermost = pending.get();
     return pending;
   } catch (const std::exception& error) {
-    ++state->recorder->stats().failed;
+    count_failed();
     report_failure_once(error);
     return std::make_unique<PassThrough>();
   }
@@ -547,6 +603,16 @@ void end_call(at::ObserverContext* context, const c10::ArrayRef<c10::IValue>* ou
   auto* pending = dynamic_cast<PendingCall*>(context);
   if (!pending) return;
   if (outermost == pending) outermost = nullptr;
+  if (state->substituter && outputs) {
+    state->substituter->count(pending->substituted, pending->left_reason,
+                              std::chrono::duration<double>(std::chrono::steady_clock::now() - pending->started).count(),
+                              pending->on_gpu);
+    if (pending->substituted) {
+      pending->call.metadata["substituted_by"] = state->substituter->kernel_name();
+    } else {
+      pending->call.metadata["substitution_left"] = pending->left_reason;
+    }
+  }
   if (!pending->record || !outputs) return;
   try {
     at::RecordFunctionGuard no_observers(false);
@@ -561,21 +627,50 @@ void end_call(at::ObserverContext* context, const c10::ArrayRef<c10::IValue>* ou
     state->recorder->submit(std::move(pending->call), bytes,
                             [copies = pending->copies](AttentionCall& call) { copies->finish_into(call); });
   } catch (const std::exception& error) {
-    ++state->recorder->stats().failed;
+    count_failed();
     report_failure_once(error);
   }
 }
 
 std::unique_ptr<at::ObserverContext> begin_hooked(const std::string& op, const c10::FunctionSchema& schema,
                                                   c10::ArrayRef<c10::IValue> inputs) {
-  return begin_call(op, &schema, inputs, static_cast<std::int64_t>(at::sequence_number::peek()));
+  return begin_call(op, &schema, inputs, static_cast<std::int64_t>(at::sequence_number::peek()), /*hooked=*/true);
+}
+
+// The hook's substitution (ATTNCAP_SUBSTITUTE): the kernel's output in place of the op's, where
+// begin_call judged the call the kernel's to take and the kernel takes it. Otherwise the op runs,
+// and the reason is counted.
+bool substitute_hooked(at::ObserverContext* context, const c10::FunctionSchema& schema, torch::jit::Stack* stack) {
+  auto* pending = dynamic_cast<PendingCall*>(context);
+  if (!pending || !pending->substitute) return false;
+  try {
+    at::RecordFunctionGuard no_observers(false);
+    c10::AutoGradMode no_grad(false);
+    const std::size_t count = schema.arguments().size();
+    const c10::ArrayRef<c10::IValue> inputs(stack->data() + stack->size() - count, count);
+    const auto qkv = find_qkv(named_inputs(&schema, inputs));
+    pending->copies->finish_into(pending->call);
+    auto computed = state->substituter->compute(pending->call, qkv[0]->toTensor(), qkv[2]->toTensor());
+    if (auto* reason = std::get_if<std::string>(&computed)) {
+      pending->left_reason = std::move(*reason);
+      return false;
+    }
+    torch::jit::drop(*stack, count);
+    torch::jit::push(*stack, std::move(std::get<at::Tensor>(computed)));
+    pending->substituted = true;
+    return true;
+  } catch (const std::exception& error) {
+    const auto* c10_error = dynamic_cast<const c10::Error*>(&error);
+    pending->left_reason = fmt::format("substitution failed: {}", c10_error ? c10_error->what_without_backtrace() : error.what());
+    return false;
+  }
 }
 
 // RecordFunction callbacks, for matched ops that were registered after capture started.
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   if (!state || !op_matches(fn.name())) return nullptr;
   const auto schema = fn.operator_schema();
-  return begin_call(fn.name(), schema ? &*schema : nullptr, fn.inputs(), fn.seqNr());
+  return begin_call(fn.name(), schema ? &*schema : nullptr, fn.inputs(), fn.seqNr(), /*hooked=*/false);
 }
 
 void on_end(const at::RecordFunction& fn, at::ObserverContext* context) {
@@ -602,7 +697,7 @@ void select_python_call_kernel(const c10::OperatorHandle&, torch::jit::Stack* st
       if (selection.wanted) python_selection = selection;
       wanted = selection.wanted;
     } catch (const std::exception& error) {
-      ++state->recorder->stats().failed;
+      count_failed();
       report_failure_once(error);
     }
   }
@@ -619,7 +714,7 @@ void python_call_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack)
   python_selection.reset();
   if (state && selection && inputs[0].isString()) {
     auto context = begin_call(inputs[0].toStringRef(), &schema, inputs,
-                              static_cast<std::int64_t>(at::sequence_number::peek()), selection);
+                              static_cast<std::int64_t>(at::sequence_number::peek()), /*hooked=*/false, selection);
     // duration_s is the entry point's own wall time, as the Python side measured it, plus the copies.
     const c10::IValue* wall = find_input(named_inputs(&schema, inputs), {"wall_s"});
     if (auto* pending = dynamic_cast<PendingCall*>(context.get()); pending && wall && wall->isDouble()) {
@@ -680,7 +775,7 @@ void install_observers() {
     }
     return;
   }
-  const HookCallbacks calls{&begin_hooked, &end_call};
+  const HookCallbacks calls{&begin_hooked, &end_call, state->substituter ? &substitute_hooked : nullptr};
   for (const HookedOp& hooked : install_op_hooks(op_wanted, calls)) {
     state->hooked.insert(hooked.op);
   }
@@ -728,6 +823,10 @@ std::string output_path(const CaptureConfig& config, const std::string& rank) {
 
 void shutdown_at_exit() {
   if (state && state->recorder) state->recorder->shutdown();
+  if (state && state->substituter) {
+    static std::once_flag reported;
+    std::call_once(reported, [] { state->substituter->report(); });
+  }
 }
 
 void in_forked_child() {
@@ -755,14 +854,22 @@ extern "C" __attribute__((visibility("default"))) void attncap_start() {
     fresh->ops = std::regex(fresh->config.ops_pattern);
     fresh->rank = launcher_rank();
     fresh->positions = std::make_unique<PositionTracker>(fresh->config.calls_per_step);
-    const std::string path = output_path(fresh->config, fresh->rank);
-    // Opening the output initialises HDF5, which registers its own exit handler; ours is
-    // registered after it so that it runs first and closes the file while HDF5 still works.
-    fresh->recorder = std::make_unique<Recorder>(fresh->config, path);
+    if (!fresh->config.substitute.empty()) {
+      fresh->substituter = Substituter::open(fresh->config);
+      if (!fresh->substituter && !fresh->config.capture) return;
+    }
+    std::string path;
+    if (fresh->config.capture) {
+      path = output_path(fresh->config, fresh->rank);
+      // Opening the output initialises HDF5, which registers its own exit handler; ours is
+      // registered after it so that it runs first and closes the file while HDF5 still works.
+      fresh->recorder = std::make_unique<Recorder>(fresh->config, path);
+    }
     state = fresh.release();
     std::atexit(shutdown_at_exit);
     pthread_atfork(nullptr, nullptr, in_forked_child);
     install_observers();
+    if (!state->config.capture) return;
     install_python_entry_points(state->config.quiet, define_python_call_ops);
     if (!state->config.quiet) std::fprintf(stderr, "[attncap] capturing attention calls to %s\n", path.c_str());
   } catch (const std::exception& error) {

@@ -41,7 +41,9 @@ class HookKernel final : public c10::OperatorKernel {
     auto context =
         callbacks_.begin(name_, schema, c10::ArrayRef<c10::IValue>(stack->data() + stack->size() - n_inputs, n_inputs));
     try {
-      original_.callBoxed(op, keys, stack);
+      if (!callbacks_.substitute || !callbacks_.substitute(context.get(), schema, stack)) {
+        original_.callBoxed(op, keys, stack);
+      }
     } catch (...) {
       callbacks_.end(context.get(), nullptr);
       throw;

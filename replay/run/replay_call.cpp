@@ -19,7 +19,7 @@
 #include "kernels/per_sequence.h"
 #include "kernels/torch_inputs.h"
 #include "replay/judge/attention_work.h"
-#include "replay/judge/call_semantics.h"
+#include "formats/call_semantics.h"
 #include "replay/judge/compare.h"
 #include "replay/judge/error_stats.h"
 #include "replay/measure/gpu.h"

@@ -1,4 +1,4 @@
-#include "replay/judge/call_semantics.h"
+#include "formats/call_semantics.h"
 
 #include <catch2/catch_test_macros.hpp>
 

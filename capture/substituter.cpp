@@ -1,0 +1,127 @@
+#include "capture/substituter.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+#include <dlfcn.h>
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+
+#include "formats/torch_tensor.h"
+
+namespace attnreplay::capture {
+namespace {
+
+// This part's folder: libattncap_kernels.so is built into it, for the same torch.
+std::filesystem::path own_folder() {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&own_folder), &info) == 0 || !info.dli_fname) return {};
+  return std::filesystem::path(info.dli_fname).parent_path();
+}
+
+std::string ranges_text(const CaptureConfig::Ranges& ranges) {
+  std::string text;
+  for (const auto& [low, high] : ranges) {
+    if (!text.empty()) text += ",";
+    text += low == high ? std::to_string(low) : fmt::format("{}-{}", low, high);
+  }
+  return text;
+}
+
+}  // namespace
+
+std::unique_ptr<Substituter> Substituter::open(const CaptureConfig& config) {
+  const std::filesystem::path part = own_folder() / kKernelsPartFile;
+  auto off = [&](const std::string& why) {
+    std::fprintf(stderr, "[attncap] ATTNCAP_SUBSTITUTE=%s is off, and the job runs unsubstituted: %s\n",
+                 config.substitute.c_str(), why.c_str());
+    return nullptr;
+  };
+  if (!std::filesystem::exists(part)) {
+    return off(fmt::format("there are no kernels beside this capture part ({}): they are built only for the torch "
+                           "attnreplay was built with, and this job's torch is another",
+                           own_folder().string()));
+  }
+  void* handle = dlopen(part.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!handle) return off(fmt::format("cannot load {}: {}", part.string(), dlerror()));
+  auto open_substitution = reinterpret_cast<OpenSubstitutionFn>(dlsym(handle, kOpenSubstitutionSymbol));
+  if (!open_substitution) return off(fmt::format("{} has no {}", part.string(), kOpenSubstitutionSymbol));
+  std::string error;
+  std::unique_ptr<Substitution> substitution(open_substitution(config.substitute.c_str(), &error));
+  if (!substitution) return off(error);
+  if (!config.quiet) {
+    std::string where;
+    for (const auto& [name, ranges] : {std::pair{"calls", &config.substitute_calls},
+                                       std::pair{"layers", &config.substitute_layers},
+                                       std::pair{"steps", &config.substitute_steps}}) {
+      if (!ranges->empty()) where += fmt::format(", {} {}", name, ranges_text(*ranges));
+    }
+    std::fprintf(stderr, "[attncap] substituting %s for the attention ops it takes%s\n", config.substitute.c_str(),
+                 where.c_str());
+  }
+  return std::unique_ptr<Substituter>(new Substituter(config, std::move(substitution)));
+}
+
+std::optional<std::string> Substituter::declines_early(const std::string& op, bool hooked, bool returns_one_tensor,
+                                                       std::int64_t call_index, std::optional<std::int64_t> layer,
+                                                       std::optional<std::int64_t> step, const at::Tensor& query,
+                                                       const at::Tensor& key, const at::Tensor& value) const {
+  if (!in_ranges(config_.substitute_calls, call_index)) return "outside ATTNCAP_SUBSTITUTE_CALLS";
+  if (!config_.substitute_layers.empty() && (!layer || !in_ranges(config_.substitute_layers, *layer))) {
+    return "outside ATTNCAP_SUBSTITUTE_LAYERS";
+  }
+  if (!config_.substitute_steps.empty() && (!step || !in_ranges(config_.substitute_steps, *step))) {
+    return "outside ATTNCAP_SUBSTITUTE_STEPS";
+  }
+  // Ops registered after the job started (flash-attn's, SageAttention's) are seen through
+  // RecordFunction, which can watch an op but not replace what it returns.
+  if (!hooked) return fmt::format("{} is observed, not hooked (registered after start)", op);
+  if (!returns_one_tensor) return fmt::format("{} returns more than the attention output", op);
+  if (c10::GradMode::is_enabled() && (query.requires_grad() || key.requires_grad() || value.requires_grad())) {
+    return "its inputs require grad (a kernel's output would carry no gradient)";
+  }
+  return std::nullopt;
+}
+
+std::variant<at::Tensor, std::string> Substituter::compute(const AttentionCall& call, const at::Tensor& query,
+                                                           const at::Tensor& value) {
+  auto computed = substitution_->compute(call);
+  if (auto* reason = std::get_if<std::string>(&computed)) return std::move(*reason);
+  const HostTensor& output = std::get<HostTensor>(computed);
+  // As the op returns it: the query's leading dims, the value's head dim.
+  std::vector<std::int64_t> shape(query.sizes().begin(), query.sizes().end());
+  shape.back() = value.size(-1);
+  const at::Tensor host = torch_from_host_tensor(output, /*restore_strides=*/false);
+  if (host.numel() != c10::multiply_integers(shape)) {
+    return fmt::format("the kernel's output is {}, not the op's {}", shape_string(output.shape), shape_string(shape));
+  }
+  return host.reshape(shape).to(query.device(), query.scalar_type());
+}
+
+void Substituter::count(bool substituted, const std::string& reason, double seconds, bool on_gpu) {
+  std::lock_guard lock(mutex_);
+  Tally& tally = substituted ? substituted_ : left_;
+  ++tally.calls;
+  tally.seconds += seconds;
+  tally.on_gpu |= on_gpu && !substituted;
+  if (!substituted) ++left_by_reason_[reason];
+}
+
+void Substituter::report() const {
+  if (config_.quiet) return;
+  std::lock_guard lock(mutex_);
+  // A GPU op returns once launched: its time here is not its own.
+  auto time = [](const Tally& tally) {
+    return tally.on_gpu ? std::string("GPU ops, not timed") : fmt::format("{:.3f} s", tally.seconds);
+  };
+  std::string text = fmt::format("[attncap] pid {}: substitution by {}: {} attention calls substituted ({}), {} left "
+                                 "to the original op ({})",
+                                 getpid(), kernel_name(), substituted_.calls, time(substituted_), left_.calls,
+                                 time(left_));
+  for (const auto& [reason, calls] : left_by_reason_) text += fmt::format("\n[attncap]   {} left: {}", calls, reason);
+  std::fprintf(stderr, "%s\n", text.c_str());
+}
+
+}  // namespace attnreplay::capture

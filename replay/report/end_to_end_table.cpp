@@ -1,0 +1,90 @@
+#include "replay/report/end_to_end_table.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+namespace attnreplay {
+namespace {
+
+std::string number(const nlohmann::json& value, const char* format = "{:.3g}") {
+  if (value.is_string()) return value.get<std::string>();
+  return fmt::format(fmt::runtime(format), value.get<double>());
+}
+
+}  // namespace
+
+void print_end_to_end(const nlohmann::json& record, std::ostream& out) {
+  const std::string kernel = record["kernel"];
+  out << fmt::format("attnreplay e2e: {} substituted into `{}`\n\n", kernel,
+                     fmt::join(record["command"].get<std::vector<std::string>>(), " "));
+  out << fmt::format("{:<12} {:>9} {:>13} {:>8}  {}\n", "run", "wall", "attention", "calls", "substituted");
+  for (const auto& run : record["runs"]) {
+    const std::string attention = run.contains("attention_s") ? fmt::format("{:.3f} s", run["attention_s"].get<double>()) : "-";
+    const std::string calls = run.contains("attention_calls") ? std::to_string(run["attention_calls"].get<int>()) : "-";
+    std::string substituted = "-";
+    if (run.contains("substitution")) {
+      const auto& s = run["substitution"];
+      substituted = fmt::format("{}, {} left to the original op", s["substituted"].get<int>(), s["left"].get<int>());
+    }
+    out << fmt::format("{:<12} {:>7.2f} s {:>13} {:>8}  {}\n", run["run"].get<std::string>(), run["wall_s"].get<double>(),
+                       attention, calls, substituted);
+    if (run.contains("substitution")) {
+      for (const auto& [reason, count] : run["substitution"]["left_by_reason"].items()) {
+        out << fmt::format("{:<12} {} left: {}\n", "", count.get<int>(), reason);
+      }
+      if (run["substitution"]["substituted"].get<int>() == 0) {
+        out << fmt::format("{:<12} {} substituted no call: the two runs computed attention alike\n", "", kernel);
+      }
+    }
+  }
+  out << "(attention: the calls' time on the job's thread as the capture timed them, copies included; a GPU op's is "
+         "its launch unless substituted)\n";
+
+  out << "\nwhat the job saved, substituted against as is:\n";
+  for (const auto& file : record["outputs"]) {
+    for (const auto& tensor : file["tensors"]) {
+      const std::string name = tensor["tensor"].get<std::string>().empty()
+                                   ? file["output"].get<std::string>()
+                                   : fmt::format("{} {}", file["output"].get<std::string>(), tensor["tensor"].get<std::string>());
+      if (tensor.contains("missing")) {
+        out << fmt::format("  {}: {}\n", name, tensor["missing"].get<std::string>());
+        continue;
+      }
+      const auto& d = tensor["distance"];
+      out << fmt::format("  {} [{}] {}: cosine {}  rel_l2 {}  max_abs {}  PSNR {} dB  ({} of {} elements differ)\n",
+                         name, fmt::join(tensor["shape"].get<std::vector<std::int64_t>>(), "x"),
+                         tensor["dtype"].get<std::string>(), number(d["cosine"], "{:.6f}"), number(d["rel_l2"]),
+                         number(d["max_abs"]), number(d["psnr_db"], "{:.1f}"), d["differing"].get<std::int64_t>(),
+                         d["elements"].get<std::int64_t>());
+      // Token ids: where the sequences part.
+      const std::string dtype = tensor["dtype"];
+      const bool integers = dtype.find("int") != std::string::npos || dtype == "bool";
+      if (d.contains("first_difference") && integers) {
+        out << fmt::format("    first difference at [{}]\n",
+                           fmt::join(d["first_difference"].get<std::vector<std::int64_t>>(), ", "));
+      }
+      if (tensor.contains("logits")) {
+        const auto& l = tensor["logits"];
+        out << fmt::format("    logits: top-1 agreement {:.4f} over {} rows, mean KL {:.3g} nats\n",
+                           l["top1_agreement"].get<double>(), l["rows"].get<std::int64_t>(), l["mean_kl"].get<double>());
+      }
+    }
+  }
+
+  if (record.contains("layers")) {
+    out << "\nper layer (worst over steps): the substituted run's own error against exact attention of its inputs,\n"
+           "its inputs' and its output's distance from the run as is (rel_l2):\n";
+    out << fmt::format("  {:>5} {:>6} {:>12} {:>11} {:>15} {:>16}\n", "layer", "calls", "substituted", "own error",
+                       "input distance", "output distance");
+    for (const auto& layer : record["layers"]) {
+      out << fmt::format("  {:>5} {:>6} {:>12} {:>11.3g} {:>15.3g} {:>16.3g}\n", layer["layer"].get<std::int64_t>(),
+                         layer["calls"].get<int>(), layer["substituted"].get<int>(), layer["own_rel_l2"].get<double>(),
+                         layer["input_rel_l2"].get<double>(), layer["output_rel_l2"].get<double>());
+    }
+  }
+  if (record.contains("notes")) {
+    for (const auto& note : record["notes"]) out << "note: " << note.get<std::string>() << '\n';
+  }
+}
+
+}  // namespace attnreplay

@@ -1,0 +1,317 @@
+#include "replay/run/end_to_end.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <sstream>
+
+#include "formats/capture_source.h"
+#include "formats/errors.h"
+#include "formats/tensor_file.h"
+#include "replay/judge/compare.h"
+#include "replay/judge/tensor_distance.h"
+#include "replay/run/replay_call.h"
+#include "replay/run/replay_options.h"
+
+extern char** environ;
+
+namespace attnreplay {
+namespace {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+struct RunOutcome {
+  double wall_s = 0;
+  std::string stderr_text;
+  std::string capture_folder;  // empty without per-layer capture
+};
+
+// The job with `extra` added to this process's environment (ATTNCAP_* of the caller left out, so
+// that both runs see the same), its stdout and stderr in files of `folder`.
+RunOutcome run_job(const EndToEndOptions& options, const std::string& name, const fs::path& folder,
+                   const std::map<std::string, std::string>& extra) {
+  fs::create_directories(folder);
+  std::vector<std::string> environment;
+  for (char** entry = environ; entry && *entry; ++entry) {
+    const std::string text(*entry);
+    const std::string key = text.substr(0, text.find('='));
+    if (key.rfind("ATTNCAP_", 0) == 0 || extra.count(key)) continue;
+    environment.push_back(text);
+  }
+  for (const auto& [key, value] : extra) environment.push_back(key + "=" + value);
+  std::vector<char*> envp, argv;
+  for (auto& text : environment) envp.push_back(text.data());
+  envp.push_back(nullptr);
+  std::vector<std::string> command = options.command;
+  for (auto& word : command) argv.push_back(word.data());
+  argv.push_back(nullptr);
+  const std::string out_path = (folder / "stdout.txt").string(), err_path = (folder / "stderr.txt").string();
+  const auto start = std::chrono::steady_clock::now();
+  const pid_t pid = fork();
+  if (pid < 0) throw InputError(fmt::format("e2e: cannot start the {} run: fork failed", name));
+  if (pid == 0) {
+    const int out = open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int err = open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (out < 0 || err < 0) _exit(126);
+    dup2(out, 1);
+    dup2(err, 2);
+    execvpe(argv[0], argv.data(), envp.data());
+    dprintf(2, "e2e: cannot run %s: %s\n", argv[0], strerror(errno));
+    _exit(127);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  RunOutcome outcome;
+  outcome.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::ifstream err_file(err_path);
+  std::stringstream text;
+  text << err_file.rdbuf();
+  outcome.stderr_text = text.str();
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    const std::string& all = outcome.stderr_text;
+    const std::string tail = all.size() > 2000 ? all.substr(all.size() - 2000) : all;
+    throw InputError(fmt::format("e2e: the {} run of `{}` {} (its stderr: {}); the last of it:\n{}", name,
+                                 fmt::join(options.command, " "),
+                                 WIFEXITED(status) ? fmt::format("exited with {}", WEXITSTATUS(status))
+                                                   : fmt::format("was killed by signal {}", WTERMSIG(status)),
+                                 err_path, tail));
+  }
+  return outcome;
+}
+
+// Each output the job wrote, moved out of its way into the run's folder (the next run writes it
+// again). Returns the moved files by output.
+std::map<std::string, fs::path> collect_outputs(const EndToEndOptions& options, const std::string& name,
+                                                const fs::path& folder) {
+  std::map<std::string, fs::path> moved;
+  for (const std::string& output : options.outputs) {
+    if (!fs::exists(output)) {
+      throw InputError(fmt::format("e2e: the {} run did not write {}, which --outputs names", name, output));
+    }
+    const fs::path target = folder / "outputs" / fs::path(output).filename();
+    fs::create_directories(target.parent_path());
+    fs::remove(target);
+    fs::copy_file(output, target);
+    fs::remove(output);
+    moved[output] = target;
+  }
+  return moved;
+}
+
+// The preload's account of substitution at exit ("[attncap] pid N: substitution by K: S attention
+// calls substituted (...), L left to the original op (...)", then one line per reason).
+json substitution_account(const std::string& stderr_text) {
+  json account = {{"substituted", 0}, {"left", 0}, {"left_by_reason", json::object()}, {"reported", false}};
+  const std::regex summary(R"(\[attncap\] pid \d+: substitution by \S+: (\d+) attention calls substituted \(([^)]*)\), (\d+) left to the original op \(([^)]*)\))");
+  const std::regex reason(R"(\[attncap\]   (\d+) left: (.*))");
+  std::istringstream lines(stderr_text);
+  for (std::string line; std::getline(lines, line);) {
+    std::smatch m;
+    if (std::regex_search(line, m, summary)) {
+      account["substituted"] = account["substituted"].get<std::int64_t>() + std::stoll(m[1]);
+      account["left"] = account["left"].get<std::int64_t>() + std::stoll(m[3]);
+      account["substituted_time"] = m[2].str();
+      account["left_time"] = m[4].str();
+      account["reported"] = true;
+    } else if (std::regex_search(line, m, reason)) {
+      auto& count = account["left_by_reason"][m[2].str()];
+      count = (count.is_null() ? 0 : count.get<std::int64_t>()) + std::stoll(m[1]);
+    }
+  }
+  return account;
+}
+
+json distance_json(const TensorDistance& d) {
+  json j = {{"elements", d.elements}, {"differing", d.differing}, {"nonfinite", d.nonfinite},
+            {"max_abs", d.max_abs},   {"rel_l2", d.rel_l2},       {"cosine", d.cosine}};
+  j["psnr_db"] = std::isfinite(d.psnr_db) ? json(d.psnr_db) : json("inf");
+  if (d.first_difference) j["first_difference"] = *d.first_difference;
+  return j;
+}
+
+json compare_outputs(const std::map<std::string, fs::path>& original, const std::map<std::string, fs::path>& substituted) {
+  json files = json::array();
+  for (const auto& [output, original_path] : original) {
+    const auto as_is = read_tensor_file(original_path.string());
+    const auto with_kernel = read_tensor_file(substituted.at(output).string());
+    json tensors = json::array();
+    for (const auto& [name, reference] : as_is) {
+      const auto found = std::find_if(with_kernel.begin(), with_kernel.end(), [&](const auto& t) { return t.first == name; });
+      json entry = {{"tensor", name}, {"dtype", dtype_name(reference.dtype)}, {"shape", reference.shape}};
+      if (found == with_kernel.end()) {
+        entry["missing"] = "not in the substituted run's file";
+      } else {
+        entry["distance"] = distance_json(tensor_distance(found->second, reference, fmt::format("{} {}", output, name)));
+        // Logits by name: top-1 agreement and KL, as LLM users compare them.
+        std::string lower = name + " " + fs::path(output).filename().string();
+        std::transform(lower.begin(), lower.end(), lower.begin(), ::tolower);
+        if (dtype_is_floating(reference.dtype) && lower.find("logit") != std::string::npos) {
+          const LogitAgreement a = logit_agreement(found->second, reference);
+          entry["logits"] = {{"rows", a.rows}, {"top1_agreement", a.top1}, {"mean_kl", a.mean_kl}};
+        }
+      }
+      tensors.push_back(std::move(entry));
+    }
+    files.push_back({{"output", output}, {"tensors", std::move(tensors)}});
+  }
+  return files;
+}
+
+double attention_seconds(CaptureSource& capture) {
+  double total = 0;
+  for (std::size_t i = 0; i < capture.size(); ++i) {
+    const AttentionCall call = capture.load(i, /*with_data=*/false);
+    if (auto found = call.metadata.find("duration_s"); found != call.metadata.end()) total += std::stod(found->second);
+  }
+  return total;
+}
+
+std::unique_ptr<CaptureSource> open_run_capture(const std::string& folder, const std::string& name) {
+  if (!fs::exists(folder) || fs::is_empty(folder)) {
+    throw InputError(fmt::format("e2e: the {} run captured nothing into {} (did the job call attention, and did the "
+                                 "preload load? see its stderr.txt)", name, folder));
+  }
+  return open_capture(folder);
+}
+
+// Call by call: the substituted run's output against the exact attention of its own inputs, and
+// its inputs and output against the run as is. Calls pair by index: the same job, seeded alike,
+// makes the same calls in the same order.
+json compare_calls(CaptureSource& original, CaptureSource& substituted) {
+  json calls = json::array();
+  const std::size_t count = std::min(original.size(), substituted.size());
+  ReplayOptions reference_options;
+  for (std::size_t i = 0; i < count; ++i) {
+    const AttentionCall as_is = original.load(i);
+    const AttentionCall with_kernel = substituted.load(i);
+    json entry = {{"call_index", with_kernel.call_index}, {"op", with_kernel.op}};
+    for (const char* key : {"layer", "step"}) {
+      if (auto found = with_kernel.metadata.find(key); found != with_kernel.metadata.end()) {
+        entry[key] = std::stoll(found->second);
+      }
+    }
+    if (auto found = with_kernel.metadata.find("substituted_by"); found != with_kernel.metadata.end()) {
+      entry["substituted_by"] = found->second;
+    } else if (auto left = with_kernel.metadata.find("substitution_left"); left != with_kernel.metadata.end()) {
+      entry["left"] = left->second;
+    }
+    const std::string where = with_kernel.where();
+    double input_distance = 0;
+    bool same_shapes = true;
+    for (const auto& [field, a, b] : {std::tuple{"q", &with_kernel.q, &as_is.q}, std::tuple{"k", &with_kernel.k, &as_is.k},
+                                      std::tuple{"v", &with_kernel.v, &as_is.v}}) {
+      if (a->shape != b->shape) {
+        same_shapes = false;
+        break;
+      }
+      input_distance = std::max(input_distance, tensor_distance(*a, *b, fmt::format("{} {}", where, field)).rel_l2);
+    }
+    if (!same_shapes) {
+      entry["unpaired"] = "the two runs' calls at this index differ in shape: the job did not make the same calls";
+      calls.push_back(std::move(entry));
+      continue;
+    }
+    entry["input_rel_l2"] = input_distance;
+    if (with_kernel.out && as_is.out) {
+      entry["output_rel_l2"] = tensor_distance(*with_kernel.out, *as_is.out, where + " out").rel_l2;
+      const ReferenceOutput reference = reference_for(with_kernel, reference_options);
+      const ErrorStats own = compare_to_reference(to_bhsd(*with_kernel.out, with_kernel.layout), reference);
+      entry["own_rel_l2"] = own.rel_l2;
+      entry["own_cosine"] = own.cosine;
+    }
+    calls.push_back(std::move(entry));
+  }
+  return calls;
+}
+
+// Per layer, over steps: the calls, how many were substituted, and the worst of each distance.
+json by_layer(const json& calls) {
+  std::map<std::int64_t, json> layers;
+  for (const json& call : calls) {
+    if (!call.contains("layer") || !call.contains("own_rel_l2")) continue;
+    json& layer = layers[call["layer"].get<std::int64_t>()];
+    if (layer.is_null()) layer = {{"layer", call["layer"]}, {"calls", 0}, {"substituted", 0}, {"own_rel_l2", 0.0},
+                                  {"input_rel_l2", 0.0}, {"output_rel_l2", 0.0}};
+    layer["calls"] = layer["calls"].get<int>() + 1;
+    if (call.contains("substituted_by")) layer["substituted"] = layer["substituted"].get<int>() + 1;
+    for (const char* key : {"own_rel_l2", "input_rel_l2", "output_rel_l2"}) {
+      layer[key] = std::max(layer[key].get<double>(), call[key].get<double>());
+    }
+  }
+  json list = json::array();
+  for (auto& [index, layer] : layers) list.push_back(std::move(layer));
+  return list;
+}
+
+}  // namespace
+
+json run_end_to_end(const EndToEndOptions& options) {
+  if (options.command.empty()) throw InputError("e2e: give the job's command after --");
+  if (!fs::exists(options.preload)) {
+    throw InputError(fmt::format("e2e: the capture preload {} does not exist (--preload names it)", options.preload));
+  }
+  for (const std::string& output : options.outputs) {
+    if (fs::exists(output)) {
+      throw InputError(fmt::format("e2e: {} exists before the job runs: remove it, so that each run's file is that "
+                                   "run's own", output));
+    }
+  }
+  const fs::path workdir(options.workdir);
+  json record = {{"command", options.command}, {"kernel", options.kernel}, {"workdir", options.workdir}};
+  json runs = json::array();
+  std::map<std::string, std::map<std::string, fs::path>> outputs;
+  std::map<std::string, std::string> captures;
+  for (const std::string name : {"original", "substituted"}) {
+    const fs::path folder = workdir / name;
+    fs::remove_all(folder / "capture");
+    std::map<std::string, std::string> extra = {{"LD_PRELOAD", options.preload}};
+    if (options.per_layer) extra["ATTNCAP_OUT"] = (folder / "capture").string();
+    if (name == "substituted") {
+      extra["ATTNCAP_SUBSTITUTE"] = options.kernel;
+      if (!options.calls.empty()) extra["ATTNCAP_SUBSTITUTE_CALLS"] = options.calls;
+      if (!options.layers.empty()) extra["ATTNCAP_SUBSTITUTE_LAYERS"] = options.layers;
+      if (!options.steps.empty()) extra["ATTNCAP_SUBSTITUTE_STEPS"] = options.steps;
+    }
+    const RunOutcome outcome = run_job(options, name, folder, extra);
+    outputs[name] = collect_outputs(options, name, folder);
+    json run = {{"run", name}, {"wall_s", outcome.wall_s}, {"stderr", (folder / "stderr.txt").string()}};
+    if (options.per_layer) {
+      captures[name] = (folder / "capture").string();
+      auto capture = open_run_capture(captures[name], name);
+      run["attention_calls"] = capture->size();
+      run["attention_s"] = attention_seconds(*capture);
+    }
+    if (name == "substituted") {
+      run["substitution"] = substitution_account(outcome.stderr_text);
+      if (!run["substitution"]["reported"].get<bool>()) {
+        throw InputError(fmt::format("e2e: the substituted run gave no account of substitution: the preload did not "
+                                     "substitute {} (its stderr: {})", options.kernel, (folder / "stderr.txt").string()));
+      }
+    }
+    runs.push_back(std::move(run));
+  }
+  record["runs"] = std::move(runs);
+  record["outputs"] = compare_outputs(outputs["original"], outputs["substituted"]);
+  if (options.per_layer) {
+    auto original = open_capture(captures["original"]);
+    auto substituted = open_capture(captures["substituted"]);
+    record["calls"] = compare_calls(*original, *substituted);
+    record["layers"] = by_layer(record["calls"]);
+    if (original->size() != substituted->size()) {
+      record["notes"].push_back(fmt::format("the runs made {} and {} attention calls: only the first {} are paired",
+                                            original->size(), substituted->size(),
+                                            std::min(original->size(), substituted->size())));
+    }
+  }
+  return record;
+}
+
+}  // namespace attnreplay
