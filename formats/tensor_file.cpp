@@ -108,6 +108,10 @@ std::vector<std::pair<std::string, HostTensor>> read_tensor_file(const std::stri
     } catch (const PickleNotUnderstood& error) {
       throw InputError(fmt::format("{}: a zip that is not a torch.save of tensors and containers of them ({})", path,
                                    error.what()));
+    } catch (const InputError& error) {
+      // NumPy's .npz is a zip too, of .npy files.
+      throw InputError(fmt::format("{} (NumPy's .npz is not read: save arrays with np.save, or a dict of tensors with "
+                                   "torch.save or safetensors)", error.what()));
     }
   } else if (looks_like_safetensors(path)) {
     SafetensorsFile file(path);

@@ -292,8 +292,17 @@ json run_end_to_end(const EndToEndOptions& options) {
     if (name == "substituted") {
       run["substitution"] = substitution_account(outcome.stderr_text);
       if (!run["substitution"]["reported"].get<bool>()) {
+        // The preload's own reason, where it gave one ("ATTNCAP_SUBSTITUTE=K is off, ...: no kernel named K").
+        std::string said;
+        std::istringstream lines(outcome.stderr_text);
+        for (std::string line; std::getline(lines, line);) {
+          if (line.find("[attncap]") != std::string::npos && line.find("ATTNCAP_SUBSTITUTE") != std::string::npos) {
+            said += "\n  " + line;
+          }
+        }
         throw InputError(fmt::format("e2e: the substituted run gave no account of substitution: the preload did not "
-                                     "substitute {} (its stderr: {})", options.kernel, (folder / "stderr.txt").string()));
+                                     "substitute {} (its stderr: {}){}", options.kernel,
+                                     (folder / "stderr.txt").string(), said));
       }
     }
     runs.push_back(std::move(run));

@@ -373,10 +373,11 @@ def test_the_run_ends_with_a_summary_over_its_calls(tmp_path):
             break
         rows.append(fields)
     names = [row[0] for row in rows]
-    assert names[0] == base.group(1) and {"torch-flash-cpu", "torch-math", "sage2-int8-fp8-cpu"} <= set(names)
+    assert base.group(1) in names and {"torch-flash-cpu", "torch-math", "sage2-int8-fp8-cpu"} <= set(names)
     assert all(row[1] == "2" for row in rows)  # each ran both calls
+    # Fastest first; an emulation may beat the exact kernels on calls this small, under load.
     ratios = [float(row[4].rstrip("x")) for row in rows]
-    assert ratios == sorted(ratios) and ratios[0] == 1
+    assert ratios == sorted(ratios) and ratios[names.index(base.group(1))] == 1
     assert any(line.startswith("  sage2-int8-fp8-cpu (emul.)") for line in lines)
     # Each refusal once, the kernels that gave it in one line; statuses explained; 120 columns.
     assert sum("not run, no CUDA device:" in line for line in lines) == 1

@@ -12,7 +12,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--save", help="write the tokens and logits here (.npz)")
+    parser.add_argument("--save", help="write the tokens and logits here (.npz, or .pt: a dict torch.save writes)")
     parser.add_argument("--new-tokens", type=int, default=4)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
@@ -32,7 +32,9 @@ def main():
         logits = model(input_ids=ids, attention_mask=mask).logits
         tokens = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=args.new_tokens, do_sample=False,
                                 pad_token_id=0)
-    if args.save:
+    if args.save and args.save.endswith(".pt"):
+        torch.save({"tokens": tokens.cpu(), "logits": logits.float().cpu()}, args.save)
+    elif args.save:
         np.savez(args.save, tokens=tokens.cpu().numpy(), logits=logits.float().cpu().numpy())
     print(f"generated {tokens.shape[1] - ids.shape[1]} tokens for {ids.shape[0]} prompts")
 

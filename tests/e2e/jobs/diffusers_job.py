@@ -50,6 +50,8 @@ def main():
     parser.add_argument("--models", default="flux,cogvideox", help="comma-separated: flux, cogvideox (run in order)")
     parser.add_argument("--save-dir", required=True, help="writes <model>.npy here")
     parser.add_argument("--count-sdpa", help="write one JSON line per F.scaled_dot_product_attention call here")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                        help="the models' weights and inputs (outputs are saved as float32)")
     args = parser.parse_args()
     calls = []
     current = None
@@ -65,10 +67,12 @@ def main():
     for current in args.models.split(","):
         torch.manual_seed(0)
         model, inputs = builders[current]()
-        model.eval()
+        dtype = getattr(torch, args.dtype)
+        model.eval().to(dtype)
+        inputs = {k: v.to(dtype) if v.is_floating_point() else v for k, v in inputs.items()}
         with torch.no_grad():
             out = model(**inputs, return_dict=False)[0]
-        np.save(f"{args.save_dir}/{current}.npy", out.numpy())
+        np.save(f"{args.save_dir}/{current}.npy", out.float().numpy())
         print(f"{current}: output {tuple(out.shape)}")
     if args.count_sdpa:
         with open(args.count_sdpa, "w") as f:

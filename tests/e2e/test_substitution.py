@@ -1,0 +1,199 @@
+"""Kernel substitution under the preload (ATTNCAP_SUBSTITUTE) and `attnreplay e2e`, on real models on
+the CPU: MiniLM (examples/run_minilm.py) and tiny diffusers Flux and CogVideoX transformers
+(tests/e2e/jobs/diffusers_job.py), with no change to either.
+
+- torch-math in place of SDPA gives the job's outputs within fp32 rounding;
+- a quantized kernel's CPU emulation changes them, and `attnreplay e2e` says by how much (cosine,
+  PSNR), with each substituted call's own error (checked here against numpy's exact attention)
+  and how the error grows through the layers;
+- a kernel that declines a call leaves it to the original op, and says so at exit;
+- ATTNCAP_SUBSTITUTE_CALLS / _LAYERS restrict it; a capture beside it records which kernel gave
+  each output.
+"""
+
+import json
+
+import numpy as np
+import pytest
+
+from capture_common import JOBS, PYTHON, SOURCE_DIR, attncap_lines, attnreplay, read_calls, run_python_job, the_capture
+
+MINILM = SOURCE_DIR / "examples" / "run_minilm.py"
+DIFFUSERS = JOBS / "diffusers_job.py"
+
+
+def substitution_summary(stderr):
+    lines = [line for line in attncap_lines(stderr) if "substitution by" in line or " left: " in line]
+    assert lines, f"no substitution account at exit:\n{stderr}"
+    return "\n".join(lines)
+
+
+@pytest.fixture(scope="module")
+def minilm_plain(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("plain")
+    run_python_job(MINILM, "--repeat", "2", "--save", folder / "emb.npy", preload=False)
+    return np.load(folder / "emb.npy")
+
+
+def test_minilm_under_torch_math_equals_the_job_as_is(minilm_plain, tmp_path):
+    job = run_python_job(MINILM, "--repeat", "2", "--save", tmp_path / "emb.npy", ATTNCAP_SUBSTITUTE="torch-math")
+    summary = substitution_summary(job.stderr)
+    assert "substitution by torch-math: 12 attention calls substituted" in summary, summary
+    assert "0 left to the original op" in summary, summary
+    substituted = np.load(tmp_path / "emb.npy")
+    # SDPA's CPU flash backend and its math backend sum in different orders: fp32 rounding apart.
+    np.testing.assert_allclose(substituted, minilm_plain, rtol=0, atol=1e-6)
+    # Substitution alone writes no capture.
+    assert not any("capturing attention calls" in line for line in attncap_lines(job.stderr)), job.stderr
+
+
+def test_tiny_diffusers_transformers_under_torch_math_equal_the_job_as_is(tmp_path):
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "math").mkdir()
+    counted = tmp_path / "sdpa.jsonl"
+    run_python_job(DIFFUSERS, "--save-dir", tmp_path / "plain", "--count-sdpa", counted, preload=False)
+    job = run_python_job(DIFFUSERS, "--save-dir", tmp_path / "math", ATTNCAP_SUBSTITUTE="torch-math")
+    calls = len(counted.read_text().splitlines())
+    assert calls == 6
+    assert f"{calls} attention calls substituted" in substitution_summary(job.stderr)
+    for model in ("flux", "cogvideox"):
+        plain, math = np.load(tmp_path / "plain" / f"{model}.npy"), np.load(tmp_path / "math" / f"{model}.npy")
+        np.testing.assert_allclose(math, plain, rtol=1e-5, atol=1e-5, err_msg=model)
+
+
+def test_a_kernel_that_declines_leaves_the_call_to_the_op_and_says_why(minilm_plain, tmp_path):
+    # The quantized emulations take bf16/fp16 inputs; MiniLM runs in fp32.
+    job = run_python_job(MINILM, "--repeat", "2", "--save", tmp_path / "emb.npy", ATTNCAP_SUBSTITUTE="sage2-int8-fp8-cpu")
+    summary = substitution_summary(job.stderr)
+    assert "0 attention calls substituted" in summary and "12 left to the original op" in summary, summary
+    assert "12 left: needs bfloat16 or float16 inputs, got float32" in summary, summary
+    np.testing.assert_array_equal(np.load(tmp_path / "emb.npy"), minilm_plain)
+
+
+def test_layer_and_call_ranges_restrict_substitution_and_the_capture_says_which_kernel_ran(tmp_path):
+    job = run_python_job(MINILM, "--repeat", "2", "--dtype", "bfloat16", out=tmp_path / "caps",
+                         ATTNCAP_SUBSTITUTE="sage1-int8-cpu", ATTNCAP_SUBSTITUTE_LAYERS="2-3")
+    summary = substitution_summary(job.stderr)
+    assert "4 attention calls substituted" in summary and "8 left: outside ATTNCAP_SUBSTITUTE_LAYERS" in summary, summary
+    calls = read_calls(the_capture(tmp_path / "caps"))
+    assert len(calls) == 12
+    for c in calls:
+        meta = c["metadata"]
+        if meta["layer"] in ("2", "3"):
+            assert meta.get("substituted_by") == "sage1-int8-cpu", meta
+        else:
+            assert "substituted_by" not in meta and meta.get("substitution_left") == "outside ATTNCAP_SUBSTITUTE_LAYERS"
+
+    job = run_python_job(MINILM, "--repeat", "2", "--dtype", "bfloat16", ATTNCAP_SUBSTITUTE="sage1-int8-cpu",
+                         ATTNCAP_SUBSTITUTE_CALLS="0-2,11")
+    summary = substitution_summary(job.stderr)
+    assert "4 attention calls substituted" in summary and "8 left: outside ATTNCAP_SUBSTITUTE_CALLS" in summary, summary
+
+
+def test_bad_substitution_settings_are_said_and_the_job_runs_on(minilm_plain, tmp_path):
+    job = run_python_job(MINILM, "--repeat", "2", "--save", tmp_path / "a.npy", ATTNCAP_SUBSTITUTE="no-such-kernel")
+    lines = "\n".join(attncap_lines(job.stderr))
+    assert "ATTNCAP_SUBSTITUTE=no-such-kernel is off" in lines and "no kernel named 'no-such-kernel'" in lines, lines
+    assert "torch-math" in lines  # the kernels it could have named
+    np.testing.assert_array_equal(np.load(tmp_path / "a.npy"), minilm_plain)
+
+    job = run_python_job(MINILM, "--save", tmp_path / "b.npy", ATTNCAP_SUBSTITUTE_LAYERS="1-2")
+    assert "ATTNCAP_SUBSTITUTE_LAYERS is set, but ATTNCAP_SUBSTITUTE is not" in job.stderr, job.stderr
+    job = run_python_job(MINILM, "--save", tmp_path / "c.npy", ATTNCAP_SUBSTITUTE="torch-math",
+                         ATTNCAP_SUBSTITUTE_STEPS="x")
+    assert "ATTNCAP_SUBSTITUTE_STEPS='x': expected ranges like 0-40,55" in job.stderr, job.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# attnreplay e2e
+
+
+def exact_attention(c):
+    """numpy's exact attention of a captured SDPA call, in float64: what the reference computes."""
+    q, k, v = (c[name].astype(np.float64) for name in ("q", "k", "v"))
+    scale = c["scale"] if c["scale"] is not None else 1 / np.sqrt(q.shape[-1])
+    scores = q @ np.swapaxes(k, -1, -2) * scale
+    if c["mask"] is not None:
+        mask = c["mask"]
+        scores = np.where(mask, scores, -np.inf) if mask.dtype == bool else scores + mask.astype(np.float64)
+    scores -= scores.max(axis=-1, keepdims=True)
+    p = np.exp(scores)
+    return (p / p.sum(axis=-1, keepdims=True)) @ v
+
+
+@pytest.fixture(scope="module")
+def minilm_e2e(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("e2e")
+    emb = folder / "emb.npy"
+    result = attnreplay("e2e", "--kernel", "sage2-int8-fp8-cpu", "--outputs", emb, "--workdir", folder / "runs",
+                        "--json", folder / "e2e.json", "--", PYTHON, MINILM, "--repeat", "2", "--dtype", "bfloat16",
+                        "--save", emb, timeout=600)
+    return dict(folder=folder, result=result, record=json.loads((folder / "e2e.json").read_text()))
+
+
+def test_e2e_reports_how_far_the_quantized_kernel_moves_the_embeddings(minilm_e2e):
+    record, folder = minilm_e2e["record"], minilm_e2e["folder"]
+    original, substituted = record["runs"]
+    assert substituted["substitution"]["substituted"] == 12 and substituted["substitution"]["left"] == 0
+    assert original["attention_calls"] == substituted["attention_calls"] == 12
+    assert original["wall_s"] > 0 and substituted["wall_s"] > 0
+    (entry,) = record["outputs"][0]["tensors"]
+    # The figures, recomputed from the two runs' files.
+    a = np.load(folder / "runs" / "original" / "outputs" / "emb.npy").astype(np.float64)
+    b = np.load(folder / "runs" / "substituted" / "outputs" / "emb.npy").astype(np.float64)
+    d = entry["distance"]
+    assert d["rel_l2"] == pytest.approx(np.linalg.norm(b - a) / np.linalg.norm(a), rel=1e-9)
+    assert d["cosine"] == pytest.approx((a * b).sum() / np.linalg.norm(a) / np.linalg.norm(b), rel=1e-12)
+    mse = ((b - a) ** 2).mean()
+    assert d["psnr_db"] == pytest.approx(20 * np.log10(np.abs(a).max() / np.sqrt(mse)), rel=1e-9)
+    assert 0.99 < d["cosine"] < 1 - 1e-6  # changed, not broken
+    out = minilm_e2e["result"].stdout
+    assert "sage2-int8-fp8-cpu substituted into" in out and "PSNR" in out and "per layer" in out, out
+
+
+def test_e2e_per_call_errors_equal_numpys_and_show_the_error_growing_through_layers(minilm_e2e):
+    record, folder = minilm_e2e["record"], minilm_e2e["folder"]
+    substituted = read_calls(the_capture(folder / "runs" / "substituted" / "capture"))
+    original = read_calls(the_capture(folder / "runs" / "original" / "capture"))
+    by_index = {c["call_index"]: c for c in record["calls"]}
+    for s, o in zip(substituted, original):
+        entry = by_index[s["call_index"]]
+        assert entry["substituted_by"] == "sage2-int8-fp8-cpu"
+        exact = exact_attention(s)
+        own = np.linalg.norm(s["out"] - exact) / np.linalg.norm(exact)
+        assert entry["own_rel_l2"] == pytest.approx(own, rel=1e-6), entry
+        inputs = max(np.linalg.norm(s[n].astype(np.float64) - o[n]) / np.linalg.norm(o[n].astype(np.float64))
+                     for n in ("q", "k", "v"))
+        assert entry["input_rel_l2"] == pytest.approx(inputs, rel=1e-9, abs=1e-15), entry
+    layers = record["layers"]
+    assert [layer["layer"] for layer in layers] == list(range(6))
+    assert all(layer["calls"] == 2 and layer["substituted"] == 2 for layer in layers)
+    # Layer 0 sees the model's own inputs; every later one inputs the kernel has already moved.
+    assert layers[0]["input_rel_l2"] == 0
+    assert all(layer["input_rel_l2"] > 0 for layer in layers[1:])
+    assert layers[-1]["input_rel_l2"] > layers[1]["input_rel_l2"]
+    assert all(1e-3 < layer["own_rel_l2"] < 0.1 for layer in layers)
+
+
+def test_e2e_on_a_diffusers_transformer_reports_the_latents_psnr(tmp_path):
+    result = attnreplay("e2e", "--kernel", "sage1-int8-cpu", "--outputs", tmp_path / "flux.npy", "--workdir",
+                        tmp_path / "runs", "--json", tmp_path / "e2e.json", "--", PYTHON, DIFFUSERS, "--models", "flux",
+                        "--dtype", "bfloat16", "--save-dir", tmp_path, timeout=600)
+    record = json.loads((tmp_path / "e2e.json").read_text())
+    assert record["runs"][1]["substitution"]["substituted"] == 4
+    d = record["outputs"][0]["tensors"][0]["distance"]
+    assert isinstance(d["psnr_db"], float) and 10 < d["psnr_db"] < 80, d
+    assert "flux.npy [1x16x4] float32" in result.stdout, result.stdout
+
+
+def test_e2e_errors_name_the_run_and_the_file(tmp_path):
+    missing = attnreplay("e2e", "--kernel", "torch-math", "--outputs", tmp_path / "never.npy", "--workdir",
+                         tmp_path / "runs", "--no-layers", "--", PYTHON, MINILM, check=None)
+    assert missing.returncode != 0 and "the original run did not write" in missing.stderr, missing.stderr
+    assert "never.npy" in missing.stderr and "Traceback" not in missing.stderr
+    failing = attnreplay("e2e", "--kernel", "torch-math", "--workdir", tmp_path / "runs2", "--no-layers", "--", PYTHON,
+                         "-c", "import sys; sys.exit(3)", check=None)
+    assert failing.returncode != 0 and "the original run of" in failing.stderr and "exited with 3" in failing.stderr
+    unknown = attnreplay("e2e", "--kernel", "no-such-kernel", "--workdir", tmp_path / "runs3", "--no-layers", "--",
+                         PYTHON, MINILM, check=None)
+    assert unknown.returncode != 0 and "gave no account of substitution" in unknown.stderr, unknown.stderr
