@@ -24,7 +24,8 @@ step() { echo; echo "== $* ($(date -u +%H:%M:%S))"; }
 # itself, EFFICIENCY_GPUS, EFFICIENCY_CALLS, EFFICIENCY_TRACES and EFFICIENCY_EXTRA picking GPU counts,
 # the serving trace's calls, traces, flags); "fib" turns a bf16 decoder's capture into FlashInfer-Trace and
 # replays it with --fib-traces (needs flashinfer_bench's wheel in .whl, and pydantic's with its
-# dependencies where the machine lacks them).
+# dependencies where the machine lacks them); "e2e" runs a bf16 decoder's generate() as is and with
+# each of E2E_KERNELS substituted for its attention (attnreplay e2e).
 STEPS="${GPU_STEPS:-tests dobench suite quant capture}"
 wants() { [[ " $STEPS " == *" $1 "* ]]; }
 
@@ -169,6 +170,17 @@ python3 "$ROOT/bench/flashinfer_trace_check.py" --attnreplay "$BIN" --attncap "$
   --fib-wheel "$(ls "$ROOT"/.whl/flashinfer_bench-*.whl | head -1)" \
   --wheels $(ls "$ROOT"/.whl/pydantic*.whl "$ROOT"/.whl/annotated_types*.whl "$ROOT"/.whl/typing_*.whl 2>/dev/null) \
   --out "$OUT/flashinfer_trace.json" || status=1
+fi
+
+if wants e2e; then
+step "kernel substitution: a bf16 Llama's generate() with each kernel in place of its SDPA (attnreplay e2e)"
+for kernel in ${E2E_KERNELS:-torch-math-cuda flash sage2-int8-fp8 fa3-fp8}; do
+  rm -f /tmp/e2e-decoder.pt
+  "$BIN" e2e --kernel "$kernel" --outputs /tmp/e2e-decoder.pt --workdir "/tmp/e2e-$kernel" --json "$OUT/e2e-$kernel.json" -- \
+    python3 "$ROOT/tests/e2e/jobs/decoder_job.py" --device cuda --dtype bfloat16 --head-dim 128 --new-tokens 32 \
+    --save /tmp/e2e-decoder.pt >> "$OUT/e2e.txt" 2>&1 || status=1
+done
+cat "$OUT/e2e.txt"
 fi
 
 if wants batches; then
