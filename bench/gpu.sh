@@ -25,7 +25,8 @@ step() { echo; echo "== $* ($(date -u +%H:%M:%S))"; }
 # the serving trace's calls, traces, flags); "fib" turns a bf16 decoder's capture into FlashInfer-Trace and
 # replays it with --fib-traces (needs flashinfer_bench's wheel in .whl, and pydantic's with its
 # dependencies where the machine lacks them); "e2e" runs a bf16 decoder's generate() as is and with
-# each of E2E_KERNELS substituted for its attention (attnreplay e2e).
+# each of E2E_KERNELS substituted for its attention, then a Flux-sized transformer with each of
+# E2E_FLUX_KERNELS (attnreplay e2e).
 STEPS="${GPU_STEPS:-tests dobench suite quant capture}"
 wants() { [[ " $STEPS " == *" $1 "* ]]; }
 
@@ -69,7 +70,12 @@ base_built() {
 step "build"
 cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython3_EXECUTABLE="$(command -v python3)" \
   -DCMAKE_CUDA_ARCHITECTURES=90a > "$OUT/cmake.log" 2>&1 || { tail -40 "$OUT/cmake.log"; exit 1; }
-cmake --build "$BUILD" -j "$(nproc)" 2>&1 | tail -5 || exit 1
+# A failed build shows its errors, not only its last lines.
+if ! cmake --build "$BUILD" -j "$(nproc)" > /tmp/gpu-build.log 2>&1; then
+  grep -E -B2 -A12 "error|FAILED" /tmp/gpu-build.log | head -80
+  exit 1
+fi
+tail -3 /tmp/gpu-build.log
 BIN="$BUILD/replay/attnreplay"
 export ATTNREPLAY_BIN="$BIN" ATTNREPLAY_ATTNCAP_LIB="$BUILD/capture/libattncap.so"
 "$BIN" kernels
@@ -174,13 +180,27 @@ fi
 
 if wants e2e; then
 step "kernel substitution: a bf16 Llama's generate() with each kernel in place of its SDPA (attnreplay e2e)"
-for kernel in ${E2E_KERNELS:-torch-math-cuda flash sage2-int8-fp8 fa3-fp8}; do
+mkdir -p /tmp/e2e-json
+for kernel in ${E2E_KERNELS:-torch-math-cuda flash sage2-int8-fp8 fa3-fp8 sageattn-triton}; do
   rm -f /tmp/e2e-decoder.pt
-  "$BIN" e2e --kernel "$kernel" --outputs /tmp/e2e-decoder.pt --workdir "/tmp/e2e-$kernel" --json "$OUT/e2e-$kernel.json" -- \
+  "$BIN" e2e --kernel "$kernel" --outputs /tmp/e2e-decoder.pt --workdir "/tmp/e2e-$kernel" --json "/tmp/e2e-json/decoder-$kernel.json" -- \
     python3 "$ROOT/tests/e2e/jobs/decoder_job.py" --device cuda --dtype bfloat16 --head-dim 128 --new-tokens 32 \
     --save /tmp/e2e-decoder.pt >> "$OUT/e2e.txt" 2>&1 || status=1
 done
+# A Flux-sized transformer (two blocks at FLUX.1's widths): the latents' PSNR, and its step time as
+# the job itself timed it (each run's stdout), both ways.
+for kernel in ${E2E_FLUX_KERNELS:-sage2-int8-fp8 fa3-fp8 sageattn-triton}; do
+  rm -f /tmp/e2e-flux.pt
+  "$BIN" e2e --kernel "$kernel" --outputs /tmp/e2e-flux.pt --workdir "/tmp/e2e-flux-$kernel" --json "/tmp/e2e-json/flux-$kernel.json" -- \
+    python3 "$ROOT/bench/flux_block_job.py" --device cuda --save /tmp/e2e-flux.pt >> "$OUT/e2e.txt" 2>&1 || status=1
+  for run in original substituted; do
+    echo "$kernel $run: $(cat "/tmp/e2e-flux-$kernel/$run/stdout.txt" 2>/dev/null | tail -1)" >> "$OUT/e2e.txt"
+  done
+done
 cat "$OUT/e2e.txt"
+# One file of the records (few files come back from the machine): {"decoder-KERNEL": record, ...}.
+python3 -c 'import json, pathlib, sys; print(json.dumps({p.stem: json.loads(p.read_text()) for p in sorted(pathlib.Path(sys.argv[1]).glob("*.json"))}, indent=1))' \
+  /tmp/e2e-json > "$OUT/e2e.json" || status=1
 fi
 
 if wants batches; then

@@ -86,7 +86,8 @@ std::variant<CaptureConfig, std::string> parse_config(const std::function<const 
       "ATTNCAP_MAX_CALLS",  "ATTNCAP_MAX_BYTES",   "ATTNCAP_QUEUE_BYTES", "ATTNCAP_WHEN_FULL",
       "ATTNCAP_BACKWARD",   "ATTNCAP_OUTPUT",      "ATTNCAP_CALL_SITE", "ATTNCAP_CALLS_PER_STEP",
       "ATTNCAP_QUIET",      "ATTNCAP_ENABLE",      "ATTNCAP_TORCH_LIB",  "ATTNCAP_PARTS_DIR",
-      "ATTNCAP_SUBSTITUTE", "ATTNCAP_SUBSTITUTE_CALLS", "ATTNCAP_SUBSTITUTE_LAYERS", "ATTNCAP_SUBSTITUTE_STEPS"};
+      "ATTNCAP_SUBSTITUTE", "ATTNCAP_SUBSTITUTE_CALLS", "ATTNCAP_SUBSTITUTE_LAYERS", "ATTNCAP_SUBSTITUTE_STEPS",
+      "ATTNCAP_KERNEL_MODULE"};
   for (const std::string& name : attncap_names) {
     if (!kKnown.count(name)) return fmt::format("unknown variable {} (see docs/capture.md)", name);
   }
@@ -181,7 +182,14 @@ std::variant<CaptureConfig, std::string> parse_config(const std::function<const 
     // Substitution alone writes nothing; ATTNCAP_OUT asks for a capture beside it.
     config.capture = get("ATTNCAP_OUT").has_value();
   }
-  for (const char* name : {"ATTNCAP_SUBSTITUTE_CALLS", "ATTNCAP_SUBSTITUTE_LAYERS", "ATTNCAP_SUBSTITUTE_STEPS"}) {
+  if (auto v = get("ATTNCAP_KERNEL_MODULE")) {
+    std::stringstream stream(*v);
+    for (std::string module; std::getline(stream, module, ':');) {
+      if (!module.empty()) config.kernel_modules.push_back(module);
+    }
+  }
+  for (const char* name : {"ATTNCAP_SUBSTITUTE_CALLS", "ATTNCAP_SUBSTITUTE_LAYERS", "ATTNCAP_SUBSTITUTE_STEPS",
+                           "ATTNCAP_KERNEL_MODULE"}) {
     if (get(name) && config.substitute.empty()) return fmt::format("{} is set, but ATTNCAP_SUBSTITUTE is not", name);
   }
   if ((!config.substitute_layers.empty() || !config.substitute_steps.empty()) && !config.call_site) {

@@ -43,6 +43,7 @@ struct CaptureConfig {
   // Kernel substitution (capture/substitution.h): the kernel, and the calls, layers and steps it
   // takes (empty: all); the call's index counts every attention call, as ATTNCAP_CALLS does.
   std::string substitute;
+  std::vector<std::string> kernel_modules;  // Python kernels' files or modules (ATTNCAP_KERNEL_MODULE)
   using Ranges = std::vector<std::pair<std::int64_t, std::int64_t>>;
   Ranges substitute_calls, substitute_layers, substitute_steps;
 

@@ -32,8 +32,18 @@ std::string ranges_text(const CaptureConfig::Ranges& ranges) {
 
 }  // namespace
 
+// A Python job (its interpreter's symbols are in the process) gets the part with Python kernels.
+bool in_python_job() {
+  using IsInitialized = int (*)();
+  auto is_initialized = reinterpret_cast<IsInitialized>(dlsym(RTLD_DEFAULT, "Py_IsInitialized"));
+  return is_initialized && is_initialized();
+}
+
 std::unique_ptr<Substituter> Substituter::open(const CaptureConfig& config) {
-  const std::filesystem::path part = own_folder() / kKernelsPartFile;
+  std::filesystem::path part = own_folder() / kKernelsPartFile;
+  if (in_python_job() && std::filesystem::exists(own_folder() / kPythonKernelsPartFile)) {
+    part = own_folder() / kPythonKernelsPartFile;
+  }
   auto off = [&](const std::string& why) {
     std::fprintf(stderr, "[attncap] ATTNCAP_SUBSTITUTE=%s is off, and the job runs unsubstituted: %s\n",
                  config.substitute.c_str(), why.c_str());
@@ -49,7 +59,7 @@ std::unique_ptr<Substituter> Substituter::open(const CaptureConfig& config) {
   auto open_substitution = reinterpret_cast<OpenSubstitutionFn>(dlsym(handle, kOpenSubstitutionSymbol));
   if (!open_substitution) return off(fmt::format("{} has no {}", part.string(), kOpenSubstitutionSymbol));
   std::string error;
-  std::unique_ptr<Substitution> substitution(open_substitution(config.substitute.c_str(), &error));
+  std::unique_ptr<Substitution> substitution(open_substitution(config.substitute.c_str(), config.kernel_modules, &error));
   if (!substitution) return off(error);
   if (!config.quiet) {
     std::string where;

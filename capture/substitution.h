@@ -3,11 +3,13 @@
 // recognised to an attnreplay kernel and gives the job that kernel's output in place of the op's.
 //
 // The kernels are built once, against the torch attnreplay was built with, into
-// libattncap_kernels.so beside that torch's capture part; a part built for another torch
+// libattncap_kernels.so (and, with the Python plug-in host, libattncap_python_kernels.so) beside
+// that torch's capture part; a part built for another torch
 // (attnreplay-capture-build) has none beside it, and substitution is then off, said at start. Both
 // parts come from one build, so C++ types cross between them.
 #include <string>
 #include <variant>
+#include <vector>
 
 #include "formats/attention_call.h"
 
@@ -22,9 +24,15 @@ class Substitution {
   virtual std::variant<HostTensor, std::string> compute(const AttentionCall& call) = 0;
 };
 
-// libattncap_kernels.so's entry point: the substitution by `kernel`, or null with `error` set.
+// The kernels part's entry point: the substitution by `kernel`, or null with `error` set. A part
+// with Python kernels also takes kernels that `python_modules` (files or module names) or the
+// library adapters define; those load at the first call, in the job's interpreter.
 inline constexpr const char* kOpenSubstitutionSymbol = "attncap_open_substitution";
-using OpenSubstitutionFn = Substitution* (*)(const char* kernel, std::string* error);
+using OpenSubstitutionFn = Substitution* (*)(const char* kernel, const std::vector<std::string>& python_modules,
+                                             std::string* error);
+// Built-in kernels only: what any job can load.
 inline constexpr const char* kKernelsPartFile = "libattncap_kernels.so";
+// Built-in and Python kernels: for Python jobs (it needs the job's Python symbols).
+inline constexpr const char* kPythonKernelsPartFile = "libattncap_python_kernels.so";
 
 }  // namespace attnreplay::capture

@@ -1,42 +1,62 @@
-// libattncap_kernels.so: attnreplay's kernels (kernels/, registered as in the replay) for kernel
-// substitution. The capture part loads it only when ATTNCAP_SUBSTITUTE asks (capture/substitution.h).
+// The kernels parts of kernel substitution: attnreplay's kernels (kernels/, registered as in the
+// replay), and in libattncap_python_kernels.so its Python plug-in host too. The capture part loads
+// one only when ATTNCAP_SUBSTITUTE asks (capture/substitution.h).
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <cstdio>
 #include <memory>
+#include <mutex>
+#include <optional>
 
 #include "capture/substitution.h"
-#include "kernels/kernel.h"
 #include "formats/call_semantics.h"
+#include "kernels/kernel.h"
+#ifdef ATTNCAP_PYTHON_KERNELS
+#include "kernels/python/python_kernels.h"
+#endif
 
 namespace attnreplay::capture {
 namespace {
 
+std::string built_in_names() {
+  std::vector<std::string> names;
+  for (const auto& known : KernelRegistry::instance().kernels()) names.push_back(known->name());
+  return fmt::format("{}", fmt::join(names, ", "));
+}
+
 class KernelSubstitution final : public Substitution {
  public:
-  explicit KernelSubstitution(const Kernel& kernel) : kernel_(kernel) {}
-  const std::string& kernel_name() const override { return kernel_.name(); }
+  KernelSubstitution(std::string name, const Kernel* kernel, std::vector<std::string> python_modules)
+      : name_(std::move(name)), kernel_(kernel), python_modules_(std::move(python_modules)) {}
+  const std::string& kernel_name() const override { return name_; }
 
   // The checks are the replay's (replay/run/replay_call.cpp), so that a call is substituted
   // exactly where it would be replayed, and never computed as something it is not.
   std::variant<HostTensor, std::string> compute(const AttentionCall& call) override {
+    if (!kernel_) {
+      if (auto missing = find_python_kernel()) return *missing;
+    }
+    const Kernel& kernel = *kernel_;
     if (const auto refused = unreplayable_arguments(call); !refused.empty()) {
       return fmt::format("the call has {}", fmt::join(refused, ", "));
     }
     if (call.dropout_p > 0) return fmt::format("dropout_p={} (no kernel computes dropout)", call.dropout_p);
-    if (const auto missing = missing_extensions(kernel_.description(), call); !missing.empty()) {
+    if (const auto missing = missing_extensions(kernel.description(), call); !missing.empty()) {
       return fmt::format("the call has {}, which the kernel does not compute", fmt::join(missing, " and "));
     }
-    if (call.is_ragged() && !kernel_.description().ragged) return "a ragged batch, which the kernel does not take as one";
-    if (auto reason = kernel_.unsupported_reason(call)) return *reason;
+    if (call.is_ragged() && !kernel.description().ragged) return "a ragged batch, which the kernel does not take as one";
+    if (auto reason = kernel.unsupported_reason(call)) return *reason;
     try {
-      auto prepared = kernel_.prepare(call, options_);
+      auto prepared = kernel.prepare(call, options_);
       prepared->run();
       prepared->synchronize();
       return prepared->output();
     } catch (const KernelNotSupported& declined) {
       return std::string(declined.what());
+    } catch (const KernelFailure& failure) {
+      return fmt::format("the kernel failed: {}", failure.what());
     } catch (const c10::Error& error) {
       return fmt::format("the kernel failed: {}", error.what_without_backtrace());
     } catch (const std::exception& error) {
@@ -45,7 +65,37 @@ class KernelSubstitution final : public Substitution {
   }
 
  private:
-  const Kernel& kernel_;
+  // A kernel no built-in has: Python's (the modules given, the library adapters), loaded at the
+  // first call, when the job's own `import torch` is long over. Nullopt once found; else why not,
+  // said once on stderr and given as every call's reason.
+  std::optional<std::string> find_python_kernel() {
+    std::call_once(python_tried_, [this] {
+#ifdef ATTNCAP_PYTHON_KERNELS
+      const PythonKernelsLoaded loaded = load_python_kernels(python_modules_, /*with_adapters=*/true);
+      kernel_ = KernelRegistry::instance().find(name_);
+      if (!kernel_) {
+        std::string why;
+        for (const auto& [name, reason] : unavailable_python_kernels()) {
+          if (name == name_) why = fmt::format(": {}", reason);
+        }
+        for (const std::string& error : loaded.errors) why += fmt::format("; {}", error);
+        python_error_ = fmt::format("no kernel named '{}'{} (kernels here: {})", name_, why, built_in_names());
+      }
+#else
+      python_error_ = fmt::format("no built-in kernel named '{}', and this process has no Python for Python kernels "
+                                  "(built-in kernels: {})", name_, built_in_names());
+#endif
+      if (!kernel_) std::fprintf(stderr, "[attncap] ATTNCAP_SUBSTITUTE=%s: %s\n", name_.c_str(), python_error_.c_str());
+    });
+    if (kernel_) return std::nullopt;
+    return python_error_;
+  }
+
+  std::string name_;
+  const Kernel* kernel_;
+  std::vector<std::string> python_modules_;
+  std::once_flag python_tried_;
+  std::string python_error_;
   KernelOptions options_;
 };
 
@@ -53,14 +103,16 @@ class KernelSubstitution final : public Substitution {
 }  // namespace attnreplay::capture
 
 extern "C" __attribute__((visibility("default"))) attnreplay::capture::Substitution* attncap_open_substitution(
-    const char* kernel, std::string* error) {
+    const char* kernel, const std::vector<std::string>& python_modules, std::string* error) {
   using namespace attnreplay;
   const Kernel* found = KernelRegistry::instance().find(kernel);
+#ifndef ATTNCAP_PYTHON_KERNELS
   if (!found) {
-    std::vector<std::string> names;
-    for (const auto& known : KernelRegistry::instance().kernels()) names.push_back(known->name());
-    *error = fmt::format("no kernel named '{}'; built-in kernels: {}", kernel, fmt::join(names, ", "));
+    *error = fmt::format("no kernel named '{}'; built-in kernels: {}{}", kernel, capture::built_in_names(),
+                         python_modules.empty() ? "" : " (ATTNCAP_KERNEL_MODULE needs a Python job)");
     return nullptr;
   }
-  return new capture::KernelSubstitution(*found);
+#endif
+  // Python kernels are found at the first call: Python cannot import them while this loads.
+  return new capture::KernelSubstitution(kernel, found, python_modules);
 }

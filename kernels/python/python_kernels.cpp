@@ -3,6 +3,8 @@
 // the interpreter starts only when a Python kernel is asked for, imports the torch whose libtorch
 // this program already runs on, and from then on a Python kernel is handed the very tensors,
 // CUDA context and current stream that the built-in kernels use. Nothing crosses a process.
+// Kernel substitution builds the same code into a Python job (capture/substitution_kernels.cpp),
+// where it runs in the job's own interpreter.
 #include "kernels/python/python_kernels.h"
 
 #include <torch/csrc/utils/pybind.h>
@@ -62,8 +64,26 @@ struct Interpreter {
   std::set<std::string> registered;  // Python kernels already in the registry
 };
 
+// attnreplay_plugin, imported with the GIL held.
+void import_plugin_api(Interpreter& it) {
+  py::module_::import("sys").attr("path").attr("insert")(0, it.dirs.api);
+  py::module_::import("torch");
+  it.plugin = py::module_::import("attnreplay_plugin");
+}
+
 void start(Interpreter& it) {
   it.dirs = python_dirs();
+  // Inside a Python job (kernel substitution, capture/substitution.h): its interpreter, its torch
+  // (the one this code was built for, or it would not have been loaded), and its GIL.
+  if (Py_IsInitialized()) {
+    py::gil_scoped_acquire gil;
+    try {
+      import_plugin_api(it);
+    } catch (py::error_already_set& error) {
+      it.error = fmt::format("the job's Python could not import attnreplay's plug-in API: {}", error.what());
+    }
+    return;
+  }
   const std::string python = python_executable();
   PyConfig config;
   PyConfig_InitPythonConfig(&config);
@@ -91,9 +111,7 @@ void start(Interpreter& it) {
                              "(set ATTNREPLAY_PYTHON to a Python with that torch)",
                              python, torch_version, ATTNREPLAY_TORCH_VERSION);
     } else {
-      py::module_::import("sys").attr("path").attr("insert")(0, it.dirs.api);
-      py::module_::import("torch");
-      it.plugin = py::module_::import("attnreplay_plugin");
+      import_plugin_api(it);
     }
   } catch (py::error_already_set& error) {
     it.error = fmt::format("Python ({}) started, but {}", python, error.what());

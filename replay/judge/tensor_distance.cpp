@@ -53,6 +53,54 @@ TensorDistance tensor_distance(const HostTensor& value, const HostTensor& refere
   return d;
 }
 
+std::optional<double> image_ssim(const HostTensor& value, const HostTensor& reference) {
+  if (value.shape != reference.shape || value.dtype != DType::uint8 || reference.dtype != DType::uint8) return std::nullopt;
+  const auto& shape = value.shape;
+  std::int64_t images = 1, height = 0, width = 0, channels = 1;
+  if (shape.size() == 2) {
+    height = shape[0], width = shape[1];
+  } else if (shape.size() == 3 && shape[2] <= 4) {
+    height = shape[0], width = shape[1], channels = shape[2];
+  } else if (shape.size() == 4 && shape[3] <= 4) {
+    images = shape[0], height = shape[1], width = shape[2], channels = shape[3];
+  } else {
+    return std::nullopt;
+  }
+  constexpr int kWindow = 11;
+  if (height < kWindow || width < kWindow) return std::nullopt;
+  double weights[kWindow], total = 0;
+  for (int i = 0; i < kWindow; ++i) total += weights[i] = std::exp(-0.5 * std::pow((i - kWindow / 2) / 1.5, 2));
+  for (double& w : weights) w /= total;
+  const double c1 = std::pow(0.01 * 255, 2), c2 = std::pow(0.03 * 255, 2);
+  const std::vector<double> x = value.to_doubles(), y = reference.to_doubles();
+  double sum = 0;
+  std::int64_t windows = 0;
+  for (std::int64_t n = 0; n < images; ++n) {
+    for (std::int64_t c = 0; c < channels; ++c) {
+      auto at = [&](const std::vector<double>& image, std::int64_t row, std::int64_t col) {
+        return image[static_cast<std::size_t>(((n * height + row) * width + col) * channels + c)];
+      };
+      // Every window that fits (no padding), as scikit-image and the paper's reference code do.
+      for (std::int64_t top = 0; top + kWindow <= height; ++top) {
+        for (std::int64_t left = 0; left + kWindow <= width; ++left) {
+          double mx = 0, my = 0, xx = 0, yy = 0, xy = 0;
+          for (int i = 0; i < kWindow; ++i) {
+            for (int j = 0; j < kWindow; ++j) {
+              const double w = weights[i] * weights[j];
+              const double a = at(x, top + i, left + j), b = at(y, top + i, left + j);
+              mx += w * a, my += w * b, xx += w * a * a, yy += w * b * b, xy += w * a * b;
+            }
+          }
+          const double vx = xx - mx * mx, vy = yy - my * my, cov = xy - mx * my;
+          sum += (2 * mx * my + c1) * (2 * cov + c2) / ((mx * mx + my * my + c1) * (vx + vy + c2));
+          ++windows;
+        }
+      }
+    }
+  }
+  return sum / static_cast<double>(windows);
+}
+
 LogitAgreement logit_agreement(const HostTensor& value, const HostTensor& reference) {
   LogitAgreement agreement;
   if (value.shape != reference.shape || value.rank() == 0 || value.shape.back() < 2) return agreement;

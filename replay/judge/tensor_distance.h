@@ -27,6 +27,11 @@ struct TensorDistance {
 // Throws InputError naming `what` when the shapes differ.
 TensorDistance tensor_distance(const HostTensor& value, const HostTensor& reference, const std::string& what);
 
+// SSIM (Wang et al. 2004: an 11x11 Gaussian window of sigma 1.5, K1 = 0.01, K2 = 0.03, dynamic range
+// 255) of images saved as uint8 arrays, (H, W), (H, W, C) or (N, H, W, C) with C <= 4 and H, W >= 11:
+// the mean over windows, channels and images. Nullopt for tensors not so shaped.
+std::optional<double> image_ssim(const HostTensor& value, const HostTensor& reference);
+
 // Logits along the last dim: how often the top-1 agrees, and the mean KL(reference || value) of
 // their softmaxes (nats), over all rows.
 struct LogitAgreement {

@@ -63,6 +63,7 @@ void print_end_to_end(const nlohmann::json& record, std::ostream& out) {
         out << fmt::format("    first difference at [{}]\n",
                            fmt::join(d["first_difference"].get<std::vector<std::int64_t>>(), ", "));
       }
+      if (d.contains("ssim")) out << fmt::format("    image: SSIM {:.4f}\n", d["ssim"].get<double>());
       if (tensor.contains("logits")) {
         const auto& l = tensor["logits"];
         out << fmt::format("    logits: top-1 agreement {:.4f} over {} rows, mean KL {:.3g} nats\n",

@@ -150,6 +150,7 @@ json compare_outputs(const std::map<std::string, fs::path>& original, const std:
         entry["missing"] = "not in the substituted run's file";
       } else {
         entry["distance"] = distance_json(tensor_distance(found->second, reference, fmt::format("{} {}", output, name)));
+        if (const auto ssim = image_ssim(found->second, reference)) entry["distance"]["ssim"] = *ssim;
         // Logits by name: top-1 agreement and KL, as LLM users compare them.
         std::string lower = name + " " + fs::path(output).filename().string();
         std::transform(lower.begin(), lower.end(), lower.begin(), ::tolower);

@@ -107,6 +107,26 @@ TEST_CASE("logits: top-1 agreement per row and the KL of the softmaxes") {
   CHECK(logit_agreement(reference, reference).mean_kl == 0);
 }
 
+TEST_CASE("SSIM of uint8 images: 1 for the same image, the luminance term alone for flat ones") {
+  std::vector<double> gradient(16 * 12 * 3);
+  for (std::size_t i = 0; i < gradient.size(); ++i) gradient[i] = static_cast<double>((i * 7) % 256);
+  const HostTensor image = tensor(DType::uint8, {16, 12, 3}, gradient);
+  REQUIRE(image_ssim(image, image));
+  CHECK_THAT(*image_ssim(image, image), WithinAbs(1, 1e-12));
+  // Flat images of 100 and 120: no variance, so SSIM = (2 * 100 * 120 + C1) / (100^2 + 120^2 + C1).
+  const HostTensor a = tensor(DType::uint8, {12, 12}, std::vector<double>(144, 100));
+  const HostTensor b = tensor(DType::uint8, {12, 12}, std::vector<double>(144, 120));
+  const double c1 = std::pow(0.01 * 255, 2);
+  CHECK_THAT(*image_ssim(a, b), WithinRel((2 * 100 * 120 + c1) / (100 * 100 + 120 * 120 + c1), 1e-12));
+  // Not images: floats, too small, too many channels.
+  CHECK_FALSE(image_ssim(tensor(DType::float32, {12, 12}, std::vector<double>(144, 1)),
+                         tensor(DType::float32, {12, 12}, std::vector<double>(144, 1))));
+  CHECK_FALSE(image_ssim(tensor(DType::uint8, {8, 8}, std::vector<double>(64, 1)),
+                         tensor(DType::uint8, {8, 8}, std::vector<double>(64, 1))));
+  CHECK_FALSE(image_ssim(tensor(DType::uint8, {12, 12, 8}, std::vector<double>(1152, 1)),
+                         tensor(DType::uint8, {12, 12, 8}, std::vector<double>(1152, 1))));
+}
+
 TEST_CASE("read_tensor_file reads a .npy as NumPy wrote it") {
   const float values[6] = {1, 2, 3, 4, 5, 6};
   const auto path = write_npy("attnreplay_test.npy", "<f4", "2, 3", values, sizeof(values));
