@@ -6,7 +6,8 @@
 // later (flash-attn, SageAttention, xformers register theirs on import) are observed by a global
 // RecordFunction callback, added only once such an op appears. Either way, inputs are copied
 // before the op runs and the output after it. Our own copies run with observers off on this
-// thread, so they are never observed. Nothing here throws into the job.
+// thread, so they are never observed. Under ATTNCAP_SUBSTITUTE a hooked op's output may come from
+// an attnreplay kernel instead of its own (substituter.h). Nothing here throws into the job.
 #include <ATen/ATen.h>
 #include <ATen/SequenceNumber.h>
 #include <ATen/core/function_schema.h>
@@ -317,8 +318,6 @@ bool map_ragged(const std::vector<NamedInput>& inputs, const std::array<const c1
   return true;
 }
 
-// Builds the record from the op's arguments. Tensors are copied to host memory now: after the
-// start callback the inputs are no longer ours to read.
 // Where a call came from and its place in the run (layer, step), where call sites are on.
 struct CallPlace {
   CallSite site;
@@ -333,6 +332,8 @@ std::optional<CallPlace> place_call() {
   return place;
 }
 
+// Builds the record from the op's arguments. Tensors are copied to host memory now: after the
+// start callback the inputs are no longer ours to read.
 void fill_call(PendingCall& pending, const std::string& op, const c10::FunctionSchema* schema,
                c10::ArrayRef<c10::IValue> arguments, std::int64_t sequence_nr, std::int64_t index,
                const std::optional<CallPlace>& place) {
@@ -517,8 +518,6 @@ Selection select_call() {
   return {index, wanted};
 }
 
-// A matched op starts: the outermost one becomes a call (recorded if selected, or as `preselected`
-// says); one inside it names the backend that ran.
 // Under ATTNCAP_SUBSTITUTE: whether the kernel is to be asked for this call, or why not.
 void judge_substitution(PendingCall& pending, const std::string& op, const c10::FunctionSchema* schema, bool hooked,
                         c10::ArrayRef<c10::IValue> inputs, std::int64_t index, const std::optional<CallPlace>& place) {
@@ -541,6 +540,9 @@ void judge_substitution(PendingCall& pending, const std::string& op, const c10::
   }
 }
 
+// A matched op starts: the outermost one becomes a call (recorded if selected, or as `preselected`
+// says; substituted where ATTNCAP_SUBSTITUTE takes it, which only a hooked op can be); one inside
+// it names the backend that ran.
 std::unique_ptr<at::ObserverContext> begin_call(const std::string& op, const c10::FunctionSchema* schema,
                                                 c10::ArrayRef<c10::IValue> inputs, std::int64_t sequence_nr,
                                                 bool hooked, std::optional<Selection> preselected = std::nullopt) {
