@@ -90,6 +90,15 @@ def test_layer_and_call_ranges_restrict_substitution_and_the_capture_says_which_
     summary = substitution_summary(job.stderr)
     assert "4 attention calls substituted" in summary and "8 left: outside ATTNCAP_SUBSTITUTE_CALLS" in summary, summary
 
+    # The second encoding is step 1: only its six calls.
+    job = run_python_job(MINILM, "--repeat", "2", "--dtype", "bfloat16", out=tmp_path / "steps",
+                         ATTNCAP_SUBSTITUTE="sage1-int8-cpu", ATTNCAP_SUBSTITUTE_STEPS="1")
+    summary = substitution_summary(job.stderr)
+    assert "6 attention calls substituted" in summary and "6 left: outside ATTNCAP_SUBSTITUTE_STEPS" in summary, summary
+    substituted = [c["metadata"]["step"] for c in read_calls(the_capture(tmp_path / "steps"))
+                   if "substituted_by" in c["metadata"]]
+    assert substituted == ["1"] * 6
+
 
 def test_a_python_plug_in_kernel_substitutes_in_the_jobs_own_interpreter(minilm_plain, tmp_path):
     plugin = SOURCE_DIR / "examples" / "plugins" / "chunked_sdpa.py"
