@@ -87,7 +87,7 @@ std::variant<CaptureConfig, std::string> parse_config(const std::function<const 
       "ATTNCAP_BACKWARD",   "ATTNCAP_OUTPUT",      "ATTNCAP_CALL_SITE", "ATTNCAP_CALLS_PER_STEP",
       "ATTNCAP_QUIET",      "ATTNCAP_ENABLE",      "ATTNCAP_TORCH_LIB",  "ATTNCAP_PARTS_DIR",
       "ATTNCAP_SUBSTITUTE", "ATTNCAP_SUBSTITUTE_CALLS", "ATTNCAP_SUBSTITUTE_LAYERS", "ATTNCAP_SUBSTITUTE_STEPS",
-      "ATTNCAP_KERNEL_MODULE"};
+      "ATTNCAP_KERNEL_MODULE", "ATTNCAP_TIME_ATTENTION"};
   for (const std::string& name : attncap_names) {
     if (!kKnown.count(name)) return fmt::format("unknown variable {} (see docs/capture.md)", name);
   }
@@ -163,7 +163,8 @@ std::variant<CaptureConfig, std::string> parse_config(const std::function<const 
   const std::pair<const char*, bool*> flags[] = {{"ATTNCAP_BACKWARD", &config.backward},
                                                  {"ATTNCAP_OUTPUT", &config.record_output},
                                                  {"ATTNCAP_CALL_SITE", &config.call_site},
-                                                 {"ATTNCAP_QUIET", &config.quiet}};
+                                                 {"ATTNCAP_QUIET", &config.quiet},
+                                                 {"ATTNCAP_TIME_ATTENTION", &config.time_attention}};
   for (const auto& [name, target] : flags) {
     if (auto v = get(name)) {
       auto value = parse_bool(*v);
@@ -179,9 +180,9 @@ std::variant<CaptureConfig, std::string> parse_config(const std::function<const 
   if (auto v = get("ATTNCAP_SUBSTITUTE")) {
     if (v->empty()) return bad("ATTNCAP_SUBSTITUTE", *v, "a kernel's name, as `attnreplay kernels` lists them");
     config.substitute = *v;
-    // Substitution alone writes nothing; ATTNCAP_OUT asks for a capture beside it.
-    config.capture = get("ATTNCAP_OUT").has_value();
   }
+  // Substitution and timing alone write nothing; ATTNCAP_OUT asks for a capture beside them.
+  if (!config.substitute.empty() || config.time_attention) config.capture = get("ATTNCAP_OUT").has_value();
   if (auto v = get("ATTNCAP_KERNEL_MODULE")) {
     std::stringstream stream(*v);
     for (std::string module; std::getline(stream, module, ':');) {

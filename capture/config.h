@@ -38,7 +38,9 @@ struct CaptureConfig {
   bool call_site = true;       // Python file:line and caller object, or the C++ frame
   std::int64_t calls_per_step = 0;  // 0: infer steps and layers from the caller objects
   bool quiet = false;          // no summary at exit
-  // Whether calls are written: always, except where ATTNCAP_SUBSTITUTE is set without ATTNCAP_OUT.
+  bool time_attention = false;  // sum each attention call's time and say it at exit (attention_clock.h)
+  // Whether calls are written: always, except where ATTNCAP_SUBSTITUTE or ATTNCAP_TIME_ATTENTION is
+  // set without ATTNCAP_OUT.
   bool capture = true;
   // Kernel substitution (capture/substitution.h): the kernel, and the calls, layers and steps it
   // takes (empty: all); the call's index counts every attention call, as ATTNCAP_CALLS does.

@@ -30,6 +30,7 @@
 #include <set>
 #include <unordered_map>
 
+#include "capture/attention_clock.h"
 #include "capture/call_site.h"
 #include "capture/config.h"
 #include "capture/host_copy.h"
@@ -49,6 +50,7 @@ struct State {
   std::regex ops;
   std::unique_ptr<Recorder> recorder;        // null when nothing is written (substitution alone)
   std::unique_ptr<Substituter> substituter;  // null unless ATTNCAP_SUBSTITUTE
+  std::unique_ptr<AttentionClock> clock;     // null unless ATTNCAP_TIME_ATTENTION
   std::atomic<std::int64_t> next_index{0};
   std::atomic<std::int64_t> selected{0};
   std::mutex position_mutex;
@@ -123,6 +125,7 @@ struct PendingCall final : at::ObserverContext {
   // otherwise why the call was left to the op.
   bool substitute = false, substituted = false, on_gpu = false;
   std::string left_reason;
+  std::shared_ptr<AttentionClock::Started> timing;  // under ATTNCAP_TIME_ATTENTION
 };
 
 // Marks an inner or ignored matched op, so the end callback keeps the depth right.
@@ -573,6 +576,10 @@ std::unique_ptr<at::ObserverContext> begin_call(const std::string& op, const c10
       fill_call(*pending, op, schema, inputs, sequence_nr, selection.index, place);
       pending->record = selection.wanted;
     }
+    if (state->clock && first != inputs.end()) {
+      if (first->toTensor().is_cuda()) flush_before_cuda_exits(first->toTensor());
+      pending->timing = state->clock->start(first->toTensor());
+    }
     pending->started = std::chrono::steady_clock::now();
     outermost = pending.get();
     return pending;
@@ -605,6 +612,7 @@ void end_call(at::ObserverContext* context, const c10::ArrayRef<c10::IValue>* ou
   auto* pending = dynamic_cast<PendingCall*>(context);
   if (!pending) return;
   if (outermost == pending) outermost = nullptr;
+  if (pending->timing && outputs) state->clock->stop(*pending->timing, /*wall=*/pending->substituted);
   if (state->substituter && outputs) {
     state->substituter->count(pending->substituted, pending->left_reason,
                               std::chrono::duration<double>(std::chrono::steady_clock::now() - pending->started).count(),
@@ -825,10 +833,13 @@ std::string output_path(const CaptureConfig& config, const std::string& rank) {
 
 void shutdown_at_exit() {
   if (state && state->recorder) state->recorder->shutdown();
-  if (state && state->substituter) {
-    static std::once_flag reported;
-    std::call_once(reported, [] { state->substituter->report(); });
-  }
+  // Said once, at the first call: the last registered, before CUDA tears down.
+  static std::once_flag reported;
+  std::call_once(reported, [] {
+    if (!state || state->config.quiet) return;
+    if (state->substituter) state->substituter->report();
+    if (state->clock) state->clock->report();
+  });
 }
 
 void in_forked_child() {
@@ -858,8 +869,9 @@ extern "C" __attribute__((visibility("default"))) void attncap_start() {
     fresh->positions = std::make_unique<PositionTracker>(fresh->config.calls_per_step);
     if (!fresh->config.substitute.empty()) {
       fresh->substituter = Substituter::open(fresh->config);
-      if (!fresh->substituter && !fresh->config.capture) return;
+      if (!fresh->substituter && !fresh->config.capture && !fresh->config.time_attention) return;
     }
+    if (fresh->config.time_attention) fresh->clock = std::make_unique<AttentionClock>();
     std::string path;
     if (fresh->config.capture) {
       path = output_path(fresh->config, fresh->rank);

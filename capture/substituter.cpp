@@ -120,7 +120,6 @@ void Substituter::count(bool substituted, const std::string& reason, double seco
 }
 
 void Substituter::report() const {
-  if (config_.quiet) return;
   std::lock_guard lock(mutex_);
   // A GPU op returns once launched: its time here is not its own.
   auto time = [](const Tally& tally) {

@@ -19,8 +19,8 @@ void print_end_to_end(const nlohmann::json& record, std::ostream& out) {
                      fmt::join(record["command"].get<std::vector<std::string>>(), " "));
   out << fmt::format("{:<12} {:>9} {:>13} {:>8}  {}\n", "run", "wall", "attention", "calls", "substituted");
   for (const auto& run : record["runs"]) {
-    const std::string attention = run.contains("attention_s") ? fmt::format("{:.3f} s", run["attention_s"].get<double>()) : "-";
-    const std::string calls = run.contains("attention_calls") ? std::to_string(run["attention_calls"].get<int>()) : "-";
+    const std::string attention = fmt::format("{:.4f} s", run["attention_s"].get<double>());
+    const std::string calls = std::to_string(run["attention_calls"].get<int>());
     std::string substituted = "-";
     if (run.contains("substitution")) {
       const auto& s = run["substitution"];
@@ -37,8 +37,8 @@ void print_end_to_end(const nlohmann::json& record, std::ostream& out) {
       }
     }
   }
-  out << "(attention: the calls' time on the job's thread as the capture timed them, copies included; a GPU op's is "
-         "its launch unless substituted)\n";
+  out << "(attention: a GPU op's time between CUDA events on its stream; a CPU op's, and a substituted call's, wall "
+         "time on the job's thread, the kernel's round trip through the host included)\n";
 
   out << "\nwhat the job saved, substituted against as is:\n";
   for (const auto& file : record["outputs"]) {

@@ -166,13 +166,25 @@ json compare_outputs(const std::map<std::string, fs::path>& original, const std:
   return files;
 }
 
-double attention_seconds(CaptureSource& capture) {
-  double total = 0;
-  for (std::size_t i = 0; i < capture.size(); ++i) {
-    const AttentionCall call = capture.load(i, /*with_data=*/false);
-    if (auto found = call.metadata.find("duration_s"); found != call.metadata.end()) total += std::stod(found->second);
+// The preload's attention clock at exit (ATTNCAP_TIME_ATTENTION): "[attncap] pid N: attention took
+// X s of GPU time over N calls (...), Y s of wall time over M calls (...)", summed over processes.
+json attention_time(const std::string& stderr_text) {
+  json time = {{"gpu_s", 0.0}, {"gpu_calls", 0}, {"wall_s", 0.0}, {"wall_calls", 0}};
+  const std::regex gpu(R"(([0-9.]+) s of GPU time over (\d+) calls)"), wall(R"(([0-9.]+) s of wall time over (\d+) calls)");
+  std::istringstream lines(stderr_text);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.find("[attncap] pid ") == std::string::npos || line.find(": attention took ") == std::string::npos) continue;
+    std::smatch m;
+    if (std::regex_search(line, m, gpu)) {
+      time["gpu_s"] = time["gpu_s"].get<double>() + std::stod(m[1]);
+      time["gpu_calls"] = time["gpu_calls"].get<std::int64_t>() + std::stoll(m[2]);
+    }
+    if (std::regex_search(line, m, wall)) {
+      time["wall_s"] = time["wall_s"].get<double>() + std::stod(m[1]);
+      time["wall_calls"] = time["wall_calls"].get<std::int64_t>() + std::stoll(m[2]);
+    }
   }
-  return total;
+  return time;
 }
 
 std::unique_ptr<CaptureSource> open_run_capture(const std::string& folder, const std::string& name) {
@@ -273,7 +285,7 @@ json run_end_to_end(const EndToEndOptions& options) {
   for (const std::string name : {"original", "substituted"}) {
     const fs::path folder = workdir / name;
     fs::remove_all(folder / "capture");
-    std::map<std::string, std::string> extra = {{"LD_PRELOAD", options.preload}};
+    std::map<std::string, std::string> extra = {{"LD_PRELOAD", options.preload}, {"ATTNCAP_TIME_ATTENTION", "1"}};
     if (options.per_layer) extra["ATTNCAP_OUT"] = (folder / "capture").string();
     if (name == "substituted") {
       extra["ATTNCAP_SUBSTITUTE"] = options.kernel;
@@ -284,11 +296,12 @@ json run_end_to_end(const EndToEndOptions& options) {
     const RunOutcome outcome = run_job(options, name, folder, extra);
     outputs[name] = collect_outputs(options, name, folder);
     json run = {{"run", name}, {"wall_s", outcome.wall_s}, {"stderr", (folder / "stderr.txt").string()}};
+    run["attention"] = attention_time(outcome.stderr_text);
+    run["attention_s"] = run["attention"]["gpu_s"].get<double>() + run["attention"]["wall_s"].get<double>();
+    run["attention_calls"] = run["attention"]["gpu_calls"].get<std::int64_t>() + run["attention"]["wall_calls"].get<std::int64_t>();
     if (options.per_layer) {
       captures[name] = (folder / "capture").string();
-      auto capture = open_run_capture(captures[name], name);
-      run["attention_calls"] = capture->size();
-      run["attention_s"] = attention_seconds(*capture);
+      open_run_capture(captures[name], name);
     }
     if (name == "substituted") {
       run["substitution"] = substitution_account(outcome.stderr_text);

@@ -19,8 +19,8 @@ struct EndToEndOptions {
   bool per_layer = true;             // capture both runs and compare call by call
 };
 
-// Runs both and compares. The JSON holds "runs" (command, wall time, attention time, the
-// substitution's account), "outputs" (per file and tensor: distances, logits' agreement where a
+// Runs both and compares. The JSON holds "runs" (command, wall time, attention time as the
+// preload's clock gave it, ATTNCAP_TIME_ATTENTION, the substitution's account), "outputs" (per file and tensor: distances, logits' agreement where a
 // tensor is named so), and "layers" and "calls" (each call's own error against the exact
 // attention of its inputs, its inputs' and output's distance from the run as is). Throws
 // InputError when a run fails or does not write an output it was said to.

@@ -140,6 +140,14 @@ def test_a_cpp_libtorch_job_is_substituted_without_python(tmp_path):
     assert (tmp_path / "py.bin").read_bytes() == (tmp_path / "plain.bin").read_bytes()
 
 
+def test_attention_time_is_said_at_exit_and_nothing_is_captured_for_it(tmp_path):
+    job = run_python_job(MINILM, "--repeat", "2", "--save", tmp_path / "emb.npy", ATTNCAP_TIME_ATTENTION="1")
+    (line,) = [line for line in attncap_lines(job.stderr) if "attention took" in line]
+    seconds = float(line.split("attention took ")[1].split(" s of wall time over 12 calls")[0])
+    assert 0 < seconds < 10, line
+    assert not any("capturing attention calls" in line for line in attncap_lines(job.stderr)), job.stderr
+
+
 def test_bad_substitution_settings_are_said_and_the_job_runs_on(minilm_plain, tmp_path):
     job = run_python_job(MINILM, "--repeat", "2", "--save", tmp_path / "a.npy", ATTNCAP_SUBSTITUTE="no-such-kernel")
     lines = "\n".join(attncap_lines(job.stderr))
@@ -186,7 +194,8 @@ def test_e2e_reports_how_far_the_quantized_kernel_moves_the_embeddings(minilm_e2
     record, folder = minilm_e2e["record"], minilm_e2e["folder"]
     original, substituted = record["runs"]
     assert substituted["substitution"]["substituted"] == 12 and substituted["substitution"]["left"] == 0
-    assert original["attention_calls"] == substituted["attention_calls"] == 12
+    assert original["attention_calls"] == substituted["attention_calls"] == 12  # the preload's clock
+    assert original["attention_s"] > 0 and substituted["attention_s"] > 0
     assert original["wall_s"] > 0 and substituted["wall_s"] > 0
     (entry,) = record["outputs"][0]["tensors"]
     # The figures, recomputed from the two runs' files.
