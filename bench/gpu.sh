@@ -181,11 +181,12 @@ fi
 if wants e2e; then
 step "kernel substitution: a bf16 Llama's generate() with each kernel in place of its SDPA (attnreplay e2e)"
 mkdir -p /tmp/e2e-json
-for kernel in ${E2E_KERNELS:-torch-math-cuda flash sage2-int8-fp8 fa3-fp8 sageattn-triton}; do
+# Prompts of one length (--no-padding): attnreplay's CUDA kernels take causal calls and no mask.
+for kernel in ${E2E_KERNELS:-torch-cudnn sage2-int8-fp8 fa3-fp8 sageattn-triton}; do
   rm -f /tmp/e2e-decoder.pt
   "$BIN" e2e --kernel "$kernel" --outputs /tmp/e2e-decoder.pt --workdir "/tmp/e2e-$kernel" --json "/tmp/e2e-json/decoder-$kernel.json" -- \
     python3 "$ROOT/tests/e2e/jobs/decoder_job.py" --device cuda --dtype bfloat16 --head-dim 128 --new-tokens 32 \
-    --save /tmp/e2e-decoder.pt >> "$OUT/e2e.txt" 2>&1 || status=1
+    --no-padding --save /tmp/e2e-decoder.pt >> "$OUT/e2e.txt" 2>&1 || status=1
 done
 # A Flux-sized transformer (two blocks at FLUX.1's widths): the latents' PSNR, and its step time as
 # the job itself timed it (each run's stdout), both ways.

@@ -28,6 +28,9 @@ class Command {
   // Runs it; `argv` is the whole command line, for the records. Returns the exit code; throws
   // UsageError or InputError, which main() reports in one line.
   virtual int run(const std::vector<std::string>& argv) = 0;
+  // A command that runs another program (e2e) takes it after "--": main() parses only what comes
+  // before, and run() finds the rest in argv.
+  virtual bool takes_a_command() const { return false; }
 };
 
 std::unique_ptr<Command> make_run_command();

@@ -1,6 +1,7 @@
 // `attnreplay e2e`: what substituting a kernel does to a job's own output (replay/run/end_to_end.h).
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <filesystem>
 #include <iostream>
 
@@ -40,10 +41,20 @@ class EndToEndCommand final : public Command {
                  "do not capture the runs (no per-layer view; the runs then cost what the job costs)");
     app.add_option("--preload", options_.preload, "libattncap.so (default: this build's)");
     app.add_option("--json", json_path_, "write the record");
-    app.add_option("job", options_.command, "the job's command, after --")->required();
+    // Everything from the job's first word on is the job's, its own flags included ("--" optional).
+    app.prefix_command();
+    app.footer("The job's command comes last: attnreplay e2e --kernel K [flags] [--] JOB ARGS...");
+    app_ = &app;
   }
 
-  int run(const std::vector<std::string>&) override {
+  // main() leaves what follows "--" to the command: it is the job's.
+  bool takes_a_command() const override { return true; }
+
+  int run(const std::vector<std::string>& argv) override {
+    // After "--", or, without it, from the job's first word on (CLI11 stops there).
+    const auto dashes = std::find(argv.begin(), argv.end(), "--");
+    options_.command = dashes != argv.end() ? std::vector<std::string>(dashes + 1, argv.end()) : app_->remaining();
+    if (options_.command.empty()) throw UsageError("e2e: give the job's command last, e.g. -- python job.py");
     if (options_.workdir.empty()) options_.workdir = "e2e_out";
     if (options_.preload.empty()) options_.preload = default_preload();
     const nlohmann::json record = run_end_to_end(options_);
@@ -57,6 +68,7 @@ class EndToEndCommand final : public Command {
  private:
   EndToEndOptions options_;
   std::string json_path_;
+  CLI::App* app_ = nullptr;
 };
 
 }  // namespace

@@ -48,8 +48,20 @@ int main(int argc, char** argv) {
     commands.emplace_back(subcommand, entry.make());
     commands.back().second->define(*subcommand);
   }
+  // What follows "--" of a command that runs another is that program's, not ours to parse.
+  int parsed = argc;
+  for (const auto& [subcommand, command] : commands) {
+    if (argc > 1 && subcommand->get_name() == argv[1] && command->takes_a_command()) {
+      for (int i = 2; i < argc; ++i) {
+        if (std::string_view(argv[i]) == "--") {
+          parsed = i;
+          break;
+        }
+      }
+    }
+  }
   try {
-    app.parse(argc, argv);
+    app.parse(parsed, argv);
   } catch (const CLI::ParseError& error) {
     const int code = app.exit(error);
     return code == 0 ? kExitOk : kExitUsage;

@@ -72,16 +72,26 @@ void print_end_to_end(const nlohmann::json& record, std::ostream& out) {
     }
   }
 
-  if (record.contains("layers")) {
-    out << "\nper layer (worst over steps): the substituted run's own error against exact attention of its inputs,\n"
-           "its inputs' and its output's distance from the run as is (rel_l2):\n";
-    out << fmt::format("  {:>5} {:>6} {:>12} {:>11} {:>15} {:>16}\n", "layer", "calls", "substituted", "own error",
+  // Each call's own error against exact attention of its own inputs; its queries' and output's distance
+  // from the run as is (rel_l2, over the rows that see a key).
+  auto table = [&out](const nlohmann::json& groups, const char* key) {
+    out << fmt::format("  {:>5} {:>6} {:>12} {:>11} {:>15} {:>16}\n", key, "calls", "substituted", "own error",
                        "input distance", "output distance");
-    for (const auto& layer : record["layers"]) {
-      out << fmt::format("  {:>5} {:>6} {:>12} {:>11.3g} {:>15.3g} {:>16.3g}\n", layer["layer"].get<std::int64_t>(),
-                         layer["calls"].get<int>(), layer["substituted"].get<int>(), layer["own_rel_l2"].get<double>(),
-                         layer["input_rel_l2"].get<double>(), layer["output_rel_l2"].get<double>());
+    for (const auto& group : groups) {
+      out << fmt::format("  {:>5} {:>6} {:>12} {:>11.3g} {:>15.3g} {:>16.3g}\n", group[key].get<std::int64_t>(),
+                         group["calls"].get<int>(), group["substituted"].get<int>(), group["own_rel_l2"].get<double>(),
+                         group["input_rel_l2"].get<double>(), group["output_rel_l2"].get<double>());
     }
+  };
+  if (record.contains("layers")) {
+    out << fmt::format("\nthrough the layers (step {}): each call's own error against exact attention of its own inputs,\n"
+                       "its queries' and its output's distance from the run as is (rel_l2, rows that see a key; the worst "
+                       "per layer):\n", record["layers_step"].get<std::int64_t>());
+    table(record["layers"], "layer");
+  }
+  if (record.contains("steps") && record["steps"].size() > 1) {
+    out << "\nstep by step (the worst over layers; once an LLM's tokens part, its later steps see other tokens):\n";
+    table(record["steps"], "step");
   }
   if (record.contains("notes")) {
     for (const auto& note : record["notes"]) out << "note: " << note.get<std::string>() << '\n';

@@ -8,6 +8,8 @@
 
 #include <chrono>
 #include <filesystem>
+#include <functional>
+#include <optional>
 #include <fstream>
 #include <map>
 #include <regex>
@@ -195,9 +197,29 @@ std::unique_ptr<CaptureSource> open_run_capture(const std::string& folder, const
   return open_capture(folder);
 }
 
+// `tensor` (q or out of `call`) as (b, h, s, d) doubles with the rows that see no key zeroed: a
+// left-padded prompt's pads have no defined attention, and backends fill them differently (0, NaN,
+// the mean of V), which would swamp every distance.
+HostTensor rows_with_a_key(const HostTensor& tensor, const AttentionCall& call, const ReferenceOutput& reference) {
+  const HostTensor bhsd = to_bhsd(tensor, call.layout);
+  std::vector<double> values = bhsd.to_doubles();
+  if (!reference.no_key.empty() && bhsd.rank() == 4 && !reference.sampled) {
+    const auto rows = static_cast<std::size_t>(bhsd.shape[0] * bhsd.shape[1] * bhsd.shape[2]);
+    const auto width = static_cast<std::size_t>(bhsd.shape[3]);
+    // no_key is per (batch, query head, row); a query with fewer heads (never, for SDPA) is left whole.
+    if (reference.no_key.size() == rows) {
+      for (std::size_t row = 0; row < rows; ++row) {
+        if (reference.no_key[row]) std::fill_n(values.begin() + static_cast<std::ptrdiff_t>(row * width), width, 0.0);
+      }
+    }
+  }
+  return HostTensor::from_doubles(DType::float64, bhsd.shape, values);
+}
+
 // Call by call: the substituted run's output against the exact attention of its own inputs, and
-// its inputs and output against the run as is. Calls pair by index: the same job, seeded alike,
-// makes the same calls in the same order.
+// its queries and output against the run as is, over the rows that see a key. Calls pair by index:
+// the same job, seeded alike, makes the same calls in the same order (until its outputs part: an
+// LLM's steps after its first divergent token see other tokens).
 json compare_calls(CaptureSource& original, CaptureSource& substituted) {
   json calls = json::array();
   const std::size_t count = std::min(original.size(), substituted.size());
@@ -217,50 +239,42 @@ json compare_calls(CaptureSource& original, CaptureSource& substituted) {
       entry["left"] = left->second;
     }
     const std::string where = with_kernel.where();
-    double input_distance = 0;
-    bool same_shapes = true;
-    for (const auto& [field, a, b] : {std::tuple{"q", &with_kernel.q, &as_is.q}, std::tuple{"k", &with_kernel.k, &as_is.k},
-                                      std::tuple{"v", &with_kernel.v, &as_is.v}}) {
-      if (a->shape != b->shape) {
-        same_shapes = false;
-        break;
-      }
-      input_distance = std::max(input_distance, tensor_distance(*a, *b, fmt::format("{} {}", where, field)).rel_l2);
-    }
-    if (!same_shapes) {
-      entry["unpaired"] = "the two runs' calls at this index differ in shape: the job did not make the same calls";
+    if (with_kernel.q.shape != as_is.q.shape || with_kernel.k.shape != as_is.k.shape || !with_kernel.out || !as_is.out ||
+        with_kernel.out->shape != as_is.out->shape) {
+      entry["unpaired"] = "the two runs' calls at this index differ in shape, or one has no output";
       calls.push_back(std::move(entry));
       continue;
     }
-    entry["input_rel_l2"] = input_distance;
-    if (with_kernel.out && as_is.out) {
-      entry["output_rel_l2"] = tensor_distance(*with_kernel.out, *as_is.out, where + " out").rel_l2;
-      const ReferenceOutput reference = reference_for(with_kernel, reference_options);
-      const ErrorStats own = compare_to_reference(to_bhsd(*with_kernel.out, with_kernel.layout), reference);
-      entry["own_rel_l2"] = own.rel_l2;
-      entry["own_cosine"] = own.cosine;
-    }
+    const ReferenceOutput reference = reference_for(with_kernel, reference_options);
+    const ErrorStats own = compare_to_reference(to_bhsd(*with_kernel.out, with_kernel.layout), reference);
+    entry["own_rel_l2"] = own.rows_with_a_key ? own.rows_with_a_key->rel_l2 : own.rel_l2;
+    entry["own_cosine"] = own.rows_with_a_key ? own.rows_with_a_key->cosine : own.cosine;
+    if (own.no_key_rows > 0) entry["rows_without_a_key"] = own.no_key_rows;
+    entry["input_rel_l2"] = tensor_distance(rows_with_a_key(with_kernel.q, with_kernel, reference),
+                                            rows_with_a_key(as_is.q, as_is, reference), where + " q").rel_l2;
+    entry["output_rel_l2"] = tensor_distance(rows_with_a_key(*with_kernel.out, with_kernel, reference),
+                                             rows_with_a_key(*as_is.out, as_is, reference), where + " out").rel_l2;
     calls.push_back(std::move(entry));
   }
   return calls;
 }
 
-// Per layer, over steps: the calls, how many were substituted, and the worst of each distance.
-json by_layer(const json& calls) {
-  std::map<std::int64_t, json> layers;
+// The worst of each distance over the calls `key` groups (layer or step), and how many there are.
+json worst_by(const json& calls, const char* key, const std::function<bool(const json&)>& wanted) {
+  std::map<std::int64_t, json> groups;
   for (const json& call : calls) {
-    if (!call.contains("layer") || !call.contains("own_rel_l2")) continue;
-    json& layer = layers[call["layer"].get<std::int64_t>()];
-    if (layer.is_null()) layer = {{"layer", call["layer"]}, {"calls", 0}, {"substituted", 0}, {"own_rel_l2", 0.0},
+    if (!call.contains(key) || !call.contains("own_rel_l2") || !wanted(call)) continue;
+    json& group = groups[call[key].get<std::int64_t>()];
+    if (group.is_null()) group = {{key, call[key]}, {"calls", 0}, {"substituted", 0}, {"own_rel_l2", 0.0},
                                   {"input_rel_l2", 0.0}, {"output_rel_l2", 0.0}};
-    layer["calls"] = layer["calls"].get<int>() + 1;
-    if (call.contains("substituted_by")) layer["substituted"] = layer["substituted"].get<int>() + 1;
-    for (const char* key : {"own_rel_l2", "input_rel_l2", "output_rel_l2"}) {
-      layer[key] = std::max(layer[key].get<double>(), call[key].get<double>());
+    group["calls"] = group["calls"].get<int>() + 1;
+    if (call.contains("substituted_by")) group["substituted"] = group["substituted"].get<int>() + 1;
+    for (const char* figure : {"own_rel_l2", "input_rel_l2", "output_rel_l2"}) {
+      group[figure] = std::max(group[figure].get<double>(), call[figure].get<double>());
     }
   }
   json list = json::array();
-  for (auto& [index, layer] : layers) list.push_back(std::move(layer));
+  for (auto& [index, group] : groups) list.push_back(std::move(group));
   return list;
 }
 
@@ -315,7 +329,8 @@ json run_end_to_end(const EndToEndOptions& options) {
           }
         }
         throw InputError(fmt::format("e2e: the substituted run gave no account of substitution: the preload did not "
-                                     "substitute {} (its stderr: {}){}", options.kernel,
+                                     "substitute {}, because the job loaded no torch or substitution was off (its "
+                                     "stderr: {}){}", options.kernel,
                                      (folder / "stderr.txt").string(), said));
       }
     }
@@ -327,7 +342,22 @@ json run_end_to_end(const EndToEndOptions& options) {
     auto original = open_capture(captures["original"]);
     auto substituted = open_capture(captures["substituted"]);
     record["calls"] = compare_calls(*original, *substituted);
-    record["layers"] = by_layer(record["calls"]);
+    // Through the layers within the first step that substituted a call (later steps of an LLM may
+    // already see other tokens); then step by step.
+    std::optional<std::int64_t> first_step;
+    for (const json& call : record["calls"]) {
+      if (call.contains("substituted_by") && call.contains("step")) {
+        first_step = call["step"].get<std::int64_t>();
+        break;
+      }
+    }
+    if (first_step) {
+      record["layers_step"] = *first_step;
+      record["layers"] = worst_by(record["calls"], "layer", [&](const json& call) {
+        return call.contains("step") && call["step"].get<std::int64_t>() == *first_step;
+      });
+    }
+    record["steps"] = worst_by(record["calls"], "step", [](const json&) { return true; });
     if (original->size() != substituted->size()) {
       record["notes"].push_back(fmt::format("the runs made {} and {} attention calls: only the first {} are paired",
                                             original->size(), substituted->size(),

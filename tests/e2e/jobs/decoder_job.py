@@ -16,6 +16,8 @@ def main():
     parser.add_argument("--new-tokens", type=int, default=4)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--no-padding", action="store_true",
+                        help="prompts of one length: no padding mask, so causal-only kernels take every call")
     parser.add_argument("--head-dim", type=int, default=16, help="each head's size (4 query heads, 2 key/value heads)")
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -25,8 +27,9 @@ def main():
     model = LlamaForCausalLM(config).eval().to(device=args.device, dtype=getattr(torch, args.dtype))
     ids = torch.randint(3, 256, (2, 12))
     mask = torch.ones_like(ids)
-    ids[1, :4] = 0  # the second prompt is 4 tokens shorter, padded on the left as generate() wants
-    mask[1, :4] = 0
+    if not args.no_padding:
+        ids[1, :4] = 0  # the second prompt is 4 tokens shorter, padded on the left as generate() wants
+        mask[1, :4] = 0
     ids, mask = ids.to(args.device), mask.to(args.device)
     with torch.inference_mode():
         logits = model(input_ids=ids, attention_mask=mask).logits
