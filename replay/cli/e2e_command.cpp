@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "replay/cli/command.h"
+#include "replay/cli/program_prefix.h"
 #include "replay/report/end_to_end_table.h"
 #include "replay/report/record_files.h"
 #include "replay/run/end_to_end.h"
@@ -14,16 +15,10 @@ namespace attnreplay {
 namespace {
 namespace fs = std::filesystem;
 
-// libattncap.so of this build: capture/ beside replay/ in the build tree, or lib/ once installed.
+// libattncap.so of this build: capture/ in the build tree, or lib/ once installed.
 std::string default_preload() {
-  std::error_code error;
-  const fs::path exe = fs::read_symlink("/proc/self/exe", error);
-  if (error) return {};
-  for (const fs::path& candidate : {exe.parent_path().parent_path() / "capture" / "libattncap.so",
-                                    exe.parent_path().parent_path() / "lib" / "libattncap.so"}) {
-    if (fs::exists(candidate)) return candidate.string();
-  }
-  return (exe.parent_path().parent_path() / "capture" / "libattncap.so").string();
+  const fs::path installed = program_prefix() / "lib" / "libattncap.so";
+  return (fs::exists(installed) ? installed : program_prefix() / "capture" / "libattncap.so").string();
 }
 
 class EndToEndCommand final : public Command {

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "replay/cli/command.h"
+#include "replay/cli/program_prefix.h"
 
 namespace attnreplay {
 namespace {
@@ -19,13 +20,8 @@ namespace fs = std::filesystem;
 
 // Beside an installed binary (share/attnreplay/python), else in the source tree it was built from.
 std::string plot_script() {
-  std::error_code error;
-  const fs::path exe = fs::read_symlink("/proc/self/exe", error);
-  if (!error) {
-    const fs::path installed = exe.parent_path().parent_path() / "share" / "attnreplay" / "python" / "plot_audit.py";
-    if (fs::exists(installed)) return installed.string();
-  }
-  return ATTNREPLAY_SOURCE_DIR "/scripts/plot_audit.py";
+  const fs::path installed = program_prefix() / "share" / "attnreplay" / "python" / "plot_audit.py";
+  return fs::exists(installed) ? installed.string() : ATTNREPLAY_SOURCE_DIR "/scripts/plot_audit.py";
 }
 
 class PlotCommand final : public Command {

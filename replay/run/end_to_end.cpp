@@ -171,8 +171,9 @@ json compare_outputs(const std::map<std::string, fs::path>& original, const std:
 // The preload's attention clock at exit (ATTNCAP_TIME_ATTENTION): "[attncap] pid N: attention took
 // X s of GPU time over N calls (...), Y s of wall time over M calls (...)", summed over processes.
 json attention_time(const std::string& stderr_text) {
-  json time = {{"gpu_s", 0.0}, {"gpu_calls", 0}, {"wall_s", 0.0}, {"wall_calls", 0}};
+  json time = {{"gpu_s", 0.0}, {"gpu_calls", 0}, {"gpu_first_call_s", 0.0}, {"wall_s", 0.0}, {"wall_calls", 0}};
   const std::regex gpu(R"(([0-9.]+) s of GPU time over (\d+) calls)"), wall(R"(([0-9.]+) s of wall time over (\d+) calls)");
+  const std::regex first(R"(the first call ([0-9.]+) s)");
   std::istringstream lines(stderr_text);
   for (std::string line; std::getline(lines, line);) {
     if (line.find("[attncap] pid ") == std::string::npos || line.find(": attention took ") == std::string::npos) continue;
@@ -181,6 +182,7 @@ json attention_time(const std::string& stderr_text) {
       time["gpu_s"] = time["gpu_s"].get<double>() + std::stod(m[1]);
       time["gpu_calls"] = time["gpu_calls"].get<std::int64_t>() + std::stoll(m[2]);
     }
+    if (std::regex_search(line, m, first)) time["gpu_first_call_s"] = time["gpu_first_call_s"].get<double>() + std::stod(m[1]);
     if (std::regex_search(line, m, wall)) {
       time["wall_s"] = time["wall_s"].get<double>() + std::stod(m[1]);
       time["wall_calls"] = time["wall_calls"].get<std::int64_t>() + std::stoll(m[2]);
