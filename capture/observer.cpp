@@ -6,7 +6,7 @@
 // later (flash-attn, SageAttention, xformers register theirs on import) are observed by a global
 // RecordFunction callback, added only once such an op appears. Either way, inputs are copied
 // before the op runs and the output after it. Our own copies run with observers off on this
-// thread, so they are never observed. Under ATTNCAP_SUBSTITUTE a hooked op's output may come from
+// thread, so they are never observed. Under ATTNCAP_SUBSTITUTE an op's attention output may come from
 // an attnreplay kernel instead of its own (substituter.h). Nothing here throws into the job.
 #include <ATen/ATen.h>
 #include <ATen/SequenceNumber.h>
@@ -122,8 +122,9 @@ struct PendingCall final : at::ObserverContext {
   std::shared_ptr<TensorCopies> copies = std::make_shared<TensorCopies>();
   std::chrono::steady_clock::time_point started;
   // Under ATTNCAP_SUBSTITUTE: whether the kernel is to be asked, whether it gave the output, and
-  // otherwise why the call was left to the op.
-  bool substitute = false, substituted = false, on_gpu = false;
+  // otherwise why the call was left to the op. `after_the_op`: the op runs and its attention
+  // output is then overwritten in place (an op that returns more, or one no hook stands before).
+  bool substitute = false, after_the_op = false, substituted = false, on_gpu = false;
   std::string left_reason;
   std::shared_ptr<AttentionClock::Started> timing;  // under ATTNCAP_TIME_ATTENTION
 };
@@ -531,21 +532,26 @@ void judge_substitution(PendingCall& pending, const std::string& op, const c10::
   }
   const at::Tensor& query = qkv[0]->toTensor();
   pending.on_gpu = query.is_cuda();
-  const bool returns_one_tensor =
-      schema && schema->returns().size() == 1 && schema->returns()[0].type()->kind() == c10::TypeKind::TensorType;
+  if (schema && schema->name() == kPythonCall) {
+    pending.left_reason = fmt::format("{} is a Python entry point, seen after it returned", op);
+    return;
+  }
   auto reason = state->substituter->declines_early(
-      op, hooked, returns_one_tensor, index, place ? std::optional(place->position.layer) : std::nullopt,
+      index, place ? std::optional(place->position.layer) : std::nullopt,
       place ? std::optional(place->position.step) : std::nullopt, query, qkv[1]->toTensor(), qkv[2]->toTensor());
   if (reason) {
     pending.left_reason = std::move(*reason);
-  } else {
-    pending.substitute = true;
+    return;
   }
+  pending.substitute = true;
+  // A hooked op that returns the attention output alone is not run at all (substitute_hooked).
+  const bool returns_one_tensor =
+      schema && schema->returns().size() == 1 && schema->returns()[0].type()->kind() == c10::TypeKind::TensorType;
+  pending.after_the_op = !(hooked && returns_one_tensor);
 }
 
 // A matched op starts: the outermost one becomes a call (recorded if selected, or as `preselected`
-// says; substituted where ATTNCAP_SUBSTITUTE takes it, which only a hooked op can be); one inside
-// it names the backend that ran.
+// says; substituted where ATTNCAP_SUBSTITUTE takes it); one inside it names the backend that ran.
 std::unique_ptr<at::ObserverContext> begin_call(const std::string& op, const c10::FunctionSchema* schema,
                                                 c10::ArrayRef<c10::IValue> inputs, std::int64_t sequence_nr,
                                                 bool hooked, std::optional<Selection> preselected = std::nullopt) {
@@ -605,11 +611,43 @@ const at::Tensor* attention_output(c10::ArrayRef<c10::IValue> outputs) {
   return nullptr;
 }
 
+std::string describe_failure(const std::exception& error) {
+  const auto* c10_error = dynamic_cast<const c10::Error*>(&error);
+  return fmt::format("substitution failed: {}", c10_error ? c10_error->what_without_backtrace() : error.what());
+}
+
+// Substitution after the op ran: its attention output overwritten in place by the kernel's, so
+// that whatever holds it (the job, the op's other outputs' consumers) sees the kernel's values.
+void substitute_after_the_op(PendingCall& pending, c10::ArrayRef<c10::IValue> outputs) {
+  try {
+    at::RecordFunctionGuard no_observers(false);
+    c10::AutoGradMode no_grad(false);
+    const at::Tensor* found = attention_output(outputs);
+    if (!found) {
+      pending.left_reason = "the op returned no attention output to replace";
+      return;
+    }
+    at::Tensor output = *found;
+    pending.copies->finish_into(pending.call);
+    auto computed = state->substituter->compute(pending.call, output.sizes(), output.options());
+    if (auto* reason = std::get_if<std::string>(&computed)) {
+      pending.left_reason = std::move(*reason);
+      return;
+    }
+    output.copy_(std::get<at::Tensor>(computed));
+    pending.substituted = true;
+  } catch (const std::exception& error) {
+    pending.left_reason = describe_failure(error);
+  }
+}
+
 // A matched op ends. `outputs` is null when its kernel threw: nothing is recorded then.
 void end_call(at::ObserverContext* context, const c10::ArrayRef<c10::IValue>* outputs) {
   if (!context) return;
-  --active_depth;
   auto* pending = dynamic_cast<PendingCall*>(context);
+  // Before the depth drops: attention ops the kernel itself calls are inner ones, never calls.
+  if (pending && pending->substitute && pending->after_the_op && outputs) substitute_after_the_op(*pending, *outputs);
+  --active_depth;
   if (!pending) return;
   if (outermost == pending) outermost = nullptr;
   if (pending->timing && outputs) state->clock->stop(*pending->timing, /*wall=*/pending->substituted);
@@ -652,15 +690,19 @@ std::unique_ptr<at::ObserverContext> begin_hooked(const std::string& op, const c
 // and the reason is counted.
 bool substitute_hooked(at::ObserverContext* context, const c10::FunctionSchema& schema, torch::jit::Stack* stack) {
   auto* pending = dynamic_cast<PendingCall*>(context);
-  if (!pending || !pending->substitute) return false;
+  if (!pending || !pending->substitute || pending->after_the_op) return false;
   try {
     at::RecordFunctionGuard no_observers(false);
     c10::AutoGradMode no_grad(false);
     const std::size_t count = schema.arguments().size();
     const c10::ArrayRef<c10::IValue> inputs(stack->data() + stack->size() - count, count);
     const auto qkv = find_qkv(named_inputs(&schema, inputs));
+    const at::Tensor& query = qkv[0]->toTensor();
+    // SDPA's output: the query's leading dims and the value's head dim, in the query's dtype.
+    std::vector<std::int64_t> sizes = query.sizes().vec();
+    sizes.back() = qkv[2]->toTensor().size(-1);
     pending->copies->finish_into(pending->call);
-    auto computed = state->substituter->compute(pending->call, qkv[0]->toTensor(), qkv[2]->toTensor());
+    auto computed = state->substituter->compute(pending->call, sizes, query.options());
     if (auto* reason = std::get_if<std::string>(&computed)) {
       pending->left_reason = std::move(*reason);
       return false;
@@ -670,8 +712,7 @@ bool substitute_hooked(at::ObserverContext* context, const c10::FunctionSchema& 
     pending->substituted = true;
     return true;
   } catch (const std::exception& error) {
-    const auto* c10_error = dynamic_cast<const c10::Error*>(&error);
-    pending->left_reason = fmt::format("substitution failed: {}", c10_error ? c10_error->what_without_backtrace() : error.what());
+    pending->left_reason = describe_failure(error);
     return false;
   }
 }

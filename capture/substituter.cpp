@@ -74,8 +74,7 @@ std::unique_ptr<Substituter> Substituter::open(const CaptureConfig& config) {
   return std::unique_ptr<Substituter>(new Substituter(config, std::move(substitution)));
 }
 
-std::optional<std::string> Substituter::declines_early(const std::string& op, bool hooked, bool returns_one_tensor,
-                                                       std::int64_t call_index, std::optional<std::int64_t> layer,
+std::optional<std::string> Substituter::declines_early(std::int64_t call_index, std::optional<std::int64_t> layer,
                                                        std::optional<std::int64_t> step, const at::Tensor& query,
                                                        const at::Tensor& key, const at::Tensor& value) const {
   if (!in_ranges(config_.substitute_calls, call_index)) return "outside ATTNCAP_SUBSTITUTE_CALLS";
@@ -85,29 +84,30 @@ std::optional<std::string> Substituter::declines_early(const std::string& op, bo
   if (!config_.substitute_steps.empty() && (!step || !in_ranges(config_.substitute_steps, *step))) {
     return "outside ATTNCAP_SUBSTITUTE_STEPS";
   }
-  // Ops registered after the job started (flash-attn's, SageAttention's) are seen through
-  // RecordFunction, which can watch an op but not replace what it returns.
-  if (!hooked) return fmt::format("{} is observed, not hooked (registered after start)", op);
-  if (!returns_one_tensor) return fmt::format("{} returns more than the attention output", op);
   if (c10::GradMode::is_enabled() && (query.requires_grad() || key.requires_grad() || value.requires_grad())) {
     return "its inputs require grad (a kernel's output would carry no gradient)";
   }
   return std::nullopt;
 }
 
-std::variant<at::Tensor, std::string> Substituter::compute(const AttentionCall& call, const at::Tensor& query,
-                                                           const at::Tensor& value) {
+std::variant<at::Tensor, std::string> Substituter::compute(const AttentionCall& call, c10::IntArrayRef sizes,
+                                                           const at::TensorOptions& options) {
   auto computed = substitution_->compute(call);
   if (auto* reason = std::get_if<std::string>(&computed)) return std::move(*reason);
   const HostTensor& output = std::get<HostTensor>(computed);
-  // As the op returns it: the query's leading dims, the value's head dim.
-  std::vector<std::int64_t> shape(query.sizes().begin(), query.sizes().end());
-  shape.back() = value.size(-1);
-  const at::Tensor host = torch_from_host_tensor(output, /*restore_strides=*/false);
-  if (host.numel() != c10::multiply_integers(shape)) {
-    return fmt::format("the kernel's output is {}, not the op's {}", shape_string(output.shape), shape_string(shape));
+  // The kernel's (batch, heads, seq, dim) in the op's layout: bshd transposed, thd's rows (batch 1,
+  // every sequence's rows in turn) as (rows, heads, dim).
+  at::Tensor result = torch_from_host_tensor(output, /*restore_strides=*/false);
+  if (call.layout == Layout::bshd && result.dim() == 4) result = result.transpose(1, 2);
+  if (call.layout == Layout::thd && result.dim() == 4) result = result[0].transpose(0, 1);
+  // SDPA's 3-dim calls, and paged calls whose dense queries the record holds as rows, differ from
+  // the op's output in shape alone.
+  if (result.sizes() != sizes && result.numel() == c10::multiply_integers(sizes)) result = result.reshape(sizes);
+  if (result.sizes() != sizes) {
+    return fmt::format("the kernel's output is {} in the call's layout, not the op's {}",
+                       shape_string(result.sizes().vec()), shape_string(sizes.vec()));
   }
-  return host.reshape(shape).to(query.device(), query.scalar_type());
+  return result.to(options);
 }
 
 void Substituter::count(bool substituted, const std::string& reason, double seconds, bool on_gpu) {

@@ -23,17 +23,15 @@ class Substituter {
   // when either is missing (the job then runs as it would without substitution).
   static std::unique_ptr<Substituter> open(const CaptureConfig& config);
 
-  // Why a call is left to the op before its tensors are read (its op, its place in the run, its
-  // inputs); nullopt when the kernel is to be asked. `returns_one_tensor`: the op's schema returns
-  // the attention output alone, which is all a kernel gives.
-  std::optional<std::string> declines_early(const std::string& op, bool hooked, bool returns_one_tensor,
-                                            std::int64_t call_index, std::optional<std::int64_t> layer,
+  // Why a call is left to the op before its tensors are read (its place in the run, its inputs);
+  // nullopt when the kernel is to be asked.
+  std::optional<std::string> declines_early(std::int64_t call_index, std::optional<std::int64_t> layer,
                                             std::optional<std::int64_t> step, const at::Tensor& query,
                                             const at::Tensor& key, const at::Tensor& value) const;
-  // The kernel's output for `call`, as the op would have returned it (the query's device and dtype,
-  // its leading dims), or why the kernel does not take it.
-  std::variant<at::Tensor, std::string> compute(const AttentionCall& call, const at::Tensor& query,
-                                                const at::Tensor& value);
+  // The kernel's output for `call` as the op's attention output: in the call's layout (bhsd, bshd,
+  // thd rows), of `sizes`, with `options` (device, dtype); or why the kernel does not take it.
+  std::variant<at::Tensor, std::string> compute(const AttentionCall& call, c10::IntArrayRef sizes,
+                                                const at::TensorOptions& options);
 
   // One call's outcome: substituted, or left to the op for `reason`; `seconds` from the call's
   // start to its end on the job's thread (GPU ops: to their launch, unless substituted).

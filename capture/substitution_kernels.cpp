@@ -13,6 +13,7 @@
 #include "capture/substitution.h"
 #include "formats/call_semantics.h"
 #include "kernels/kernel.h"
+#include "kernels/per_sequence.h"
 #ifdef ATTNCAP_PYTHON_KERNELS
 #include "kernels/python/python_kernels.h"
 #endif
@@ -38,7 +39,12 @@ class KernelSubstitution final : public Substitution {
     if (!kernel_) {
       if (auto missing = find_python_kernel()) return *missing;
     }
-    const Kernel& kernel = *kernel_;
+    // A ragged or paged batch goes to a kernel that does not take one as one sequence at a time, as
+    // the replay hands it (kernels/per_sequence.h).
+    const KernelDescription& description = kernel_->description();
+    const bool as_one = !call.is_ragged() || (call.is_paged() ? description.paged : description.ragged);
+    const PerSequenceKernel per_sequence(*kernel_);
+    const Kernel& kernel = as_one ? *kernel_ : per_sequence;
     if (const auto refused = unreplayable_arguments(call); !refused.empty()) {
       return fmt::format("the call has {}", fmt::join(refused, ", "));
     }
@@ -46,7 +52,6 @@ class KernelSubstitution final : public Substitution {
     if (const auto missing = missing_extensions(kernel.description(), call); !missing.empty()) {
       return fmt::format("the call has {}, which the kernel does not compute", fmt::join(missing, " and "));
     }
-    if (call.is_ragged() && !kernel.description().ragged) return "a ragged batch, which the kernel does not take as one";
     if (auto reason = kernel.unsupported_reason(call)) return *reason;
     try {
       auto prepared = kernel.prepare(call, options_);

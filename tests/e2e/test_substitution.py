@@ -148,6 +148,52 @@ def test_attention_time_is_said_at_exit_and_nothing_is_captured_for_it(tmp_path)
     assert not any("capturing attention calls" in line for line in attncap_lines(job.stderr)), job.stderr
 
 
+def stand_in_job(job, folder, name, **attncap):
+    """A stand-in job's outputs (tests/e2e/jobs/), as is or substituted, and its stderr."""
+    result = run_python_job(job, "--save", folder / f"{name}.npz", preload=bool(attncap), **attncap)
+    outputs = np.load(folder / f"{name}.npz")
+    return {key: outputs[key] for key in outputs.files}, result.stderr
+
+
+def test_torch_compile_calls_the_backend_op_which_is_substituted_after_it_runs(tmp_path):
+    # Inductor's code calls SDPA's CPU backend op, which returns the log-sum-exp too: the op runs,
+    # and its output is then the kernel's.
+    run_python_job("compile_job.py", "--save", tmp_path / "plain.npy", preload=False)
+    job = run_python_job("compile_job.py", "--save", tmp_path / "ref.npy", ATTNCAP_SUBSTITUTE="reference")
+    summary = substitution_summary(job.stderr)
+    assert "3 attention calls substituted" in summary and "0 left" in summary, summary
+    np.testing.assert_allclose(np.load(tmp_path / "ref.npy"), np.load(tmp_path / "plain.npy"), rtol=0, atol=1e-6)
+
+
+def test_ops_registered_after_start_are_substituted_and_their_extensions_honoured_or_refused(tmp_path):
+    # flash-attn's forward op under its own name and schema, registered when the job imports it.
+    plain, _ = stand_in_job("flash_attn_op_job.py", tmp_path, "plain")
+    exact, stderr = stand_in_job("flash_attn_op_job.py", tmp_path, "exact", ATTNCAP_SUBSTITUTE="reference")
+    assert "5 attention calls substituted" in substitution_summary(stderr)
+    for name in plain:
+        np.testing.assert_allclose(exact[name], plain[name], rtol=0, atol=1e-6, err_msg=name)
+    # torch-math computes windows, not softcaps or ALiBi: those calls keep the op's own output.
+    math, stderr = stand_in_job("flash_attn_op_job.py", tmp_path, "math", ATTNCAP_SUBSTITUTE="torch-math")
+    summary = substitution_summary(stderr)
+    assert "2 attention calls substituted" in summary and "3 left to the original op" in summary, summary
+    assert "1 left: the call has a softcap of 30, which the kernel does not compute" in summary, summary
+    assert "1 left: the call has ALiBi slopes, which the kernel does not compute" in summary, summary
+
+
+def test_ragged_and_paged_batches_are_substituted_sequence_by_sequence(tmp_path):
+    # flash-attn's varlen and FlashAttention-3's ops: packed and paged batches; torch's CPU flash
+    # backend takes one dense sequence at a time (kernels/per_sequence.h).
+    plain, _ = stand_in_job("flash_attn_varlen_job.py", tmp_path, "plain")
+    flash, stderr = stand_in_job("flash_attn_varlen_job.py", tmp_path, "flash", ATTNCAP_SUBSTITUTE="torch-flash-cpu")
+    summary = substitution_summary(stderr)
+    assert "5 attention calls substituted" in summary, summary
+    assert "1 left: the call has a softcap of 20, which the kernel does not compute" in summary, summary
+    assert "(keys appended to a KV cache)" in summary, summary  # not a record replay can honour
+    for name in plain:
+        np.testing.assert_allclose(flash[name], plain[name], rtol=0, atol=1e-5, err_msg=name)
+    assert any(not np.array_equal(flash[name], plain[name]) for name in plain)  # the kernel's, not the op's
+
+
 def test_bad_substitution_settings_are_said_and_the_job_runs_on(minilm_plain, tmp_path):
     job = run_python_job(MINILM, "--repeat", "2", "--save", tmp_path / "a.npy", ATTNCAP_SUBSTITUTE="no-such-kernel")
     lines = "\n".join(attncap_lines(job.stderr))
