@@ -36,9 +36,11 @@ class KernelSubstitution final : public Substitution {
   // The checks are the replay's (replay/run/replay_call.cpp), so that a call is substituted
   // exactly where it would be replayed, and never computed as something it is not.
   std::variant<HostTensor, std::string> compute(const AttentionCall& call) override {
+#ifdef ATTNCAP_PYTHON_KERNELS
     if (!kernel_) {
       if (auto missing = find_python_kernel()) return *missing;
     }
+#endif
     // A ragged or paged batch goes to a kernel that does not take one as one sequence at a time, as
     // the replay hands it (kernels/per_sequence.h).
     const KernelDescription& description = kernel_->description();
@@ -49,10 +51,7 @@ class KernelSubstitution final : public Substitution {
       return fmt::format("the call has {}", fmt::join(refused, ", "));
     }
     if (call.dropout_p > 0) return fmt::format("dropout_p={} (no kernel computes dropout)", call.dropout_p);
-    if (const auto missing = missing_extensions(kernel.description(), call); !missing.empty()) {
-      return fmt::format("the call has {}, which the kernel does not compute", fmt::join(missing, " and "));
-    }
-    if (auto reason = kernel.unsupported_reason(call)) return *reason;
+    if (auto reason = kernel_declines(kernel, call)) return *reason;
     try {
       auto prepared = kernel.prepare(call, options_);
       prepared->run();
@@ -73,9 +72,9 @@ class KernelSubstitution final : public Substitution {
   // A kernel no built-in has: Python's (the modules given, the library adapters), loaded at the
   // first call, when the job's own `import torch` is long over. Nullopt once found; else why not,
   // said once on stderr and given as every call's reason.
+#ifdef ATTNCAP_PYTHON_KERNELS
   std::optional<std::string> find_python_kernel() {
     std::call_once(python_tried_, [this] {
-#ifdef ATTNCAP_PYTHON_KERNELS
       const PythonKernelsLoaded loaded = load_python_kernels(python_modules_, /*with_adapters=*/true);
       kernel_ = KernelRegistry::instance().find(name_);
       if (!kernel_) {
@@ -86,15 +85,12 @@ class KernelSubstitution final : public Substitution {
         for (const std::string& error : loaded.errors) why += fmt::format("; {}", error);
         python_error_ = fmt::format("no kernel named '{}'{} (kernels here: {})", name_, why, built_in_names());
       }
-#else
-      python_error_ = fmt::format("no built-in kernel named '{}', and this process has no Python for Python kernels "
-                                  "(built-in kernels: {})", name_, built_in_names());
-#endif
       if (!kernel_) std::fprintf(stderr, "[attncap] ATTNCAP_SUBSTITUTE=%s: %s\n", name_.c_str(), python_error_.c_str());
     });
     if (kernel_) return std::nullopt;
     return python_error_;
   }
+#endif
 
   std::string name_;
   const Kernel* kernel_;

@@ -52,6 +52,12 @@ struct KernelDescription {
 // What `call` needs that `kernel` does not compute, in words ("a softcap of 30"); empty when none.
 std::vector<std::string> missing_extensions(const KernelDescription& kernel, const AttentionCall& call);
 
+class Kernel;
+// Why `kernel` does not take `call`, before any input is touched: an extension it does not compute,
+// or its own unsupported_reason. Nullopt when it takes it. What the replay and kernel substitution
+// both ask.
+std::optional<std::string> kernel_declines(const Kernel& kernel, const AttentionCall& call);
+
 // What a run's flags set for the kernels; each kernel's prepare() reads the part that concerns it.
 struct KernelOptions {
   QuantOptions quant;  // the quantized kinds' (docs/quantized.md): --quant_gran, --pv_accum_dtype, ...

@@ -1,3 +1,6 @@
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <utility>
 
@@ -18,6 +21,13 @@ std::vector<std::string> missing_extensions(const KernelDescription& kernel, con
     if (!computed) missing.push_back(call.describe(extension));
   }
   return missing;
+}
+
+std::optional<std::string> kernel_declines(const Kernel& kernel, const AttentionCall& call) {
+  if (const auto missing = missing_extensions(kernel.description(), call); !missing.empty()) {
+    return fmt::format("the call has {}, which this kernel does not compute", fmt::join(missing, " and "));
+  }
+  return kernel.unsupported_reason(call);
 }
 
 KernelRegistry& KernelRegistry::instance() {

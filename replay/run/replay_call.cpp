@@ -173,10 +173,7 @@ struct KernelForCall {
 };
 
 std::optional<std::string> check_support(const Kernel& kernel, const CallReplay& r) {
-  if (const auto missing = missing_extensions(kernel.description(), r.call); !missing.empty()) {
-    return fmt::format("the call has {}, which this kernel does not compute", fmt::join(missing, " and "));
-  }
-  if (auto reason = kernel.unsupported_reason(r.call)) return reason;
+  if (auto reason = kernel_declines(kernel, r.call)) return reason;
   if (kernel.description().is_reference && r.reference.sampled) {
     return "--ref-sample-rows is set, so the full reference is not run";
   }

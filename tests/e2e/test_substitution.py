@@ -176,8 +176,8 @@ def test_ops_registered_after_start_are_substituted_and_their_extensions_honoure
     math, stderr = stand_in_job("flash_attn_op_job.py", tmp_path, "math", ATTNCAP_SUBSTITUTE="torch-math")
     summary = substitution_summary(stderr)
     assert "2 attention calls substituted" in summary and "3 left to the original op" in summary, summary
-    assert "1 left: the call has a softcap of 30, which the kernel does not compute" in summary, summary
-    assert "1 left: the call has ALiBi slopes, which the kernel does not compute" in summary, summary
+    assert "1 left: the call has a softcap of 30, which this kernel does not compute" in summary, summary
+    assert "1 left: the call has ALiBi slopes, which this kernel does not compute" in summary, summary
 
 
 def test_ragged_and_paged_batches_are_substituted_sequence_by_sequence(tmp_path):
@@ -187,7 +187,7 @@ def test_ragged_and_paged_batches_are_substituted_sequence_by_sequence(tmp_path)
     flash, stderr = stand_in_job("flash_attn_varlen_job.py", tmp_path, "flash", ATTNCAP_SUBSTITUTE="torch-flash-cpu")
     summary = substitution_summary(stderr)
     assert "5 attention calls substituted" in summary, summary
-    assert "1 left: the call has a softcap of 20, which the kernel does not compute" in summary, summary
+    assert "1 left: the call has a softcap of 20, which this kernel does not compute" in summary, summary
     assert "(keys appended to a KV cache)" in summary, summary  # not a record replay can honour
     for name in plain:
         np.testing.assert_allclose(flash[name], plain[name], rtol=0, atol=1e-5, err_msg=name)
