@@ -20,6 +20,21 @@ double median_of(std::vector<double>& values) {
   return 0.5 * (*middle + *std::max_element(values.begin(), middle));
 }
 
+// The 1-based ranks that bound the median of n samples with 95 % confidence: the number of
+// samples under the true median is Binomial(n, 1/2), so the ranks n/2 -+ 1.96 sqrt(n)/2, widened
+// outward to whole ranks. Defined from 6 samples on.
+struct MedianRanks {
+  std::size_t lower, upper;
+};
+
+MedianRanks median_ranks(std::size_t n) {
+  const double half = 1.959964 * std::sqrt(static_cast<double>(n)) / 2;
+  return {static_cast<std::size_t>(std::max(1.0, std::floor(static_cast<double>(n) / 2 - half))),
+          static_cast<std::size_t>(std::min(static_cast<double>(n), std::ceil(static_cast<double>(n) / 2 + half + 1)))};
+}
+
+constexpr std::size_t kFewestForInterval = 6;
+
 }  // namespace
 
 double robust_spread(std::vector<double> seconds) {
@@ -37,12 +52,8 @@ double MedianInterval::relative_half_width() const {
 
 std::optional<MedianInterval> median_interval(std::vector<double> samples) {
   const std::size_t n = samples.size();
-  if (n < 6) return std::nullopt;
-  // The number of samples under the true median is Binomial(n, 1/2): the ranks n/2 -+ 1.96 sqrt(n)/2
-  // (1-based, widened outward to whole ranks) bound it with 95 % confidence.
-  const double half = 1.959964 * std::sqrt(static_cast<double>(n)) / 2;
-  const auto lower = static_cast<std::size_t>(std::max(1.0, std::floor(static_cast<double>(n) / 2 - half)));
-  const auto upper = static_cast<std::size_t>(std::min(static_cast<double>(n), std::ceil(static_cast<double>(n) / 2 + half + 1)));
+  if (n < kFewestForInterval) return std::nullopt;
+  const MedianRanks ranks = median_ranks(n);
   MedianInterval interval;
   interval.median = median_of(samples);
   const auto at_rank = [&samples](std::size_t rank) {
@@ -50,8 +61,8 @@ std::optional<MedianInterval> median_interval(std::vector<double> samples) {
     std::nth_element(samples.begin(), nth, samples.end());
     return *nth;
   };
-  interval.low = at_rank(lower);
-  interval.high = at_rank(upper);
+  interval.low = at_rank(ranks.lower);
+  interval.high = at_rank(ranks.upper);
   return interval;
 }
 
@@ -75,9 +86,11 @@ TimingSummary summarize_samples(std::vector<double> seconds) {
     for (double s : seconds) squares += (s - summary.mean_s) * (s - summary.mean_s);
     summary.stdev_rel = std::sqrt(squares / static_cast<double>(n - 1)) / summary.mean_s;
   }
-  if (const auto interval = median_interval(seconds)) {
-    summary.median_low_s = interval->low;
-    summary.median_high_s = interval->high;
+  // Sorted already: the interval's ranks are read off, not selected again.
+  if (n >= kFewestForInterval) {
+    const MedianRanks ranks = median_ranks(n);
+    summary.median_low_s = seconds[ranks.lower - 1];
+    summary.median_high_s = seconds[ranks.upper - 1];
   } else {
     summary.median_low_s = summary.median_high_s = std::numeric_limits<double>::quiet_NaN();
   }

@@ -712,6 +712,14 @@ std::size_t samples_to_stop(const StoppingRule& rule, const std::vector<double>&
 
 TEST_CASE("precision rule: the median's interval from order statistics, wider for fewer samples") {
   CHECK_FALSE(median_interval({1, 2, 3, 4, 5}).has_value());
+  // summarize_samples reads the same ranks off its sorted samples.
+  const std::vector<double> unsorted = {9, 2, 7, 4, 4, 11, 1, 8, 3, 6, 5, 10, 12, 0.5};
+  const auto selected = median_interval(unsorted);
+  REQUIRE(selected);
+  const TimingSummary summary = summarize_samples(unsorted);
+  CHECK(summary.median_low_s == selected->low);
+  CHECK(summary.median_high_s == selected->high);
+  CHECK(std::isnan(summarize_samples({1, 2, 3, 4, 5}).median_low_s));
   std::vector<double> ordered;
   for (int i = 1; i <= 100; ++i) ordered.push_back(i);
   const auto interval = median_interval(ordered);
