@@ -126,12 +126,15 @@ void replay_definitions(const std::vector<std::string>& files, const Options& o,
   }
 }
 
-void replay_captures(const std::vector<std::string>& inputs, const Options& o, const ReplayOptions& options,
-                     RunContext& run, CallDisplay& display, CaptureWriter* saved_inputs) {
+// `definitions[i]`: input i's fi_trace dumps (fi_trace_definitions), listed once by the caller.
+void replay_captures(const std::vector<std::string>& inputs, const std::vector<std::vector<std::string>>& definitions,
+                     const Options& o, const ReplayOptions& options, RunContext& run, CallDisplay& display,
+                     CaptureWriter* saved_inputs) {
   std::vector<std::unique_ptr<CaptureSource>> sources;
-  for (const std::string& input : inputs) {
-    if (const auto definitions = fi_trace_definitions(input); !definitions.empty()) {
-      replay_definitions(definitions, o, options, run, display, saved_inputs);
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    const std::string& input = inputs[i];
+    if (!definitions[i].empty()) {
+      replay_definitions(definitions[i], o, options, run, display, saved_inputs);
       continue;
     }
     try {
@@ -179,16 +182,17 @@ void replay_configuration(const std::vector<std::string>& inputs, const Options&
   std::unique_ptr<CaptureWriter> saved_inputs;
   if (const auto path = o.text("--save-inputs")) saved_inputs = open_capture_writer(*path, "attnreplay run --save-inputs");
   // fi_trace dumps take the generation flags (--batch_size, --s_qo, ...) for their own calls.
-  const bool definitions_given = std::any_of(inputs.begin(), inputs.end(), [](const std::string& input) {
-    return !fi_trace_definitions(input).empty();
-  });
+  std::vector<std::vector<std::string>> definitions;
+  for (const std::string& input : inputs) definitions.push_back(fi_trace_definitions(input));
+  const bool definitions_given =
+      std::any_of(definitions.begin(), definitions.end(), [](const auto& files) { return !files.empty(); });
   if (wants_generated(o) && !definitions_given) {
     replay_generated(o, options, run, display, saved_inputs.get());
   } else if (inputs.empty()) {
     throw InputError("nothing to replay: give capture files or folders, --shape, or --testlist");
   }
   const std::size_t first_error = run.report.input_errors.size();
-  replay_captures(inputs, o, options, run, display, saved_inputs.get());
+  replay_captures(inputs, definitions, o, options, run, display, saved_inputs.get());
   if (saved_inputs) saved_inputs->close();
   if (!place.empty()) {
     for (std::size_t i = first_error; i < run.report.input_errors.size(); ++i) {
