@@ -30,14 +30,14 @@ std::string ranges_text(const CaptureConfig::Ranges& ranges) {
   return text;
 }
 
-}  // namespace
-
 // A Python job (its interpreter's symbols are in the process) gets the part with Python kernels.
 bool in_python_job() {
   using IsInitialized = int (*)();
   auto is_initialized = reinterpret_cast<IsInitialized>(dlsym(RTLD_DEFAULT, "Py_IsInitialized"));
   return is_initialized && is_initialized();
 }
+
+}  // namespace
 
 std::unique_ptr<Substituter> Substituter::open(const CaptureConfig& config) {
   std::filesystem::path part = own_folder() / kKernelsPartFile;

@@ -33,7 +33,6 @@ using nlohmann::json;
 struct RunOutcome {
   double wall_s = 0;
   std::string stderr_text;
-  std::string capture_folder;  // empty without per-layer capture
 };
 
 // The job with `extra` added to this process's environment (ATTNCAP_* of the caller left out, so
@@ -297,7 +296,7 @@ json run_end_to_end(const EndToEndOptions& options) {
   json record = {{"command", options.command}, {"kernel", options.kernel}, {"workdir", options.workdir}};
   json runs = json::array();
   std::map<std::string, std::map<std::string, fs::path>> outputs;
-  std::map<std::string, std::string> captures;
+  std::map<std::string, std::unique_ptr<CaptureSource>> captures;
   for (const std::string name : {"original", "substituted"}) {
     const fs::path folder = workdir / name;
     fs::remove_all(folder / "capture");
@@ -315,10 +314,7 @@ json run_end_to_end(const EndToEndOptions& options) {
     run["attention"] = attention_time(outcome.stderr_text);
     run["attention_s"] = run["attention"]["gpu_s"].get<double>() + run["attention"]["wall_s"].get<double>();
     run["attention_calls"] = run["attention"]["gpu_calls"].get<std::int64_t>() + run["attention"]["wall_calls"].get<std::int64_t>();
-    if (options.per_layer) {
-      captures[name] = (folder / "capture").string();
-      open_run_capture(captures[name], name);
-    }
+    if (options.per_layer) captures[name] = open_run_capture((folder / "capture").string(), name);
     if (name == "substituted") {
       run["substitution"] = substitution_account(outcome.stderr_text);
       if (!run["substitution"]["reported"].get<bool>()) {
@@ -341,9 +337,9 @@ json run_end_to_end(const EndToEndOptions& options) {
   record["runs"] = std::move(runs);
   record["outputs"] = compare_outputs(outputs["original"], outputs["substituted"]);
   if (options.per_layer) {
-    auto original = open_capture(captures["original"]);
-    auto substituted = open_capture(captures["substituted"]);
-    record["calls"] = compare_calls(*original, *substituted);
+    CaptureSource& original = *captures["original"];
+    CaptureSource& substituted = *captures["substituted"];
+    record["calls"] = compare_calls(original, substituted);
     // Through the layers within the first step that substituted a call (later steps of an LLM may
     // already see other tokens); then step by step.
     std::optional<std::int64_t> first_step;
@@ -360,10 +356,10 @@ json run_end_to_end(const EndToEndOptions& options) {
       });
     }
     record["steps"] = worst_by(record["calls"], "step", [](const json&) { return true; });
-    if (original->size() != substituted->size()) {
+    if (original.size() != substituted.size()) {
       record["notes"].push_back(fmt::format("the runs made {} and {} attention calls: only the first {} are paired",
-                                            original->size(), substituted->size(),
-                                            std::min(original->size(), substituted->size())));
+                                            original.size(), substituted.size(),
+                                            std::min(original.size(), substituted.size())));
     }
   }
   return record;
