@@ -97,10 +97,7 @@ HostCopy HostCopy::start(const at::Tensor& tensor) {
     // anything the model does to it next.
     pending->snapshot = tensor.contiguous().clone();
     pending->produced.record(c10::cuda::getCurrentCUDAStream(device));
-    pending->shape_only.dtype = dtype_from_torch(tensor.scalar_type());
-    pending->shape_only.shape = tensor.sizes().vec();
-    pending->shape_only.captured_strides = tensor.strides().vec();
-    pending->shape_only.device = tensor.device().str();
+    pending->shape_only = tensor_description(tensor);
     copy.pending_ = std::move(pending);
     return copy;
   }

@@ -38,6 +38,7 @@
 #include "capture/python_entry_points.h"
 #include "capture/recorder.h"
 #include "capture/substituter.h"
+#include "formats/torch_tensor.h"
 
 extern char** environ;
 
@@ -126,6 +127,14 @@ struct PendingCall final : at::ObserverContext {
   // output is then overwritten in place (an op that returns more, or one no hook stands before).
   bool substitute = false, after_the_op = false, substituted = false, on_gpu = false;
   std::string left_reason;
+  // A dense call the kernel computes on the op's own tensors (Substituter::takes_resident): these,
+  // as the op got them. None goes to the host unless the call is recorded.
+  struct Resident {
+    at::Tensor q, k, v;
+    std::optional<at::Tensor> mask;
+  };
+  bool resident_wanted = false;  // the kernel takes the query's device; set before fill_call
+  std::optional<Resident> resident;
   std::shared_ptr<AttentionClock::Started> timing;  // under ATTNCAP_TIME_ATTENTION
 };
 
@@ -380,15 +389,31 @@ void fill_call(PendingCall& pending, const std::string& op, const c10::FunctionS
     }
     mapped.insert({"op", "out", "argument_names", "argument_values", "wall_s"});
   }
-  if (!map_ragged(inputs, qkv, call, copies, mapped)) {
-    copies.q = HostCopy::start(qkv[0]->toTensor());
-    copies.k = HostCopy::start(qkv[1]->toTensor());
-    copies.v = HostCopy::start(qkv[2]->toTensor());
+  // A resident call's tensors are described in the record at once (the kernel's checks read their
+  // shapes) and copied to the host only if it is recorded.
+  auto take = [&](const at::Tensor& tensor, std::optional<HostCopy>& copy, auto& field) {
+    if (pending.resident) field = tensor_description(tensor);
+    if (!pending.resident || pending.record) copy = HostCopy::start(tensor);
+  };
+  const bool dense = !map_ragged(inputs, qkv, call, copies, mapped);
+  // Kernels take ALiBi slopes and sinks from the host: such calls go there.
+  bool host_extensions = false;
+  for (const char* name : {"alibi_slopes", "sinks", "learnable_sink", "s_aux"}) {
+    host_extensions = host_extensions || defined_tensor(find_input(inputs, {name}));
+  }
+  if (dense && pending.resident_wanted && !host_extensions) {
+    pending.resident = PendingCall::Resident{qkv[0]->toTensor(), qkv[1]->toTensor(), qkv[2]->toTensor(), std::nullopt};
+  }
+  if (dense) {
+    take(qkv[0]->toTensor(), copies.q, call.q);
+    take(qkv[1]->toTensor(), copies.k, call.k);
+    take(qkv[2]->toTensor(), copies.v, call.v);
   }
   // Autograd passes an absent optional tensor as an undefined one.
   if (const auto* mask = find_input(inputs, {"attn_mask", "mask", "attn_bias"});
       mask && mask->isTensor() && mask->toTensor().defined()) {
-    copies.mask = HostCopy::start(mask->toTensor());
+    if (pending.resident) pending.resident->mask = mask->toTensor();
+    take(mask->toTensor(), copies.mask, call.mask);
   }
   if (const auto* scale = find_input(inputs, {"scale", "softmax_scale", "sm_scale"}); scale && scale->isDouble()) {
     call.scale = scale->toDouble();
@@ -544,6 +569,7 @@ void judge_substitution(PendingCall& pending, const std::string& op, const c10::
     return;
   }
   pending.substitute = true;
+  pending.resident_wanted = state->substituter->takes_resident(query);
   // A hooked op that returns the attention output alone is not run at all (substitute_hooked).
   const bool returns_one_tensor =
       schema && schema->returns().size() == 1 && schema->returns()[0].type()->kind() == c10::TypeKind::TensorType;
@@ -579,8 +605,8 @@ std::unique_ptr<at::ObserverContext> begin_call(const std::string& op, const c10
     if (selection.wanted || pending->substitute) {
       at::RecordFunctionGuard no_observers(false);  // our copies must not be observed
       c10::AutoGradMode no_grad(false);
-      fill_call(*pending, op, schema, inputs, sequence_nr, selection.index, place);
       pending->record = selection.wanted;
+      fill_call(*pending, op, schema, inputs, sequence_nr, selection.index, place);
     }
     if (state->clock && first != inputs.end()) {
       if (first->toTensor().is_cuda()) flush_before_cuda_exits(first->toTensor());
@@ -616,6 +642,17 @@ std::string describe_failure(const std::exception& error) {
   return fmt::format("substitution failed: {}", c10_error ? c10_error->what_without_backtrace() : error.what());
 }
 
+// The kernel's output for a call judged its to take: on the op's tensors where it takes them there,
+// else from the call's host copies (finished here, on the job's thread).
+std::variant<at::Tensor, std::string> compute_substitute(PendingCall& pending, c10::IntArrayRef sizes,
+                                                         const at::TensorOptions& options) {
+  if (const auto& r = pending.resident) {
+    return state->substituter->compute_resident(pending.call, r->q, r->k, r->v, r->mask, sizes, options);
+  }
+  pending.copies->finish_into(pending.call);
+  return state->substituter->compute(pending.call, sizes, options);
+}
+
 // Substitution after the op ran: its attention output overwritten in place by the kernel's, so
 // that whatever holds it (the job, the op's other outputs' consumers) sees the kernel's values.
 void substitute_after_the_op(PendingCall& pending, c10::ArrayRef<c10::IValue> outputs) {
@@ -628,8 +665,7 @@ void substitute_after_the_op(PendingCall& pending, c10::ArrayRef<c10::IValue> ou
       return;
     }
     at::Tensor output = *found;
-    pending.copies->finish_into(pending.call);
-    auto computed = state->substituter->compute(pending.call, output.sizes(), output.options());
+    auto computed = compute_substitute(pending, output.sizes(), output.options());
     if (auto* reason = std::get_if<std::string>(&computed)) {
       pending.left_reason = std::move(*reason);
       return;
@@ -650,11 +686,14 @@ void end_call(at::ObserverContext* context, const c10::ArrayRef<c10::IValue>* ou
   --active_depth;
   if (!pending) return;
   if (outermost == pending) outermost = nullptr;
-  if (pending->timing && outputs) state->clock->stop(*pending->timing, /*wall=*/pending->substituted);
+  // A call computed through the host copies ran synchronously: its wall time is its time. Any other
+  // GPU call was only queued.
+  const bool through_host = pending->substituted && !pending->resident;
+  if (pending->timing && outputs) state->clock->stop(*pending->timing, /*wall=*/through_host);
   if (state->substituter && outputs) {
-    state->substituter->count(pending->substituted, pending->left_reason,
+    state->substituter->count(pending->substituted, pending->resident.has_value(), pending->left_reason,
                               std::chrono::duration<double>(std::chrono::steady_clock::now() - pending->started).count(),
-                              pending->on_gpu);
+                              pending->on_gpu && !through_host);
     if (pending->substituted) {
       pending->call.metadata["substituted_by"] = state->substituter->kernel_name();
     } else {
@@ -701,8 +740,7 @@ bool substitute_hooked(at::ObserverContext* context, const c10::FunctionSchema& 
     // SDPA's output: the query's leading dims and the value's head dim, in the query's dtype.
     std::vector<std::int64_t> sizes = query.sizes().vec();
     sizes.back() = qkv[2]->toTensor().size(-1);
-    pending->copies->finish_into(pending->call);
-    auto computed = state->substituter->compute(pending->call, sizes, query.options());
+    auto computed = compute_substitute(*pending, sizes, query.options());
     if (auto* reason = std::get_if<std::string>(&computed)) {
       pending->left_reason = std::move(*reason);
       return false;

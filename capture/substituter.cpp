@@ -94,10 +94,27 @@ std::variant<at::Tensor, std::string> Substituter::compute(const AttentionCall& 
                                                            const at::TensorOptions& options) {
   auto computed = substitution_->compute(call);
   if (auto* reason = std::get_if<std::string>(&computed)) return std::move(*reason);
-  const HostTensor& output = std::get<HostTensor>(computed);
+  return in_op_layout(call, torch_from_host_tensor(std::get<HostTensor>(computed), /*restore_strides=*/false), sizes,
+                      options);
+}
+
+bool Substituter::takes_resident(const at::Tensor& query) { return substitution_->takes_resident(query.device().type()); }
+
+std::variant<at::Tensor, std::string> Substituter::compute_resident(const AttentionCall& call, const at::Tensor& q,
+                                                                    const at::Tensor& k, const at::Tensor& v,
+                                                                    const std::optional<at::Tensor>& mask,
+                                                                    c10::IntArrayRef sizes,
+                                                                    const at::TensorOptions& options) {
+  auto computed = substitution_->compute_resident(call, q, k, v, mask);
+  if (auto* reason = std::get_if<std::string>(&computed)) return std::move(*reason);
+  return in_op_layout(call, std::get<at::Tensor>(std::move(computed)), sizes, options);
+}
+
+std::variant<at::Tensor, std::string> Substituter::in_op_layout(const AttentionCall& call, at::Tensor result,
+                                                                c10::IntArrayRef sizes,
+                                                                const at::TensorOptions& options) {
   // The kernel's (batch, heads, seq, dim) in the op's layout: bshd transposed, thd's rows (batch 1,
   // every sequence's rows in turn) as (rows, heads, dim).
-  at::Tensor result = torch_from_host_tensor(output, /*restore_strides=*/false);
   if (call.layout == Layout::bshd && result.dim() == 4) result = result.transpose(1, 2);
   if (call.layout == Layout::thd && result.dim() == 4) result = result[0].transpose(0, 1);
   // SDPA's 3-dim calls, and paged calls whose dense queries the record holds as rows, differ from
@@ -110,24 +127,35 @@ std::variant<at::Tensor, std::string> Substituter::compute(const AttentionCall& 
   return result.to(options);
 }
 
-void Substituter::count(bool substituted, const std::string& reason, double seconds, bool on_gpu) {
+void Substituter::count(bool substituted, bool resident, const std::string& reason, double seconds, bool queued) {
   std::lock_guard lock(mutex_);
   Tally& tally = substituted ? substituted_ : left_;
   ++tally.calls;
+  tally.resident += substituted && resident;
   tally.seconds += seconds;
-  tally.on_gpu |= on_gpu && !substituted;
+  tally.queued |= queued;
   if (!substituted) ++left_by_reason_[reason];
 }
 
 void Substituter::report() const {
   std::lock_guard lock(mutex_);
-  // A GPU op returns once launched: its time here is not its own.
+  // A GPU op returns once queued: its time here is not its own.
   auto time = [](const Tally& tally) {
-    return tally.on_gpu ? std::string("GPU ops, not timed") : fmt::format("{:.3f} s", tally.seconds);
+    return tally.queued ? std::string("GPU work, not timed here") : fmt::format("{:.3f} s", tally.seconds);
   };
-  std::string text = fmt::format("[attncap] pid {}: substitution by {}: {} attention calls substituted ({}), {} left "
+  // Where the kernel ran: on the job's tensors, or on copies through the host (kernels that take
+  // host tensors only, ragged batches, ALiBi or sinks), which makes a GPU job's step slower.
+  std::string where;
+  if (substituted_.calls > 0) {
+    where = substituted_.resident == substituted_.calls ? "on the job's own tensors, "
+            : substituted_.resident == 0
+                ? "through host copies, "
+                : fmt::format("{} on the job's own tensors, {} through host copies, ", substituted_.resident,
+                              substituted_.calls - substituted_.resident);
+  }
+  std::string text = fmt::format("[attncap] pid {}: substitution by {}: {} attention calls substituted ({}{}), {} left "
                                  "to the original op ({})",
-                                 getpid(), kernel_name(), substituted_.calls, time(substituted_), left_.calls,
+                                 getpid(), kernel_name(), substituted_.calls, where, time(substituted_), left_.calls,
                                  time(left_));
   for (const auto& [reason, calls] : left_by_reason_) text += fmt::format("\n[attncap]   {} left: {}", calls, reason);
   std::fprintf(stderr, "%s\n", text.c_str());

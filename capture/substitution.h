@@ -7,6 +7,9 @@
 // that torch's capture part; a part built for another torch
 // (attnreplay-capture-build) has none beside it, and substitution is then off, said at start. Both
 // parts come from one build, so C++ types cross between them.
+#include <ATen/core/Tensor.h>
+
+#include <optional>
 #include <string>
 #include <variant>
 #include <vector>
@@ -22,6 +25,17 @@ class Substitution {
   // The kernel's output for `call` (its tensors on the host) as (batch, heads_q, seq_q,
   // head_dim_v), contiguous; or, in words, why the kernel does not take the call.
   virtual std::variant<HostTensor, std::string> compute(const AttentionCall& call) = 0;
+
+  // Whether the kernel computes on the model's own tensors where they are, on this device type
+  // (kernels/resident_kernel.h): a dense call is then given to compute_resident and none of its
+  // tensors goes to the host.
+  virtual bool takes_resident(c10::DeviceType device) = 0;
+  // The same on the model's tensors: `call` holds the arguments and its tensors' shapes (their bytes
+  // need not be there); q, k, v and the mask are the op's, in the call's layout. The output, as
+  // compute's, on their device, queued on torch's current stream and not waited for.
+  virtual std::variant<at::Tensor, std::string> compute_resident(const AttentionCall& call, const at::Tensor& q,
+                                                                 const at::Tensor& k, const at::Tensor& v,
+                                                                 const std::optional<at::Tensor>& mask) = 0;
 };
 
 // The kernels part's entry point: the substitution by `kernel`, or null with `error` set. A part

@@ -14,6 +14,8 @@
 #include "formats/call_semantics.h"
 #include "kernels/kernel.h"
 #include "kernels/per_sequence.h"
+#include "kernels/resident_kernel.h"
+#include "kernels/torch_inputs.h"
 #ifdef ATTNCAP_PYTHON_KERNELS
 #include "kernels/python/python_kernels.h"
 #endif
@@ -36,27 +38,61 @@ class KernelSubstitution final : public Substitution {
   // The checks are the replay's (replay/run/replay_call.cpp), so that a call is substituted
   // exactly where it would be replayed, and never computed as something it is not.
   std::variant<HostTensor, std::string> compute(const AttentionCall& call) override {
-#ifdef ATTNCAP_PYTHON_KERNELS
-    if (!kernel_) {
-      if (auto missing = find_python_kernel()) return *missing;
-    }
-#endif
+    if (auto refused = refusal(call)) return *refused;
     // A ragged or paged batch goes to a kernel that does not take one as one sequence at a time, as
     // the replay hands it (kernels/per_sequence.h).
     const KernelDescription& description = kernel_->description();
     const bool as_one = !call.is_ragged() || (call.is_paged() ? description.paged : description.ragged);
     const PerSequenceKernel per_sequence(*kernel_);
     const Kernel& kernel = as_one ? *kernel_ : per_sequence;
-    if (const auto refused = unreplayable_arguments(call); !refused.empty()) {
-      return fmt::format("the call has {}", fmt::join(refused, ", "));
-    }
-    if (call.dropout_p > 0) return fmt::format("dropout_p={} (no kernel computes dropout)", call.dropout_p);
     if (auto reason = kernel_declines(kernel, call)) return *reason;
-    try {
+    return guarded<HostTensor>([&] {
       auto prepared = kernel.prepare(call, options_);
       prepared->run();
       prepared->synchronize();
       return prepared->output();
+    });
+  }
+
+  bool takes_resident(c10::DeviceType device) override {
+#ifdef ATTNCAP_PYTHON_KERNELS
+    if (!kernel_ && find_python_kernel()) return false;
+#endif
+    const auto* resident = dynamic_cast<const ResidentKernel*>(kernel_);
+    return resident && resident->runs_resident_on(device);
+  }
+
+  std::variant<at::Tensor, std::string> compute_resident(const AttentionCall& call, const at::Tensor& q,
+                                                         const at::Tensor& k, const at::Tensor& v,
+                                                         const std::optional<at::Tensor>& mask) override {
+    if (auto refused = refusal(call)) return *refused;
+    if (auto reason = kernel_declines(*kernel_, call)) return *reason;
+    const ModelInputs inputs{bhsd_view(q, call.layout), bhsd_view(k, call.layout), bhsd_view(v, call.layout), mask};
+    return guarded<at::Tensor>(
+        [&] { return dynamic_cast<const ResidentKernel&>(*kernel_).run_resident(call, inputs, options_); });
+  }
+
+ private:
+  // Why no kernel computes `call` as the record has it, whichever kernel; nullopt when one may. A
+  // Python kernel is looked for here, at its first call.
+  std::optional<std::string> refusal(const AttentionCall& call) {
+#ifdef ATTNCAP_PYTHON_KERNELS
+    if (!kernel_) {
+      if (auto missing = find_python_kernel()) return *missing;
+    }
+#endif
+    if (const auto refused = unreplayable_arguments(call); !refused.empty()) {
+      return fmt::format("the call has {}", fmt::join(refused, ", "));
+    }
+    if (call.dropout_p > 0) return fmt::format("dropout_p={} (no kernel computes dropout)", call.dropout_p);
+    return std::nullopt;
+  }
+
+  // The kernel's work, or the reason it declined or failed, in words.
+  template <typename Output, typename Work>
+  static std::variant<Output, std::string> guarded(Work&& work) {
+    try {
+      return work();
     } catch (const KernelNotSupported& declined) {
       return std::string(declined.what());
     } catch (const KernelFailure& failure) {
@@ -68,7 +104,6 @@ class KernelSubstitution final : public Substitution {
     }
   }
 
- private:
   // A kernel no built-in has: Python's (the modules given, the library adapters), loaded at the
   // first call, when the job's own `import torch` is long over. Nullopt once found; else why not,
   // said once on stderr and given as every call's reason.

@@ -33,12 +33,17 @@ DType dtype_from_torch(c10::ScalarType type) {
   throw InputError(fmt::format("tensors of type {} are not supported", c10::toString(type)));
 }
 
+HostTensor tensor_description(const at::Tensor& tensor) {
+  HostTensor described;
+  described.dtype = dtype_from_torch(tensor.scalar_type());
+  described.shape = tensor.sizes().vec();
+  described.captured_strides = tensor.strides().vec();
+  described.device = tensor.device().str();
+  return described;
+}
+
 HostTensor host_tensor_from_torch(const at::Tensor& tensor) {
-  HostTensor host;
-  host.dtype = dtype_from_torch(tensor.scalar_type());
-  host.shape = tensor.sizes().vec();
-  host.captured_strides = tensor.strides().vec();
-  host.device = tensor.device().str();
+  HostTensor host = tensor_description(tensor);
   const at::Tensor contiguous = tensor.to(at::kCPU).contiguous();
   auto bytes = allocate_bytes(contiguous.nbytes());
   if (!bytes->empty()) std::memcpy(bytes->data(), contiguous.data_ptr(), bytes->size());

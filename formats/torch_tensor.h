@@ -10,6 +10,9 @@ namespace attnreplay {
 c10::ScalarType torch_scalar_type(DType dtype);
 // Throws InputError for element types attention calls never carry (complex, quantized, ...).
 DType dtype_from_torch(c10::ScalarType type);
+// The tensor's dtype, shape, strides and device, without its bytes: what a record says of a tensor
+// that stays where it is (kernel substitution on the job's own tensors).
+HostTensor tensor_description(const at::Tensor& tensor);
 // Copies to host, contiguous; the tensor's strides and device are recorded.
 HostTensor host_tensor_from_torch(const at::Tensor& tensor);
 // A CPU tensor with the recorded strides restored (same memory layout as the model's tensor:

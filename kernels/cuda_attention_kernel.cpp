@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #ifdef ATTNREPLAY_TORCH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
 
@@ -90,6 +92,44 @@ std::unique_ptr<PreparedKernel> CudaAttentionKernel::prepare(const AttentionCall
                                                              const KernelOptions& options) const {
   return std::make_unique<PreparedCudaAttention>(call, kind(), options.quant);
 }
+
+#ifdef ATTNREPLAY_TORCH_CUDA
+namespace {
+
+// Work buffers from torch's caching allocator, on the current stream: freed as soon as the call's
+// work is queued, reused only by work queued after it.
+class TorchDeviceMemory final : public cu::DeviceMemory {
+ public:
+  void* allocate(std::size_t bytes) override { return c10::cuda::CUDACachingAllocator::raw_alloc(bytes); }
+  void release(void* pointer) override { c10::cuda::CUDACachingAllocator::raw_delete(pointer); }
+};
+
+}  // namespace
+
+at::Tensor CudaAttentionKernel::run_resident(const AttentionCall& call, const ModelInputs& inputs,
+                                             const KernelOptions& options) const {
+  // The kernels read (b, s, h, d) or (b, h, s, d) rows without gaps: a model's bshd tensors are
+  // the first as they are (SDPA's inputs are often their transposed views), others are copied once.
+  const bool bshd = inputs.q.transpose(1, 2).is_contiguous() && inputs.k.transpose(1, 2).is_contiguous() &&
+                    inputs.v.transpose(1, 2).is_contiguous();
+  auto rows = [bshd](const at::Tensor& t) { return bshd ? t.transpose(1, 2) : t.contiguous(); };
+  const at::Tensor q = rows(inputs.q), k = rows(inputs.k), v = rows(inputs.v);
+  const c10::cuda::CUDAGuard device(q.device());
+  cu::Problem problem = cuda_problem(call);
+  problem.bshd = bshd;
+  const AttentionShape& s = problem.shape;
+  at::Tensor out = at::empty({s.batch, s.heads_q, s.seq_q, s.head_dim_vo}, inputs.q.options());
+  TorchDeviceMemory memory;
+  cu::Attention attention(kind(), problem, options.quant, {q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()},
+                          memory, current_stream());
+  attention.run(current_stream());
+  return out;
+}
+#else
+at::Tensor CudaAttentionKernel::run_resident(const AttentionCall&, const ModelInputs&, const KernelOptions&) const {
+  throw KernelNotSupported("this build's libtorch has no CUDA");
+}
+#endif
 
 namespace {
 

@@ -15,6 +15,7 @@
 #include "formats/torch_tensor.h"
 #include "kernels/device_output.h"
 #include "kernels/kernel.h"
+#include "kernels/resident_kernel.h"
 #include "kernels/torch_inputs.h"
 
 namespace attnreplay {
@@ -102,7 +103,7 @@ struct TorchBackend {
   bool takes_mask = true;       // a sliding window is replayed as a mask, for backends that take one
 };
 
-class TorchSdpaKernel final : public Kernel {
+class TorchSdpaKernel final : public Kernel, public ResidentKernel {
  public:
   explicit TorchSdpaKernel(TorchBackend backend)
       : backend_(std::move(backend)), description_{backend_.name, backend_.summary, backend_.device, false} {
@@ -155,6 +156,19 @@ class TorchSdpaKernel final : public Kernel {
 
   std::unique_ptr<PreparedKernel> prepare(const AttentionCall& call, const KernelOptions&) const override {
     return std::make_unique<Prepared>(backend_, call);
+  }
+
+  bool runs_resident_on(c10::DeviceType device) const override {
+    return device == (backend_.device == "cuda" ? c10::DeviceType::CUDA : c10::DeviceType::CPU);
+  }
+  // Not in inference mode, unlike run(): the job may use the output in ways an inference tensor
+  // refuses (an in-place update).
+  at::Tensor run_resident(const AttentionCall& call, const ModelInputs& inputs, const KernelOptions&) const override {
+    const TorchInputs in = backend_inputs(inputs, call, backend_.expand_gqa, backend_.masks);
+    if (backend_.torch_check) {
+      if (auto reason = backend_.torch_check(in)) throw KernelNotSupported(*reason);
+    }
+    return backend_.run(in, call.softmax_scale());
   }
 
  private:

@@ -25,15 +25,19 @@ __global__ void probe_kernel() {}
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
-  ~DeviceBuffer() {
-    if (pointer_) cudaFree(pointer_);
-  }
+  ~DeviceBuffer() { free(); }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
 
-  void allocate(std::size_t bytes, const std::string& what) {
-    if (pointer_) cudaFree(pointer_);
-    pointer_ = nullptr;
+  // From `memory`, or cudaMalloc where it is null.
+  void allocate(DeviceMemory* memory, std::size_t bytes, const std::string& what) {
+    free();
+    memory_ = memory;
+    if (memory_) {
+      pointer_ = bytes > 0 ? memory_->allocate(bytes) : nullptr;
+      bytes_ = bytes;
+      return;
+    }
     const cudaError_t status = cudaMalloc(&pointer_, bytes);
     if (status != cudaSuccess) {
       pointer_ = nullptr;
@@ -45,9 +49,16 @@ class DeviceBuffer {
     bytes_ = bytes;
   }
   // For work the kernels leave as they found it (counters, maxima): zeroed once, here.
-  void allocate_zeroed(std::size_t bytes, const std::string& what) {
-    allocate(bytes, what);
-    ATTNREPLAY_CUDA_CHECK(cudaMemset(pointer_, 0, bytes));
+  void allocate_zeroed(DeviceMemory* memory, std::size_t bytes, const std::string& what, cudaStream_t stream) {
+    allocate(memory, bytes, what);
+    ATTNREPLAY_CUDA_CHECK(cudaMemsetAsync(pointer_, 0, bytes, stream));
+  }
+  // Memory someone else owns (a model's tensor), used as it is and never freed here.
+  void borrow(const void* pointer, std::size_t bytes) {
+    free();
+    pointer_ = const_cast<void*>(pointer);
+    bytes_ = bytes;
+    borrowed_ = true;
   }
   template <typename T = void>
   T* as() const {
@@ -56,8 +67,20 @@ class DeviceBuffer {
   std::size_t bytes() const { return bytes_; }
 
  private:
+  void free() {
+    if (pointer_ && !borrowed_) {
+      if (memory_) memory_->release(pointer_);
+      else cudaFree(pointer_);
+    }
+    pointer_ = nullptr;
+    bytes_ = 0;
+    memory_ = nullptr;
+    borrowed_ = false;
+  }
   void* pointer_ = nullptr;
   std::size_t bytes_ = 0;
+  DeviceMemory* memory_ = nullptr;
+  bool borrowed_ = false;
 };
 
 std::string capability_of(const cudaDeviceProp& properties) {
@@ -140,24 +163,56 @@ struct Attention::State {
   InputView v_view() const { return view(v_in, p.shape.heads_kv, p.shape.seq_kv); }
 };
 
+namespace {
+
+// Bytes of Q (and the output) and of K or V, in the 2-byte element types.
+std::pair<std::size_t, std::size_t> input_bytes(const Problem& p) {
+  const std::size_t d = static_cast<std::size_t>(p.shape.head_dim_qk);
+  return {static_cast<std::size_t>(p.shape.batch * p.shape.heads_q * p.shape.seq_q) * d * 2,
+          static_cast<std::size_t>(p.shape.batch * p.shape.heads_kv * p.shape.seq_kv) * d * 2};
+}
+
+}  // namespace
+
 Attention::Attention(QuantizedKind kind, const Problem& p, const QuantOptions& options, const void* q, const void* k,
                      const void* v)
     : state_(std::make_unique<State>()) {
   if (const std::string reason = problem_unsupported_reason(p); !reason.empty()) throw std::invalid_argument(reason);
   State& s = *state_;
+  const auto [q_bytes, kv_bytes] = input_bytes(p);
+  s.q_in.allocate(nullptr, q_bytes, "Q");
+  s.k_in.allocate(nullptr, kv_bytes, "K");
+  s.v_in.allocate(nullptr, kv_bytes, "V");
+  ATTNREPLAY_CUDA_CHECK(cudaMemcpy(s.q_in.as(), q, s.q_in.bytes(), cudaMemcpyHostToDevice));
+  ATTNREPLAY_CUDA_CHECK(cudaMemcpy(s.k_in.as(), k, s.k_in.bytes(), cudaMemcpyHostToDevice));
+  ATTNREPLAY_CUDA_CHECK(cudaMemcpy(s.v_in.as(), v, s.v_in.bytes(), cudaMemcpyHostToDevice));
+  s.out.allocate(nullptr, q_bytes, "the output");
+  set_up(kind, p, options, nullptr, nullptr);
+  synchronize();
+}
+
+Attention::Attention(QuantizedKind kind, const Problem& p, const QuantOptions& options, const ResidentInputs& inputs,
+                     DeviceMemory& memory, cudaStream_t stream)
+    : state_(std::make_unique<State>()) {
+  if (const std::string reason = problem_unsupported_reason(p); !reason.empty()) throw std::invalid_argument(reason);
+  State& s = *state_;
+  const auto [q_bytes, kv_bytes] = input_bytes(p);
+  s.q_in.borrow(inputs.q, q_bytes);
+  s.k_in.borrow(inputs.k, kv_bytes);
+  s.v_in.borrow(inputs.v, kv_bytes);
+  s.out.borrow(inputs.out, q_bytes);
+  set_up(kind, p, options, &memory, stream);
+}
+
+// The work buffers of `kind` (from `memory`, or cudaMalloc where null) and the input preparation,
+// queued on `stream`.
+void Attention::set_up(QuantizedKind kind, const Problem& p, const QuantOptions& options, DeviceMemory* memory,
+                       cudaStream_t stream) {
+  State& s = *state_;
   s.kind = kind;
   s.p = p;
   s.options = options;
   const std::size_t d = static_cast<std::size_t>(p.shape.head_dim_qk);
-  const std::size_t q_rows_all = static_cast<std::size_t>(p.shape.batch * p.shape.heads_q * p.shape.seq_q);
-  const std::size_t kv_rows_all = static_cast<std::size_t>(p.shape.batch * p.shape.heads_kv * p.shape.seq_kv);
-  s.q_in.allocate(q_rows_all * d * 2, "Q");
-  s.k_in.allocate(kv_rows_all * d * 2, "K");
-  s.v_in.allocate(kv_rows_all * d * 2, "V");
-  ATTNREPLAY_CUDA_CHECK(cudaMemcpy(s.q_in.as(), q, s.q_in.bytes(), cudaMemcpyHostToDevice));
-  ATTNREPLAY_CUDA_CHECK(cudaMemcpy(s.k_in.as(), k, s.k_in.bytes(), cudaMemcpyHostToDevice));
-  ATTNREPLAY_CUDA_CHECK(cudaMemcpy(s.v_in.as(), v, s.v_in.bytes(), cudaMemcpyHostToDevice));
-  s.out.allocate(q_rows_all * d * 2, "the output");
 
   AttentionArgs& a = s.args;
   a.out = s.out.as();
@@ -183,9 +238,9 @@ Attention::Attention(QuantizedKind kind, const Problem& p, const QuantOptions& o
     case QuantizedKind::flash:
       a.q_rows = p.shape.seq_q, a.k_rows = p.shape.seq_kv, a.v_length = p.shape.seq_kv;
       if (p.bshd) {
-        s.q_work.allocate(s.q_in.bytes(), "Q (bhsd)");
-        s.k_work.allocate(s.k_in.bytes(), "K (bhsd)");
-        s.v_work.allocate(s.v_in.bytes(), "V (bhsd)");
+        s.q_work.allocate(memory, s.q_in.bytes(), "Q (bhsd)");
+        s.k_work.allocate(memory, s.k_in.bytes(), "K (bhsd)");
+        s.v_work.allocate(memory, s.v_in.bytes(), "V (bhsd)");
         a.q = s.q_work.as(), a.k = s.k_work.as(), a.v = s.v_work.as();
       } else {
         a.q = s.q_in.as(), a.k = s.k_in.as(), a.v = s.v_in.as();
@@ -195,12 +250,12 @@ Attention::Attention(QuantizedKind kind, const Problem& p, const QuantOptions& o
     case QuantizedKind::sage2_int8_fp8: {
       a.q_rows = q_rows, a.k_rows = k_rows;
       a.k_groups = k_rows / kBlockK * int8_groups_per_block(true, options.quant_gran);
-      s.k_work.allocate(bkv * static_cast<std::size_t>(k_rows) * d, "K codes");
-      s.k_scale.allocate(bkv * static_cast<std::size_t>(a.k_groups) * sizeof(float), "K scales");
+      s.k_work.allocate(memory, bkv * static_cast<std::size_t>(k_rows) * d, "K codes");
+      s.k_scale.allocate(memory, bkv * static_cast<std::size_t>(a.k_groups) * sizeof(float), "K scales");
       if (kind == QuantizedKind::sage1_int8) {
         a.q_groups = q_rows / kBlockQ * int8_groups_per_block(false, options.quant_gran);
-        s.q_work.allocate(bq * static_cast<std::size_t>(q_rows) * d, "Q codes");
-        s.q_scale.allocate(bq * static_cast<std::size_t>(a.q_groups) * sizeof(float), "Q scales");
+        s.q_work.allocate(memory, bq * static_cast<std::size_t>(q_rows) * d, "Q codes");
+        s.q_scale.allocate(memory, bq * static_cast<std::size_t>(a.q_groups) * sizeof(float), "Q scales");
         a.q = s.q_work.as(), a.q_scale = s.q_scale.as<float>();
       } else {  // the attention kernel quantizes Q as uploaded
         const InputView q = s.q_view();
@@ -209,23 +264,23 @@ Attention::Attention(QuantizedKind kind, const Problem& p, const QuantOptions& o
       s.k_one_read = options.k_smooth && p.shape.seq_kv > 0 && int8_key_heads_fit(k_rows, s.k_view());
       if (s.k_one_read) {
         if (const std::size_t bytes = int8_key_heads_work_bytes(k_rows, s.k_view()); bytes > 0) {
-          s.k_mean_work.allocate_zeroed(bytes, "K block sums");
+          s.k_mean_work.allocate_zeroed(memory, bytes, "K block sums", stream);
         }
       } else if (options.k_smooth) {
-        s.k_mean.allocate(bkv * d * sizeof(float), "K channel means");
-        s.k_mean_work.allocate_zeroed(channel_means_work_bytes(s.k_view()), "K block sums");
+        s.k_mean.allocate(memory, bkv * d * sizeof(float), "K channel means");
+        s.k_mean_work.allocate_zeroed(memory, channel_means_work_bytes(s.k_view()), "K block sums", stream);
       }
       a.k = s.k_work.as(), a.k_scale = s.k_scale.as<float>();
       if (kind == QuantizedKind::sage1_int8) {
         a.v_length = p.shape.seq_kv;
-        if (p.bshd) s.v_work.allocate(s.v_in.bytes(), "V (bhsd)");
+        if (p.bshd) s.v_work.allocate(memory, s.v_in.bytes(), "V (bhsd)");
         a.v = p.bshd ? s.v_work.as() : s.v_in.as();
       } else {
         a.v_length = k_rows;
-        s.v_work.allocate(bkv * d * static_cast<std::size_t>(k_rows), "V (e4m3)");
+        s.v_work.allocate(memory, bkv * d * static_cast<std::size_t>(k_rows), "V (e4m3)");
         s.fp8_one_read = fp8_heads_fit(k_rows, s.v_view());
         if (!s.fp8_one_read) {
-          s.amax.allocate(bkv * d * sizeof(unsigned), "V amax");
+          s.amax.allocate(memory, bkv * d * sizeof(unsigned), "V amax");
         } else {
           // V first, the next launch filling the SMs that V's last wave leaves idle: where K's heads
           // are not held by clusters or groups of their own (8 % off sage2's preparation at Flux
@@ -238,9 +293,9 @@ Attention::Attention(QuantizedKind kind, const Problem& p, const QuantOptions& o
           s.v_first = !s.k_one_read || (key_groups && own_launch_bytes == 0);
           const std::size_t bytes = key_groups && !s.v_first ? int8_key_heads_values_work_bytes(s.v_view())
                                                              : own_launch_bytes;
-          if (bytes > 0) s.fp8_heads_work.allocate_zeroed(bytes, "FP8 head groups");
+          if (bytes > 0) s.fp8_heads_work.allocate_zeroed(memory, bytes, "FP8 head groups", stream);
         }
-        s.v_scale.allocate(bkv * d * sizeof(float), "V scales");
+        s.v_scale.allocate(memory, bkv * d * sizeof(float), "V scales");
         a.v = s.v_work.as();
         a.v_scale = s.v_scale.as<float>();
       }
@@ -248,26 +303,25 @@ Attention::Attention(QuantizedKind kind, const Problem& p, const QuantOptions& o
     }
     case QuantizedKind::fa3_fp8:
       a.q_rows = q_rows, a.k_rows = k_rows, a.v_length = k_rows;
-      s.q_work.allocate(bq * static_cast<std::size_t>(q_rows) * d, "Q (e4m3)");
-      s.k_work.allocate(bkv * static_cast<std::size_t>(k_rows) * d, "K (e4m3)");
-      s.v_work.allocate(bkv * d * static_cast<std::size_t>(k_rows), "V (e4m3)");
+      s.q_work.allocate(memory, bq * static_cast<std::size_t>(q_rows) * d, "Q (e4m3)");
+      s.k_work.allocate(memory, bkv * static_cast<std::size_t>(k_rows) * d, "K (e4m3)");
+      s.v_work.allocate(memory, bkv * d * static_cast<std::size_t>(k_rows), "V (e4m3)");
       s.fp8_one_read = options.fp8_scale == Fp8Scale::per_head &&
                        fp8_heads_fit(std::max(q_rows, k_rows), s.q_view());
       if (!s.fp8_one_read) {
-        s.amax.allocate((bq + 2 * bkv) * sizeof(unsigned), "Q, K and V amax");
+        s.amax.allocate(memory, (bq + 2 * bkv) * sizeof(unsigned), "Q, K and V amax");
       } else if (const std::size_t bytes = fp8_heads_work_bytes(std::max(q_rows, k_rows), s.q_view(), bq + 2 * bkv);
                  bytes > 0) {
-        s.fp8_heads_work.allocate_zeroed(bytes, "FP8 head groups");
+        s.fp8_heads_work.allocate_zeroed(memory, bytes, "FP8 head groups", stream);
       }
-      s.q_scale.allocate(bq * sizeof(float), "Q scales");
-      s.k_scale.allocate(bkv * sizeof(float), "K scales");
-      s.v_scale.allocate(bkv * sizeof(float), "V scales");
+      s.q_scale.allocate(memory, bq * sizeof(float), "Q scales");
+      s.k_scale.allocate(memory, bkv * sizeof(float), "K scales");
+      s.v_scale.allocate(memory, bkv * sizeof(float), "V scales");
       a.q = s.q_work.as(), a.k = s.k_work.as(), a.v = s.v_work.as();
       a.q_scale = s.q_scale.as<float>(), a.k_scale = s.k_scale.as<float>(), a.v_scale = s.v_scale.as<float>();
       break;
   }
-  prepare_inputs();
-  synchronize();
+  prepare_inputs(stream);
 }
 
 Attention::~Attention() = default;

@@ -31,14 +31,38 @@ std::string device_unsupported_reason();
 // Empty when the kernels take `problem` (head dim, sizes); otherwise why not.
 std::string problem_unsupported_reason(const Problem& problem);
 
+// Where work buffers come from when not from cudaMalloc: a caching allocator whose memory a stream
+// may reuse as soon as the work queued on it is done (torch's, under kernel substitution), so that
+// a call allocates and frees without waiting for the device.
+class DeviceMemory {
+ public:
+  virtual ~DeviceMemory() = default;
+  virtual void* allocate(std::size_t bytes) = 0;
+  virtual void release(void* pointer) = 0;
+};
+
+// A call's inputs where a model has them, contiguous in the problem's layout, and where its output
+// goes, (batch, heads_q, seq_q, head_dim): all on the current device, none owned by the kernel.
+struct ResidentInputs {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  void* out = nullptr;
+};
+
 // One call on the GPU: inputs uploaded once, prepared (layout change, K smoothing, quantization)
 // on the GPU, attention run as often as asked. Work is queued on the stream given (by default the
 // legacy default stream).
 class Attention {
  public:
-  // q, k, v: the call's host bytes in its layout (contiguous). Uploads and prepares once.
+  // q, k, v: the call's host bytes in its layout (contiguous). Uploads, prepares once and waits.
   Attention(QuantizedKind kind, const Problem& problem, const QuantOptions& options, const void* q, const void* k,
             const void* v);
+  // The inputs where they are: nothing uploaded, work buffers from `memory`, the preparation queued
+  // on `stream` and not waited for. run(stream) then writes the output; the buffers may go (this
+  // destroyed) as soon as that is queued, where `memory` orders reuse after the stream's work.
+  Attention(QuantizedKind kind, const Problem& problem, const QuantOptions& options, const ResidentInputs& inputs,
+            DeviceMemory& memory, cudaStream_t stream);
   ~Attention();
   Attention(const Attention&) = delete;
   Attention& operator=(const Attention&) = delete;
@@ -61,6 +85,8 @@ class Attention {
   const void* device_output() const;
 
  private:
+  void set_up(QuantizedKind kind, const Problem& problem, const QuantOptions& options, DeviceMemory* memory,
+              cudaStream_t stream);
   struct State;
   std::unique_ptr<State> state_;
 };

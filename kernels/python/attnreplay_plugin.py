@@ -382,18 +382,8 @@ class _Prepared:
         self.kernel = kernel_
         self.spec = spec
         batch = dict(batch or {})
-        # q, k, v come as (b, h, s, d) views of the model's tensors on the kernel's device, or for
-        # a ragged batch as stored: rows (t, h, d), or pages (pages, page_size, h, d) for a kernel
-        # that reads them (the host packs a paged batch's keys for the others).
-        heads_dim = -2 if kernel_.layout == "thd" else 1
-        if not kernel_.native_gqa and spec.is_gqa:
-            group = spec.heads_q // spec.heads_kv
-            k = k.repeat_interleave(group, dim=heads_dim)
-            v = v.repeat_interleave(group, dim=heads_dim)
-        if kernel_.layout == "bshd":
-            q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        q, k, v = (t.contiguous() for t in (q, k, v))
-        self.inputs = Inputs(q, k, v, mask, spec, **batch)
+        self.inputs = _kernel_inputs(kernel_, spec, q, k, v, mask, batch)
+        q, k, v = self.inputs.q, self.inputs.k, self.inputs.v
         self._originals = {name: t.clone() for name, t in (("q", q), ("k", k), ("v", v), ("mask", mask),
                                                             *batch.items())
                            if isinstance(t, torch.Tensor)}
@@ -416,31 +406,11 @@ class _Prepared:
 
     def problem(self) -> Optional[str]:
         """Why the last output cannot be judged, or None."""
-        import torch
-
         for name, original in self._originals.items():
             current = getattr(self.inputs, name)
             if current is None or not _same_bits(current, original):
                 return f"the kernel wrote into its input '{name}'"
-        out, spec = self.out, self.spec
-        if not isinstance(out, torch.Tensor):
-            return f"run() returned {type(out).__name__}, expected a torch.Tensor"
-        if self.kernel.layout == "thd":
-            expected = (spec.seq_q, spec.heads_q, spec.head_dim_vo)
-        elif self.kernel.layout == "bhsd":
-            expected = (spec.batch, spec.heads_q, spec.seq_q, spec.head_dim_vo)
-        else:
-            expected = (spec.batch, spec.seq_q, spec.heads_q, spec.head_dim_vo)
-        if tuple(out.shape) != expected:
-            names = {"bhsd": "batch, heads_q, seq_q, head_dim_vo", "bshd": "batch, seq_q, heads_q, head_dim_vo",
-                     "thd": "total_q, heads_q, head_dim_vo"}[self.kernel.layout]
-            return f"run() returned shape {tuple(out.shape)}, expected {expected} ({names})"
-        want_dtype = self.kernel.output_dtype or spec.dtype
-        if out.dtype != getattr(torch, want_dtype):
-            return f"run() returned dtype {str(out.dtype).replace('torch.', '')}, expected {want_dtype}"
-        if out.device.type != self.kernel.device:
-            return f"run() returned a tensor on {out.device}, expected {self.kernel.device}"
-        return None
+        return _output_problem(self.kernel, self.spec, self.out)
 
     def restore_inputs(self):
         """Puts back inputs a kernel overwrote, so that its own later runs see the call's."""
@@ -448,10 +418,64 @@ class _Prepared:
             setattr(self.inputs, name, original.clone())
 
     def output_bhsd(self):
-        out = self.out
-        if self.kernel.layout == "bshd":
-            out = out.transpose(1, 2)
-        if self.kernel.layout == "thd":
-            out = out.transpose(0, 1).unsqueeze(0)  # the packed view: one sequence of every row
-        return out.contiguous()
+        return _output_bhsd(self.kernel, self.out).contiguous()
 
+
+def _kernel_inputs(kernel_: Kernel, spec: CallSpec, q, k, v, mask, batch) -> "Inputs":
+    """What the kernel's prepare() gets. q, k, v come as (b, h, s, d) views of the model's tensors on
+    the kernel's device, or for a ragged batch as stored: rows (t, h, d), or pages (pages, page_size,
+    h, d) for a kernel that reads them (the host packs a paged batch's keys for the others)."""
+    heads_dim = -2 if kernel_.layout == "thd" else 1
+    if not kernel_.native_gqa and spec.is_gqa:
+        group = spec.heads_q // spec.heads_kv
+        k = k.repeat_interleave(group, dim=heads_dim)
+        v = v.repeat_interleave(group, dim=heads_dim)
+    if kernel_.layout == "bshd":
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    q, k, v = (t.contiguous() for t in (q, k, v))
+    return Inputs(q, k, v, mask, spec, **batch)
+
+
+def _output_problem(kernel_: Kernel, spec: CallSpec, out) -> Optional[str]:
+    """Why run()'s output is not one of the call's shape, dtype and device, or None."""
+    import torch
+
+    if not isinstance(out, torch.Tensor):
+        return f"run() returned {type(out).__name__}, expected a torch.Tensor"
+    if kernel_.layout == "thd":
+        expected = (spec.seq_q, spec.heads_q, spec.head_dim_vo)
+    elif kernel_.layout == "bhsd":
+        expected = (spec.batch, spec.heads_q, spec.seq_q, spec.head_dim_vo)
+    else:
+        expected = (spec.batch, spec.seq_q, spec.heads_q, spec.head_dim_vo)
+    if tuple(out.shape) != expected:
+        names = {"bhsd": "batch, heads_q, seq_q, head_dim_vo", "bshd": "batch, seq_q, heads_q, head_dim_vo",
+                 "thd": "total_q, heads_q, head_dim_vo"}[kernel_.layout]
+        return f"run() returned shape {tuple(out.shape)}, expected {expected} ({names})"
+    want_dtype = kernel_.output_dtype or spec.dtype
+    if out.dtype != getattr(torch, want_dtype):
+        return f"run() returned dtype {str(out.dtype).replace('torch.', '')}, expected {want_dtype}"
+    if out.device.type != kernel_.device:
+        return f"run() returned a tensor on {out.device}, expected {kernel_.device}"
+    return None
+
+
+def _output_bhsd(kernel_: Kernel, out):
+    """run()'s output as (b, h, s, d), a view."""
+    if kernel_.layout == "bshd":
+        return out.transpose(1, 2)
+    if kernel_.layout == "thd":
+        return out.transpose(0, 1).unsqueeze(0)  # the packed view: one sequence of every row
+    return out
+
+
+def _run_resident(kernel_: Kernel, spec: CallSpec, q, k, v, mask):
+    """Kernel substitution on a job's own tensors, on their device: prepare() and run() once, and
+    the output as (b, h, s, d). Unlike _Prepared, nothing here waits for the GPU (no copies of the
+    inputs to check against, no compile timing): that is what keeps the job's step time its own.
+    The replay is where a plug-in's writes into its inputs are caught."""
+    out = kernel_.run(kernel_.prepare(_kernel_inputs(kernel_, spec, q, k, v, mask, {})))
+    problem = _output_problem(kernel_, spec, out)
+    if problem:
+        raise ValueError(problem)
+    return _output_bhsd(kernel_, out)

@@ -21,6 +21,7 @@
 #include "formats/errors.h"
 #include "formats/torch_tensor.h"
 #include "kernels/device_output.h"
+#include "kernels/resident_kernel.h"
 #include "kernels/kernel.h"
 #include "kernels/quantized_attention.h"
 #include "kernels/torch_inputs.h"
@@ -206,7 +207,26 @@ py::dict spec_fields(const AttentionCall& call, const QuantOptions& quant) {
   return fields;
 }
 
-class PythonKernel final : public Kernel {
+// The call as `kernel` sees it (a CallSpec), once the kernel has said it takes it; its refusal, in
+// its words, as KernelNotSupported. The GIL is held.
+py::object accepted_spec(const py::object& kernel, const AttentionCall& call, const QuantOptions& quant) {
+  py::object spec;
+  try {
+    spec = interpreter().plugin.attr("_make_spec")(kernel, spec_fields(call, quant));
+  } catch (py::error_already_set& error) {
+    throw_failure(error, "describing the call");
+  }
+  py::object reason;
+  try {
+    reason = kernel.attr("decline_reason")(spec);
+  } catch (py::error_already_set& error) {
+    throw_failure(error, "supports()");
+  }
+  if (!reason.is_none()) throw KernelNotSupported(py::str(reason).cast<std::string>());
+  return spec;
+}
+
+class PythonKernel final : public Kernel, public ResidentKernel {
  public:
   PythonKernel(py::object kernel, const std::string& source) : kernel_(std::move(kernel)) {
     description_.name = kernel_.attr("name").cast<std::string>();
@@ -245,6 +265,12 @@ class PythonKernel final : public Kernel {
   }
   std::unique_ptr<PreparedKernel> prepare(const AttentionCall& call, const KernelOptions& options) const override;
   const py::object& object() const { return kernel_; }
+
+  bool runs_resident_on(c10::DeviceType device) const override {
+    return device == (description_.device == "cuda" ? c10::DeviceType::CUDA : c10::DeviceType::CPU);
+  }
+  at::Tensor run_resident(const AttentionCall& call, const ModelInputs& inputs,
+                          const KernelOptions& options) const override;
 
  private:
   py::object kernel_;
@@ -308,19 +334,7 @@ class PythonPrepared final : public PreparedKernel, public DeviceOutput {
  private:
   void bind(const PythonKernel& kernel, const AttentionCall& call, const KernelOptions& options) {
     const py::object& plugin = interpreter().plugin;
-    py::object spec;
-    try {
-      spec = plugin.attr("_make_spec")(kernel.object(), spec_fields(call, options.quant));
-    } catch (py::error_already_set& error) {
-      throw_failure(error, "describing the call");
-    }
-    py::object reason;
-    try {
-      reason = kernel.object().attr("decline_reason")(spec);
-    } catch (py::error_already_set& error) {
-      throw_failure(error, "supports()");
-    }
-    if (!reason.is_none()) throw KernelNotSupported(py::str(reason).cast<std::string>());
+    const py::object spec = accepted_spec(kernel.object(), call, options.quant);
     has_preparation_ = kernel.object().attr("has_preparation")().cast<bool>();
     // The plug-in's own copies: it may write into them (problem() catches that and restores them).
     const at::Device device = on_gpu_ ? current_gpu() : at::Device(at::kCPU);
@@ -371,6 +385,21 @@ class PythonPrepared final : public PreparedKernel, public DeviceOutput {
 
 std::unique_ptr<PreparedKernel> PythonKernel::prepare(const AttentionCall& call, const KernelOptions& options) const {
   return std::make_unique<PythonPrepared>(*this, call, options);
+}
+
+at::Tensor PythonKernel::run_resident(const AttentionCall& call, const ModelInputs& inputs,
+                                      const KernelOptions& options) const {
+  if (call.is_ragged()) throw KernelNotSupported("a ragged batch goes through the host");
+  c10::AutoGradMode no_grad(false);
+  py::gil_scoped_acquire gil;
+  const py::object spec = accepted_spec(kernel_, call, options.quant);
+  try {
+    return interpreter().plugin.attr("_run_resident")(kernel_, spec, inputs.q, inputs.k, inputs.v,
+                                         inputs.mask ? py::cast(*inputs.mask) : py::none())
+        .cast<at::Tensor>();
+  } catch (py::error_already_set& error) {
+    throw_failure(error, "run()");
+  }
 }
 
 }  // namespace

@@ -39,7 +39,8 @@ def minilm_plain(tmp_path_factory):
 def test_minilm_under_torch_math_equals_the_job_as_is(minilm_plain, tmp_path):
     job = run_python_job(MINILM, "--repeat", "2", "--save", tmp_path / "emb.npy", ATTNCAP_SUBSTITUTE="torch-math")
     summary = substitution_summary(job.stderr)
-    assert "substitution by torch-math: 12 attention calls substituted" in summary, summary
+    # torch-math computes on the job's own CPU tensors (and their padding mask): nothing is copied.
+    assert "substitution by torch-math: 12 attention calls substituted (on the job's own tensors" in summary, summary
     assert "0 left to the original op" in summary, summary
     substituted = np.load(tmp_path / "emb.npy")
     # SDPA's CPU flash backend and its math backend sum in different orders: fp32 rounding apart.
@@ -76,6 +77,8 @@ def test_layer_and_call_ranges_restrict_substitution_and_the_capture_says_which_
                          ATTNCAP_SUBSTITUTE="sage1-int8-cpu", ATTNCAP_SUBSTITUTE_LAYERS="2-3")
     summary = substitution_summary(job.stderr)
     assert "4 attention calls substituted" in summary and "8 left: outside ATTNCAP_SUBSTITUTE_LAYERS" in summary, summary
+    # An emulation takes host tensors: its calls go through copies.
+    assert "substituted (through host copies" in summary, summary
     calls = read_calls(the_capture(tmp_path / "caps"))
     assert len(calls) == 12
     for c in calls:
@@ -105,7 +108,7 @@ def test_a_python_plug_in_kernel_substitutes_in_the_jobs_own_interpreter(minilm_
     job = run_python_job(MINILM, "--repeat", "2", "--save", tmp_path / "emb.npy", ATTNCAP_SUBSTITUTE="chunked-sdpa",
                          ATTNCAP_KERNEL_MODULE=plugin)
     summary = substitution_summary(job.stderr)
-    assert "substitution by chunked-sdpa: 12 attention calls substituted" in summary, summary
+    assert "substitution by chunked-sdpa: 12 attention calls substituted (on the job's own tensors" in summary, summary
     np.testing.assert_allclose(np.load(tmp_path / "emb.npy"), minilm_plain, rtol=0, atol=1e-6)
 
     # A name neither built in nor defined in Python: said once, every call left to its op.
@@ -115,6 +118,23 @@ def test_a_python_plug_in_kernel_substitutes_in_the_jobs_own_interpreter(minilm_
     assert lines.count("ATTNCAP_SUBSTITUTE=chunked-sdpb: no kernel named 'chunked-sdpb'") == 1, lines
     assert "12 left: no kernel named 'chunked-sdpb'" in lines, lines
     np.testing.assert_array_equal(np.load(tmp_path / "none.npy"), minilm_plain)
+
+
+def test_calls_substituted_on_the_jobs_tensors_are_captured_whole(tmp_path):
+    """A kernel that computes on the job's own tensors reads no host copy, but a capture beside it
+    still records every tensor: the first call's inputs and mask as a capture without substitution
+    has them, and its output within fp32 rounding of the op's."""
+    run_python_job(MINILM, "--repeat", "1", out=tmp_path / "plain")
+    job = run_python_job(MINILM, "--repeat", "1", out=tmp_path / "math", ATTNCAP_SUBSTITUTE="torch-math")
+    assert "6 attention calls substituted (on the job's own tensors" in substitution_summary(job.stderr)
+    plain, math = (read_calls(the_capture(tmp_path / name)) for name in ("plain", "math"))
+    assert len(plain) == len(math) == 6
+    assert all(c["metadata"]["substituted_by"] == "torch-math" for c in math)
+    first, first_math = plain[0], math[0]
+    for name in ("q", "k", "v", "mask"):
+        assert first[name] is not None and first[name].size > 0, name
+        np.testing.assert_array_equal(first_math[name], first[name], err_msg=name)
+    np.testing.assert_allclose(first_math["out"], first["out"], rtol=0, atol=1e-6)
 
 
 def sdpa_job_outputs(path):
@@ -187,6 +207,7 @@ def test_ragged_and_paged_batches_are_substituted_sequence_by_sequence(tmp_path)
     flash, stderr = stand_in_job("flash_attn_varlen_job.py", tmp_path, "flash", ATTNCAP_SUBSTITUTE="torch-flash-cpu")
     summary = substitution_summary(stderr)
     assert "5 attention calls substituted" in summary, summary
+    assert "through host copies" in summary, summary  # a packed batch is cut into sequences on the host
     assert "1 left: the call has a softcap of 20, which this kernel does not compute" in summary, summary
     assert "(keys appended to a KV cache)" in summary, summary  # not a record replay can honour
     for name in plain:

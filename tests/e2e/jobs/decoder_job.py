@@ -4,6 +4,8 @@ left-padded batch and greedy `generate()`, on the CPU through torch's SDPA. It k
 attnreplay; `--device cuda --dtype bfloat16` runs it as a GPU server would; `--save` writes the generated tokens and the logits so that a test can check that
 capture changed nothing."""
 import argparse
+import statistics
+import time
 
 import numpy as np
 import torch
@@ -19,6 +21,8 @@ def main():
     parser.add_argument("--no-padding", action="store_true",
                         help="prompts of one length: no padding mask, so causal-only kernels take every call")
     parser.add_argument("--head-dim", type=int, default=16, help="each head's size (4 query heads, 2 key/value heads)")
+    parser.add_argument("--timed-generates", type=int, default=0,
+                        help="after the saved run, generate this many times more and print the median decode step")
     args = parser.parse_args()
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=256, hidden_size=4 * args.head_dim, intermediate_size=8 * args.head_dim,
@@ -40,6 +44,20 @@ def main():
     elif args.save:
         np.savez(args.save, tokens=tokens.cpu().numpy(), logits=logits.float().cpu().numpy())
     print(f"generated {tokens.shape[1] - ids.shape[1]} tokens for {ids.shape[0]} prompts")
+    if args.timed_generates > 0:
+        seconds = []
+        with torch.inference_mode():
+            for _ in range(args.timed_generates):
+                if args.device.startswith("cuda"):
+                    torch.cuda.synchronize()
+                start = time.perf_counter()
+                model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=args.new_tokens, do_sample=False,
+                               pad_token_id=0)
+                if args.device.startswith("cuda"):
+                    torch.cuda.synchronize()
+                seconds.append(time.perf_counter() - start)
+        print(f"decode step {statistics.median(seconds) / args.new_tokens * 1e3:.3f} ms (generate() of "
+              f"{args.new_tokens} tokens, median of {len(seconds)})")
 
 
 if __name__ == "__main__":
