@@ -26,7 +26,8 @@ step() { echo; echo "== $* ($(date -u +%H:%M:%S))"; }
 # replays it with --fib-traces (needs flashinfer_bench's wheel in .whl, and pydantic's with its
 # dependencies where the machine lacks them); "e2e" runs a bf16 decoder's generate() as is and with
 # each of E2E_KERNELS substituted for its attention, then a Flux-sized transformer with each of
-# E2E_FLUX_KERNELS (attnreplay e2e).
+# E2E_FLUX_KERNELS (attnreplay e2e); "steptime" times both jobs' steps as is and substituted, with
+# nothing captured (STEP_ROUNDS alternating rounds).
 STEPS="${GPU_STEPS:-tests dobench suite quant capture}"
 wants() { [[ " $STEPS " == *" $1 "* ]]; }
 
@@ -205,6 +206,17 @@ cat "$OUT/e2e.txt"
 # One file of the records (few files come back from the machine): {"decoder-KERNEL": record, ...}.
 python3 -c 'import json, pathlib, sys; print(json.dumps({p.stem: json.loads(p.read_text()) for p in sorted(pathlib.Path(sys.argv[1]).glob("*.json"))}, indent=1))' \
   /tmp/e2e-json > "$OUT/e2e.json" || status=1
+fi
+
+if wants steptime; then
+step "step times as is and with each kernel substituted, nothing captured (bench/substitution_step_time.py)"
+python3 "$ROOT/bench/substitution_step_time.py" --attncap "$ATTNREPLAY_ATTNCAP_LIB" --rounds "${STEP_ROUNDS:-3}" \
+  --kernels torch-cudnn ${E2E_FLUX_KERNELS:-sage2-int8-fp8 fa3-fp8 sageattn-triton} --json "$OUT/steps_flux.json" -- \
+  python3 "$ROOT/bench/flux_block_job.py" --device cuda --steps 10 --save /tmp/steps-flux.pt | tee "$OUT/steps.txt" || status=1
+python3 "$ROOT/bench/substitution_step_time.py" --attncap "$ATTNREPLAY_ATTNCAP_LIB" --rounds "${STEP_ROUNDS:-3}" \
+  --kernels ${E2E_KERNELS:-torch-cudnn sage2-int8-fp8 fa3-fp8 sageattn-triton} --json "$OUT/steps_decoder.json" -- \
+  python3 "$ROOT/tests/e2e/jobs/decoder_job.py" --device cuda --dtype bfloat16 --head-dim 128 --new-tokens 32 \
+  --no-padding --timed-generates 5 | tee -a "$OUT/steps.txt" || status=1
 fi
 
 if wants batches; then

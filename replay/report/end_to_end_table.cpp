@@ -46,8 +46,9 @@ void print_end_to_end(const nlohmann::json& record, std::ostream& out) {
       }
     }
   }
-  out << "(attention: a GPU op's time between CUDA events on its stream; a CPU op's, and a substituted call's, wall "
-         "time on the job's thread, the kernel's round trip through the host included)\n";
+  out << "(attention: GPU work's time between CUDA events on its stream, the substituted kernel's too where it ran on "
+         "the job's tensors; otherwise wall time on the job's thread, a round trip through the host included. Both runs "
+         "are captured for the layer view below: for the job's own step times, use --no-layers)\n";
 
   out << "\nwhat the job saved, substituted against as is:\n";
   for (const auto& file : record["outputs"]) {
