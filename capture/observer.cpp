@@ -135,6 +135,7 @@ struct PendingCall final : at::ObserverContext {
   };
   bool resident_wanted = false;  // the kernel takes the query's device; set before fill_call
   std::optional<Resident> resident;
+  std::optional<at::Tensor> python_output;  // a Python entry point's output, which it has returned
   std::shared_ptr<AttentionClock::Started> timing;  // under ATTNCAP_TIME_ATTENTION
 };
 
@@ -375,7 +376,7 @@ void fill_call(PendingCall& pending, const std::string& op, const c10::FunctionS
   // A Python entry point's call (python_entry_points.py): its output is an argument, given after the
   // call ran, and its other arguments come as text, by name.
   if (schema && schema->name() == kPythonCall) {
-    if (const auto* out = defined_tensor(find_input(inputs, {"out"})); out && state->config.record_output) {
+    if (const auto* out = defined_tensor(find_input(inputs, {"out"})); out && pending.record && state->config.record_output) {
       copies.out = HostCopy::start(*out);
     }
     const auto* names = find_input(inputs, {"argument_names"});
@@ -557,8 +558,12 @@ void judge_substitution(PendingCall& pending, const std::string& op, const c10::
   }
   const at::Tensor& query = qkv[0]->toTensor();
   pending.on_gpu = query.is_cuda();
-  if (schema && schema->name() == kPythonCall) {
-    pending.left_reason = fmt::format("{} is a Python entry point, seen after it returned", op);
+  // A Python entry point (FlashInfer's) has returned already: the output it returned, handed over as
+  // `out`, is overwritten, as after an op that ran (substitute_after_the_op).
+  const bool python_call = schema && schema->name() == kPythonCall;
+  const at::Tensor* python_out = python_call ? defined_tensor(find_input(named_inputs(schema, inputs), {"out"})) : nullptr;
+  if (python_call && !python_out) {
+    pending.left_reason = fmt::format("{} handed over no output to replace", op);
     return;
   }
   auto reason = state->substituter->declines_early(
@@ -569,7 +574,9 @@ void judge_substitution(PendingCall& pending, const std::string& op, const c10::
     return;
   }
   pending.substitute = true;
-  pending.resident_wanted = state->substituter->takes_resident(query);
+  if (python_out) pending.python_output = *python_out;
+  // A Python entry point's call is recorded in its library's layout, which the replay's host path reads.
+  pending.resident_wanted = !python_call && state->substituter->takes_resident(query);
   // A hooked op that returns the attention output alone is not run at all (substitute_hooked).
   const bool returns_one_tensor =
       schema && schema->returns().size() == 1 && schema->returns()[0].type()->kind() == c10::TypeKind::TensorType;
@@ -659,7 +666,7 @@ void substitute_after_the_op(PendingCall& pending, c10::ArrayRef<c10::IValue> ou
   try {
     at::RecordFunctionGuard no_observers(false);
     c10::AutoGradMode no_grad(false);
-    const at::Tensor* found = attention_output(outputs);
+    const at::Tensor* found = pending.python_output ? &*pending.python_output : attention_output(outputs);
     if (!found) {
       pending.left_reason = "the op returned no attention output to replace";
       return;
@@ -770,11 +777,12 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* context) {
 }
 
 // A Python entry point's call is selected first (attncap::select_python_call), so that the Python
-// side describes only the calls recorded; attncap::python_call then records the one selected on
-// its thread.
+// side describes only the calls recorded or, under ATTNCAP_SUBSTITUTE, to be substituted;
+// attncap::python_call then takes the one selected on its thread.
 thread_local std::optional<Selection> python_selection;
 
-// attncap::select_python_call's kernel: counts the call, and says whether it is recorded.
+// attncap::select_python_call's kernel: counts the call, and says whether the Python side is to
+// describe it.
 void select_python_call_kernel(const c10::OperatorHandle&, torch::jit::Stack* stack) {
   const std::string name = stack->back().toStringRef();
   torch::jit::drop(*stack, 1);
@@ -782,9 +790,10 @@ void select_python_call_kernel(const c10::OperatorHandle&, torch::jit::Stack* st
   bool wanted = false;
   if (state && op_wanted(name)) {
     try {
+      // Under substitution every call is described, recorded or not: the kernel may take it.
       const Selection selection = select_call();
-      if (selection.wanted) python_selection = selection;
-      wanted = selection.wanted;
+      if (selection.wanted || state->substituter) python_selection = selection;
+      wanted = python_selection.has_value();
     } catch (const std::exception& error) {
       count_failed();
       report_failure_once(error);
@@ -794,7 +803,7 @@ void select_python_call_kernel(const c10::OperatorHandle&, torch::jit::Stack* st
 }
 
 // attncap::python_call's kernel: the call selected, under the entry point's own name, is recorded
-// as a matched op's would be (it has run already: no output comes back here).
+// and substituted as a matched op's would be (it has run already: its output is the `out` given).
 void python_call_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
   const std::size_t count = schema.arguments().size();
@@ -962,8 +971,9 @@ extern "C" __attribute__((visibility("default"))) void attncap_start() {
     std::atexit(shutdown_at_exit);
     pthread_atfork(nullptr, nullptr, in_forked_child);
     install_observers();
+    // Python entry points are observed for capture, and for substitution, which overwrites their output.
+    if (state->config.capture || state->substituter) install_python_entry_points(state->config.quiet, define_python_call_ops);
     if (!state->config.capture) return;
-    install_python_entry_points(state->config.quiet, define_python_call_ops);
     if (!state->config.quiet) std::fprintf(stderr, "[attncap] capturing attention calls to %s\n", path.c_str());
   } catch (const std::exception& error) {
     std::fprintf(stderr, "[attncap] capture is off: %s\n", error.what());

@@ -12,11 +12,13 @@ the CPU: MiniLM (examples/run_minilm.py) and tiny diffusers Flux and CogVideoX t
 """
 
 import json
+import os
+import subprocess
 
 import numpy as np
 import pytest
 
-from capture_common import (JOBS, PYTHON, SDPA_JOB, SOURCE_DIR, attncap_lines, attnreplay, job_env, read_calls, run,
+from capture_common import (BIN, JOBS, PYTHON, SDPA_JOB, SOURCE_DIR, attncap_lines, attnreplay, job_env, read_calls, run,
                             run_python_job, the_capture)
 
 MINILM = SOURCE_DIR / "examples" / "run_minilm.py"
@@ -215,6 +217,28 @@ def test_ragged_and_paged_batches_are_substituted_sequence_by_sequence(tmp_path)
     assert any(not np.array_equal(flash[name], plain[name]) for name in plain)  # the kernel's, not the op's
 
 
+def test_python_entry_points_are_substituted_after_they_return(tmp_path):
+    # FlashInfer's wrappers and functions and flash_attn_with_kvcache, as stand-ins under their real
+    # names and signatures (computing in fp64): each output they return is overwritten in place.
+    plain, _ = stand_in_job("python_entry_points_job.py", tmp_path, "plain")
+    exact, stderr = stand_in_job("python_entry_points_job.py", tmp_path, "exact", ATTNCAP_SUBSTITUTE="reference")
+    summary = substitution_summary(stderr)
+    # flash_attn_with_kvcache's appended keys are in the cache once it has run, where the record reads
+    # them: that call is substituted too. FlashInfer's fp16 Q·K reduction is not a record's.
+    assert "9 attention calls substituted (through host copies" in summary and "1 left" in summary, summary
+    assert "1 left: the call has use_fp16_qk_reduction=True" in summary, summary
+    for name in plain:  # the fp64 reference in fp16, as the stand-ins round theirs
+        np.testing.assert_allclose(exact[name], plain[name], rtol=0, atol=1e-3, err_msg=name)
+    # torch-math computes no softcap or sinks: those calls keep the function's own output; the others
+    # are torch's, which in fp16 mostly round as the stand-ins' fp64 does, but not everywhere.
+    math, stderr = stand_in_job("python_entry_points_job.py", tmp_path, "math", ATTNCAP_SUBSTITUTE="torch-math")
+    summary = substitution_summary(stderr)
+    assert "6 attention calls substituted" in summary and "4 left" in summary, summary
+    assert "1 left: the call has attention sinks, which this kernel does not compute" in summary, summary
+    assert not np.array_equal(math["prefill_paged_causal"], plain["prefill_paged_causal"])
+    np.testing.assert_allclose(math["prefill_paged_causal"], plain["prefill_paged_causal"], rtol=0, atol=1e-3)
+
+
 def test_bad_substitution_settings_are_said_and_the_job_runs_on(minilm_plain, tmp_path):
     job = run_python_job(MINILM, "--repeat", "2", "--save", tmp_path / "a.npy", ATTNCAP_SUBSTITUTE="no-such-kernel")
     lines = "\n".join(attncap_lines(job.stderr))
@@ -328,6 +352,65 @@ def test_e2e_errors_name_the_run_and_the_file(tmp_path):
                          PYTHON, MINILM, check=0)
     assert "no-such-kernel substituted no call" in unknown.stdout, unknown.stdout
     assert "6 left: no kernel named 'no-such-kernel'" in unknown.stdout, unknown.stdout
+
+
+IMAGE_JOB = r"""
+import os, sys
+import numpy as np
+import torch  # noqa: F401 - a job with torch, as a diffusers pipeline is: the preload acts in it
+from PIL import Image
+rng = np.random.default_rng(0)
+image = rng.integers(0, 256, (48, 64, 3)).astype(np.int16)
+if os.environ.get("ATTNCAP_SUBSTITUTE"):  # the substituted run draws a slightly different picture
+    image += rng.integers(-6, 7, image.shape).astype(np.int16)
+image = np.clip(image, 0, 255).astype(np.uint8)
+Image.fromarray(image).save(sys.argv[1] + ".png")
+Image.fromarray(image).save(sys.argv[1] + ".jpg", quality=90)
+open(sys.argv[1] + "-broken.png", "wb").write(open(sys.argv[1] + ".png", "rb").read()[:60])
+"""
+
+
+def test_e2e_reads_png_and_jpeg_images(tmp_path):
+    from PIL import Image
+
+    job = tmp_path / "image_job.py"
+    job.write_text(IMAGE_JOB)
+    stem = tmp_path / "img"
+    png, jpg = tmp_path / "img.png", tmp_path / "img.jpg"
+    attnreplay("e2e", "--kernel", "torch-math", "--outputs", png, jpg, "--workdir", tmp_path / "runs", "--no-layers",
+               "--json", tmp_path / "e2e.json", "--", PYTHON, job, stem)
+    record = json.loads((tmp_path / "e2e.json").read_text())
+    assert sorted(saved["output"] for saved in record["outputs"]) == sorted(map(str, (jpg, png)))
+    for saved in record["outputs"]:
+        name = saved["output"].rsplit("/", 1)[-1]
+        (tensor,) = saved["tensors"]
+        a = np.asarray(Image.open(tmp_path / "runs" / "original" / "outputs" / name)).astype(np.float64)
+        b = np.asarray(Image.open(tmp_path / "runs" / "substituted" / "outputs" / name)).astype(np.float64)
+        assert tensor["dtype"] == "uint8" and tensor["shape"] == [48, 64, 3], tensor
+        # PSNR as e2e defines it (the largest value as is over the RMS difference), from PIL's pixels.
+        psnr = 20 * np.log10(np.abs(a).max() / np.sqrt(np.mean((a - b) ** 2)))
+        assert abs(tensor["distance"]["psnr_db"] - psnr) < 1e-6, (name, tensor["distance"], psnr)
+        assert 0 < tensor["distance"]["ssim"] < 1, (name, tensor)
+
+    # An image cut short is named, with the reason, and nothing is thrown at the user.
+    broken = tmp_path / "img-broken.png"
+    broken.unlink()  # the first e2e's jobs wrote it too
+    result = attnreplay("e2e", "--kernel", "torch-math", "--outputs", broken, "--workdir", tmp_path / "runs2",
+                        "--no-layers", "--", PYTHON, job, stem, check=None)
+    assert result.returncode != 0 and "img-broken.png: " in result.stderr and "libpng" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_e2e_keeps_the_callers_preloads_after_its_own(tmp_path):
+    libm = next(p for p in ("/lib/x86_64-linux-gnu/libm.so.6", "/usr/lib/x86_64-linux-gnu/libm.so.6")
+                if os.path.exists(p))
+    result = subprocess.run([BIN, "e2e", "--kernel", "torch-math", "--workdir", tmp_path / "runs", "--no-layers", "--",
+                             PYTHON, "-c", "import os, torch; print(os.environ['LD_PRELOAD'])"],
+                            env=dict(os.environ, LD_PRELOAD=libm), capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    for run_name in ("original", "substituted"):
+        preloads = (tmp_path / "runs" / run_name / "stdout.txt").read_text().strip().split(":")
+        assert preloads[0].endswith("libattncap.so") and preloads[1:] == [libm], preloads
 
 
 def test_e2e_on_a_left_padded_decoder_compares_tokens_logits_and_leaves_the_pads_out(tmp_path):
