@@ -9,6 +9,7 @@
 #include <regex>
 
 #include "formats/errors.h"
+#include "formats/image_file.h"
 #include "formats/safetensors_format.h"
 #include "formats/torch_save.h"
 
@@ -99,7 +100,9 @@ std::vector<std::pair<std::string, HostTensor>> read_tensor_file(const std::stri
     in.read(head.data(), static_cast<std::streamsize>(head.size()));
     head.resize(static_cast<std::size_t>(in.gcount()));
   }
-  if (head.rfind("\x93NUMPY", 0) == 0) {
+  if (const ImageKind kind = image_kind(head); kind != ImageKind::none) {
+    tensors.emplace_back("", read_image_file(path, kind));
+  } else if (head.rfind("\x93NUMPY", 0) == 0) {
     tensors.emplace_back("", read_npy(path, read_bytes(path)));
   } else if (head.rfind("PK", 0) == 0) {
     try {
@@ -117,7 +120,8 @@ std::vector<std::pair<std::string, HostTensor>> read_tensor_file(const std::stri
     SafetensorsFile file(path);
     for (const auto& [name, info] : file.tensors()) tensors.emplace_back(name, file.tensor(name));
   } else {
-    throw InputError(fmt::format("{}: not a .npy, .pt (torch.save) or .safetensors file, by its content", path));
+    throw InputError(fmt::format("{}: not a .npy, .pt (torch.save), .safetensors, PNG or JPEG file, by its content",
+                                 path));
   }
   if (tensors.empty()) throw InputError(fmt::format("{}: holds no tensor", path));
   return tensors;

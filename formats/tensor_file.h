@@ -1,6 +1,7 @@
 #pragma once
-// The tensors a job saved (`attnreplay e2e` compares two runs' files): NumPy's .npy, safetensors
-// and torch.save's .pt (a tensor, or dicts, lists and tuples of them), told apart by content.
+// The tensors a job saved (`attnreplay e2e` compares two runs' files): NumPy's .npy, safetensors,
+// torch.save's .pt (a tensor, or dicts, lists and tuples of them), and PNG and JPEG images
+// (formats/image_file.h), told apart by content.
 #include <string>
 #include <utility>
 #include <vector>

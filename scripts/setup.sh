@@ -9,9 +9,10 @@ VENV="${ATTNREPLAY_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/attnreplay/venv}"
 BUILD="${ATTNREPLAY_BUILD:-$ROOT/build}"
 log() { printf '[setup] %s\n' "$*" >&2; }
 
-# chromium-headless-shell: the browser the HTML report's test opens it in (tests/e2e/test_html_report.py).
+# chromium-headless-shell: the browser the HTML report's test opens it in (tests/e2e/test_html_report.py);
+# libpng-dev, libjpeg-dev: the images `attnreplay e2e` compares (formats/image_file.h).
 APT_PACKAGES=(cmake ninja-build g++ libhdf5-dev libcli11-dev libfmt-dev nlohmann-json3-dev catch2 python3-venv
-              chromium-headless-shell)
+              chromium-headless-shell libpng-dev libjpeg-dev)
 
 have_all_apt() {
   local p

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <optional>
@@ -86,6 +87,14 @@ RunOutcome run_job(const EndToEndOptions& options, const std::string& name, cons
                                  err_path, tail));
   }
   return outcome;
+}
+
+// The preload first, then whatever the caller's LD_PRELOAD already holds (a profiler, an allocator),
+// which both runs keep.
+std::string preload_before_the_callers(const std::string& preload) {
+  const char* callers = std::getenv("LD_PRELOAD");
+  if (!callers || !*callers) return preload;
+  return fmt::format("{}:{}", preload, callers);
 }
 
 // Each output the job wrote, moved out of its way into the run's folder (the next run writes it
@@ -300,7 +309,8 @@ json run_end_to_end(const EndToEndOptions& options) {
   for (const std::string name : {"original", "substituted"}) {
     const fs::path folder = workdir / name;
     fs::remove_all(folder / "capture");
-    std::map<std::string, std::string> extra = {{"LD_PRELOAD", options.preload}, {"ATTNCAP_TIME_ATTENTION", "1"}};
+    std::map<std::string, std::string> extra = {{"LD_PRELOAD", preload_before_the_callers(options.preload)},
+                                                {"ATTNCAP_TIME_ATTENTION", "1"}};
     if (options.per_layer) extra["ATTNCAP_OUT"] = (folder / "capture").string();
     if (name == "substituted") {
       extra["ATTNCAP_SUBSTITUTE"] = options.kernel;
