@@ -376,7 +376,9 @@ void fill_call(PendingCall& pending, const std::string& op, const c10::FunctionS
   // A Python entry point's call (python_entry_points.py): its output is an argument, given after the
   // call ran, and its other arguments come as text, by name.
   if (schema && schema->name() == kPythonCall) {
-    if (const auto* out = defined_tensor(find_input(inputs, {"out"})); out && pending.record && state->config.record_output) {
+    // A substituted call's output is copied once the kernel's is in it (end_call).
+    if (const auto* out = defined_tensor(find_input(inputs, {"out"}));
+        out && pending.record && !pending.python_output && state->config.record_output) {
       copies.out = HostCopy::start(*out);
     }
     const auto* names = find_input(inputs, {"argument_names"});
@@ -712,7 +714,8 @@ void end_call(at::ObserverContext* context, const c10::ArrayRef<c10::IValue>* ou
     at::RecordFunctionGuard no_observers(false);
     c10::AutoGradMode no_grad(false);
     if (state->config.record_output) {
-      if (const at::Tensor* out = attention_output(*outputs)) pending->copies->out = HostCopy::start(*out);
+      const at::Tensor* out = pending->python_output ? &*pending->python_output : attention_output(*outputs);
+      if (out) pending->copies->out = HostCopy::start(*out);
     }
     if (pending->call.backend.empty()) pending->call.backend = pending->call.op;
     pending->call.metadata["duration_s"] = fmt::format(

@@ -231,9 +231,17 @@ def test_python_entry_points_are_substituted_after_they_return(tmp_path):
         np.testing.assert_allclose(exact[name], plain[name], rtol=0, atol=1e-3, err_msg=name)
     # torch-math computes no softcap or sinks: those calls keep the function's own output; the others
     # are torch's, which in fp16 mostly round as the stand-ins' fp64 does, but not everywhere.
-    math, stderr = stand_in_job("python_entry_points_job.py", tmp_path, "math", ATTNCAP_SUBSTITUTE="torch-math")
+    math, stderr = stand_in_job("python_entry_points_job.py", tmp_path, "math", ATTNCAP_SUBSTITUTE="torch-math",
+                                ATTNCAP_OUT=tmp_path / "caps")
     summary = substitution_summary(stderr)
     assert "6 attention calls substituted" in summary and "4 left" in summary, summary
+    # A capture beside it records the output the job got: the kernel's where it was substituted.
+    calls = read_calls(the_capture(tmp_path / "caps"))
+    assert len(calls) == len(plain) == 10
+    for name, call in zip(plain, calls):
+        np.testing.assert_array_equal(call["out"].reshape(math[name].shape), math[name], err_msg=name)
+        assert ("substituted_by" in call["metadata"]) == (name not in ("decode_softcap", "decode_hnd_window_sinks",
+                                                                         "kvcache_paged_window", "fp16_qk_reduction"))
     assert "1 left: the call has attention sinks, which this kernel does not compute" in summary, summary
     assert not np.array_equal(math["prefill_paged_causal"], plain["prefill_paged_causal"])
     np.testing.assert_allclose(math["prefill_paged_causal"], plain["prefill_paged_causal"], rtol=0, atol=1e-3)
