@@ -46,9 +46,10 @@ void print_end_to_end(const nlohmann::json& record, std::ostream& out) {
       }
     }
   }
-  out << "(attention: GPU work's time between CUDA events on its stream, the substituted kernel's too where it ran on "
-         "the job's tensors; otherwise wall time on the job's thread, a round trip through the host included. Both runs "
-         "are captured for the layer view below: for the job's own step times, use --no-layers)\n";
+  out << "(attention: GPU work's time between CUDA events on its stream, a substituted kernel's too where it ran on "
+         "the job's tensors;\n other calls' wall time on the job's thread, any round trip through the host included.\n"
+         " Both runs are captured for the layer view below, which costs them time: --no-layers gives the job's own "
+         "step times.)\n";
 
   out << "\nwhat the job saved, substituted against as is:\n";
   for (const auto& file : record["outputs"]) {
