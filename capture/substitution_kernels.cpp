@@ -58,8 +58,9 @@ class KernelSubstitution final : public Substitution {
 #ifdef ATTNCAP_PYTHON_KERNELS
     if (!kernel_ && find_python_kernel()) return false;
 #endif
-    const auto* resident = dynamic_cast<const ResidentKernel*>(kernel_);
-    return resident && resident->runs_resident_on(device);
+    // On the device its description names: a CUDA kernel on CUDA tensors, a CPU one on CPU tensors.
+    return dynamic_cast<const ResidentKernel*>(kernel_) &&
+           kernel_->description().device == c10::DeviceTypeName(device, /*lower_case=*/true);
   }
 
   std::variant<at::Tensor, std::string> compute_resident(const AttentionCall& call, const at::Tensor& q,

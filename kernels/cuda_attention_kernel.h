@@ -15,7 +15,6 @@ class CudaAttentionKernel : public QuantizedAttentionKernel, public ResidentKern
   // fault shows up here.
   std::unique_ptr<PreparedKernel> prepare(const AttentionCall& call, const KernelOptions& options) const override;
 
-  bool runs_resident_on(c10::DeviceType device) const override { return device == c10::DeviceType::CUDA; }
   // On the model's tensors where they are bshd- or bhsd-contiguous (others are made so first), with
   // work buffers from torch's caching allocator: nothing waits.
   at::Tensor run_resident(const AttentionCall& call, const ModelInputs& inputs,

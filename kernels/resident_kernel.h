@@ -16,10 +16,8 @@ namespace attnreplay {
 class ResidentKernel {
  public:
   virtual ~ResidentKernel() = default;
-  // Whether the kernel computes on tensors of this device type (a CUDA kernel on CUDA tensors).
-  virtual bool runs_resident_on(c10::DeviceType device) const = 0;
-  // `call`'s attention over `inputs`: the model's tensors as (b, h, s, d) views, on one device, never
-  // written to. The call's HostTensors carry their shapes and dtypes; their bytes need not be there.
+  // `call`'s attention over `inputs`: a dense call's tensors as the model has them, (b, h, s, d) views
+  // on the device the kernel's description names, never written to. The call's HostTensors carry their shapes and dtypes; their bytes need not be there.
   // Returns the output as (batch, heads_q, seq_q, head_dim_vo) on the inputs' device, its work queued
   // on torch's current stream and not waited for. The call has passed kernel_declines(); a check
   // that needs the tensors throws KernelNotSupported, as prepare() does.

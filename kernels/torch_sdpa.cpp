@@ -158,9 +158,6 @@ class TorchSdpaKernel final : public Kernel, public ResidentKernel {
     return std::make_unique<Prepared>(backend_, call);
   }
 
-  bool runs_resident_on(c10::DeviceType device) const override {
-    return device == (backend_.device == "cuda" ? c10::DeviceType::CUDA : c10::DeviceType::CPU);
-  }
   // Not in inference mode, unlike run(): the job may use the output in ways an inference tensor
   // refuses (an in-place update).
   at::Tensor run_resident(const AttentionCall& call, const ModelInputs& inputs, const KernelOptions&) const override {

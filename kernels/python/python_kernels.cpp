@@ -266,9 +266,6 @@ class PythonKernel final : public Kernel, public ResidentKernel {
   std::unique_ptr<PreparedKernel> prepare(const AttentionCall& call, const KernelOptions& options) const override;
   const py::object& object() const { return kernel_; }
 
-  bool runs_resident_on(c10::DeviceType device) const override {
-    return device == (description_.device == "cuda" ? c10::DeviceType::CUDA : c10::DeviceType::CPU);
-  }
   at::Tensor run_resident(const AttentionCall& call, const ModelInputs& inputs,
                           const KernelOptions& options) const override;
 
@@ -389,7 +386,6 @@ std::unique_ptr<PreparedKernel> PythonKernel::prepare(const AttentionCall& call,
 
 at::Tensor PythonKernel::run_resident(const AttentionCall& call, const ModelInputs& inputs,
                                       const KernelOptions& options) const {
-  if (call.is_ragged()) throw KernelNotSupported("a ragged batch goes through the host");
   c10::AutoGradMode no_grad(false);
   py::gil_scoped_acquire gil;
   const py::object spec = accepted_spec(kernel_, call, options.quant);

@@ -117,7 +117,7 @@ std::map<std::string, fs::path> collect_outputs(const EndToEndOptions& options, 
 }
 
 // The preload's account of substitution at exit ("[attncap] pid N: substitution by K: S attention
-// calls substituted (...), L left to the original op (...)", then one line per reason).
+// calls substituted (WHERE, TIME), L left to the original op (TIME)", then one line per reason).
 json substitution_account(const std::string& stderr_text) {
   json account = {{"substituted", 0}, {"left", 0}, {"left_by_reason", json::object()}, {"reported", false}};
   const std::regex summary(R"(\[attncap\] pid \d+: substitution by \S+: (\d+) attention calls substituted \(([^)]*)\), (\d+) left to the original op \(([^)]*)\))");
@@ -128,7 +128,11 @@ json substitution_account(const std::string& stderr_text) {
     if (std::regex_search(line, m, summary)) {
       account["substituted"] = account["substituted"].get<std::int64_t>() + std::stoll(m[1]);
       account["left"] = account["left"].get<std::int64_t>() + std::stoll(m[3]);
-      account["substituted_time"] = m[2].str();
+      // "(on the job's own tensors, 0.031 s)": where the kernel ran, then the time.
+      const std::string substituted = m[2].str();
+      const std::size_t last = substituted.rfind(", ");
+      account["substituted_where"] = last == std::string::npos ? "" : substituted.substr(0, last);
+      account["substituted_time"] = last == std::string::npos ? substituted : substituted.substr(last + 2);
       account["left_time"] = m[4].str();
       account["reported"] = true;
     } else if (std::regex_search(line, m, reason)) {

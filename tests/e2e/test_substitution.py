@@ -293,6 +293,8 @@ def test_e2e_reports_how_far_the_quantized_kernel_moves_the_embeddings(minilm_e2
     record, folder = minilm_e2e["record"], minilm_e2e["folder"]
     original, substituted = record["runs"]
     assert substituted["substitution"]["substituted"] == 12 and substituted["substitution"]["left"] == 0
+    assert substituted["substitution"]["substituted_where"] == "through host copies"  # an emulation's
+    assert substituted["substitution"]["substituted_time"].endswith(" s")
     assert original["attention_calls"] == substituted["attention_calls"] == 12  # the preload's clock
     assert original["attention_s"] > 0 and substituted["attention_s"] > 0
     assert original["wall_s"] > 0 and substituted["wall_s"] > 0
