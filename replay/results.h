@@ -105,6 +105,9 @@ struct CallResult {
   // that give the judged output, and the comparisons), "compare" (the comparisons alone, part of
   // "judge"): what to look at when a replay is slow.
   std::map<std::string, double> replay_seconds;
+  // When its replay began (the wait for its read included) and ended, in seconds since the process
+  // started (replay/measure/process_clock.h); 0 where not timed.
+  double replay_began_s = 0, replay_ended_s = 0;
 };
 
 // Rates measured on the GPU at start-up (replay/measure/ceilings.h), the yardsticks for a kernel's rate.
@@ -155,6 +158,9 @@ struct Report {
   // Inputs, calls or test-list lines that could not be replayed, each naming the place.
   std::vector<std::string> input_errors;
   std::optional<ShardPart> shard_part;  // set in a sharded process's part
+  // Seconds since the process started when the record was made: with the calls' replay_began_s and
+  // replay_ended_s, where the run's wall time went outside its calls.
+  double recorded_s = 0;
 
   bool any_failed() const;
 };

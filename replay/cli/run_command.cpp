@@ -21,6 +21,7 @@
 #include "replay/measure/ceilings.h"
 #include "replay/measure/environment.h"
 #include "replay/measure/gpu.h"
+#include "replay/measure/process_clock.h"
 #include "replay/report/printer.h"
 #include "replay/report/progress.h"
 #include "replay/report/flashinfer_traces.h"
@@ -70,10 +71,13 @@ class CallDisplay {
 void replay_one_generated(const std::function<AttentionCall()>& make, const std::string& flags, const ReplayOptions& options,
                           RunContext& run, CallDisplay& display, CaptureWriter* saved_inputs) {
   if (run.share && !run.share->take_generated()) return;
+  const double began_s = seconds_since_process_start();
   const AttentionCall call = make();
   if (saved_inputs) saved_inputs->append(call);
   CallResult result = replay_call(call, options, flags);
   display.show(result);
+  result.replay_began_s = began_s;
+  result.replay_ended_s = seconds_since_process_start();
   run.report.calls.push_back(std::move(result));
   if (run.share) run.share->replayed_generated();
 }
@@ -307,6 +311,7 @@ class RunCommand final : public Command {
       }
     }
     for (const std::string& error : report.input_errors) std::cerr << "error: " << error << '\n';
+    report.recorded_s = seconds_since_process_start();
     nlohmann::json record = report_to_json(report);
     record["options"] = options_.to_json();
     if (sharded) return sharded->finish(record, options_.number("--merge-wait"));

@@ -4,9 +4,18 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
+#include <stdexcept>
+#include <string>
 
 #include "formats/errors.h"
 #include "formats/torch_tensor.h"
+
+#ifdef ATTNREPLAY_FUSED_COMPARE
+#include <c10/cuda/CUDAStream.h>
+
+#include "replay/judge/cuda/error_sums.h"
+#endif
 
 namespace attnreplay {
 namespace {
@@ -48,8 +57,9 @@ at::Tensor reference_tensor(const ReferenceOutput& reference) {
 
 }  // namespace
 
-// Computed with tensor reductions in fp64 on the device the reference is on: on the GPU a call's
-// output is compared where the reference already is, and on the CPU the reductions use every core.
+// Computed in fp64 on the device the reference is on: on the GPU a call's output is compared where
+// the reference already is, in one pass (compare_in_one_pass); on the CPU with tensor reductions,
+// which use every core.
 // Figures are as the docs define them (docs/metrics.md); the summation order is the library's, so
 // they agree with a serial sum to fp64 rounding.
 ErrorStats compare_to_reference(const HostTensor& output, const ReferenceOutput& reference) {
@@ -60,11 +70,21 @@ ErrorStats compare_to_reference(const HostTensor& output, const ReferenceOutput&
 
 namespace {
 
+// The largest error's place, from its index among the compared (b, h, row slot, channel) elements.
+void place_worst(ErrorStats& stats, std::int64_t flat, const ReferenceOutput& reference) {
+  const AttentionShape& s = reference.shape;
+  const auto n_rows = static_cast<std::int64_t>(reference.rows.size());
+  stats.worst_channel = flat % s.head_dim_vo;
+  const std::int64_t slot = flat / s.head_dim_vo % n_rows;
+  stats.worst_row = reference.rows[static_cast<std::size_t>(slot)];
+  stats.worst_head = flat / s.head_dim_vo / n_rows % s.heads_q;
+  stats.worst_batch = flat / s.head_dim_vo / n_rows / s.heads_q;
+}
+
 // The figures over the finite outputs `of` (with `e` their |o - r|, `error` the whole |o - r| with
 // -1 where the output is not finite), read back from the device together.
 void fill_figures(ErrorStats& stats, const at::Tensor& error, const at::Tensor& e, const at::Tensor& of,
                   const at::Tensor& rf, const ReferenceOutput& reference) {
-  const AttentionShape& s = reference.shape;
   // Each figure in one pass where torch has one (std_mean, aminmax, dot), read back together.
   const auto [e_std, e_mean] = at::std_mean(e, /*unbiased=*/false);
   const auto [o_std, o_mean] = at::std_mean(of, false);
@@ -90,13 +110,7 @@ void fill_figures(ErrorStats& stats, const at::Tensor& error, const at::Tensor& 
   stats.cosine = cosine_of(v[9], v[8], v[7]);
   stats.output = {v[10], v[11], v[12], v[13]};
   stats.reference = {v[14], v[15], v[16], v[17]};
-  const auto flat = static_cast<std::int64_t>(v[18]);
-  const auto n_rows = static_cast<std::int64_t>(reference.rows.size());
-  stats.worst_channel = flat % s.head_dim_vo;
-  const std::int64_t slot = flat / s.head_dim_vo % n_rows;
-  stats.worst_row = reference.rows[static_cast<std::size_t>(slot)];
-  stats.worst_head = flat / s.head_dim_vo / n_rows % s.heads_q;
-  stats.worst_batch = flat / s.head_dim_vo / n_rows / s.heads_q;
+  place_worst(stats, static_cast<std::int64_t>(v[18]), reference);
   stats.max_rel = v[19];
   stats.beyond_tolerance = static_cast<std::int64_t>(v[20]);
 }
@@ -133,6 +147,78 @@ ErrorStats::Subset rows_with_a_key(const at::Tensor& o, const at::Tensor& r, con
   return subset;
 }
 
+#ifdef ATTNREPLAY_FUSED_COMPARE
+std::optional<ErrorSumsDType> sums_dtype(at::ScalarType type) {
+  switch (type) {
+    case at::kDouble: return ErrorSumsDType::float64;
+    case at::kFloat: return ErrorSumsDType::float32;
+    case at::kHalf: return ErrorSumsDType::float16;
+    case at::kBFloat16: return ErrorSumsDType::bfloat16;
+    default: return std::nullopt;
+  }
+}
+
+// The figures in one pass on the GPU (replay/judge/cuda/error_sums.h), with the same definitions as
+// fill_figures and rows_with_a_key. False where that pass does not apply (a reference on the host,
+// an output dtype it does not read, a reference that is not finite), for torch's reductions.
+bool compare_in_one_pass(const at::Tensor& o, const at::Tensor& r, const ReferenceOutput& reference, ErrorStats& stats) {
+  const auto dtype = sums_dtype(o.scalar_type());
+  if (!r.is_cuda() || !dtype || r.scalar_type() != at::kDouble || !r.is_contiguous() || !o.is_contiguous()) return false;
+  const AttentionShape& s = reference.shape;
+  at::Tensor no_key;
+  if (!reference.no_key.empty()) {
+    no_key = at::from_blob(const_cast<std::uint8_t*>(reference.no_key.data()),
+                           {static_cast<std::int64_t>(reference.no_key.size())}, at::TensorOptions().dtype(at::kByte))
+                 .to(r.device());
+  }
+  const at::Tensor workspace =
+      at::empty({static_cast<std::int64_t>(error_sums_workspace_bytes())}, r.options().dtype(at::kByte));
+  ErrorSumsProblem problem;
+  problem.output = o.data_ptr();
+  problem.output_dtype = *dtype;
+  problem.reference = r.data_ptr<double>();
+  problem.elements = o.numel();
+  problem.row_width = s.head_dim_vo;
+  problem.no_key = no_key.defined() ? no_key.data_ptr<std::uint8_t>() : nullptr;
+  ErrorSums sums;
+  if (const char* error = error_sums_on_gpu(problem, kRelativeEpsilon, kTolerance, workspace.data_ptr(),
+                                            c10::cuda::getCurrentCUDAStream().stream(), sums)) {
+    throw std::runtime_error(std::string("comparing with the reference on the GPU: ") + error);
+  }
+  if (sums.reference_nonfinite > 0) return false;
+  stats.nan_count = sums.nan, stats.inf_count = sums.inf;
+  stats.elements = sums.finite;
+  if (sums.finite > 0) {
+    const auto n = static_cast<double>(sums.finite);
+    stats.max_abs = sums.max_abs, stats.mean_abs = sums.e_mean, stats.mse = sums.sum_e2 / n;
+    stats.std_abs = std::sqrt(sums.e_m2 / n);
+    stats.rmse = std::sqrt(stats.mse);
+    const double sum_e = sums.e_mean * n;
+    stats.rel_l1 = sums.sum_abs_r > 0 ? sum_e / sums.sum_abs_r : (sum_e > 0 ? INFINITY : 0.0);
+    stats.rel_l2 = relative_l2(sums.sum_e2, sums.sum_r2);
+    stats.cosine = cosine_of(sums.sum_or, sums.sum_o2, sums.sum_r2);
+    stats.output = {sums.o_min, sums.o_max, sums.o_mean, std::sqrt(sums.o_m2 / n)};
+    stats.reference = {sums.r_min, sums.r_max, sums.r_mean, std::sqrt(sums.r_m2 / n)};
+    place_worst(stats, sums.worst_index, reference);
+    stats.max_rel = sums.max_rel;
+    stats.beyond_tolerance = sums.beyond_tolerance;
+  }
+  if (!reference.no_key.empty()) {
+    stats.no_key_rows = std::count(reference.no_key.begin(), reference.no_key.end(), std::uint8_t{1});
+    ErrorStats::Subset subset;
+    subset.elements = sums.seen_finite, subset.nan_count = sums.seen_nan, subset.inf_count = sums.seen_inf;
+    if (subset.elements > 0) {
+      subset.max_abs = sums.seen_max_abs;
+      subset.mean_abs = sums.seen_sum_e / static_cast<double>(subset.elements);
+      subset.rel_l2 = relative_l2(sums.seen_sum_e2, sums.seen_sum_r2);
+      subset.cosine = cosine_of(sums.seen_sum_or, sums.seen_sum_o2, sums.seen_sum_r2);
+    }
+    stats.rows_with_a_key = subset;
+  }
+  return true;
+}
+#endif
+
 }  // namespace
 
 ErrorStats compare_to_reference(const at::Tensor& output, const ReferenceOutput& reference) {
@@ -143,10 +229,14 @@ ErrorStats compare_to_reference(const at::Tensor& output, const ReferenceOutput&
   stats.rows_compared = static_cast<std::int64_t>(reference.rows.size());
   const at::Tensor r = reference_tensor(reference);
   // Uploaded (or downloaded) in its own dtype, widened where the reference is.
-  at::Tensor o = output.to(r.device()).to(at::kDouble).contiguous();
+  at::Tensor o = output.to(r.device());
   if (reference.sampled) {
     o = o.index_select(2, at::tensor(reference.rows, at::TensorOptions().dtype(at::kLong)).to(r.device()));
   }
+#ifdef ATTNREPLAY_FUSED_COMPARE
+  if (compare_in_one_pass(o.contiguous(), r, reference, stats)) return stats;
+#endif
+  o = o.to(at::kDouble).contiguous();
   // NaN and Inf are told apart only where some output is not finite (one pass when all are).
   const at::Tensor finite = at::isfinite(o);
   const std::int64_t finite_count = finite.sum().item<std::int64_t>();

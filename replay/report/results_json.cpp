@@ -149,6 +149,7 @@ nlohmann::json call_to_json(const CallResult& c) {
           {"work", work_json(c.work)},
           {"reference", {{"device", c.reference_device}, {"rows", c.reference_rows}, {"sampled", c.reference_sampled}}},
           {"replay_seconds", c.replay_seconds},
+          {"replay_at_s", {{"began", number(c.replay_began_s)}, {"ended", number(c.replay_ended_s)}}},
           {"kernels", kernels}};
 }
 
@@ -164,7 +165,8 @@ nlohmann::json report_to_json(const Report& report) {
           {"stopping_rule", report.stopping_rule},
           {"units", {{"time", "s"}, {"tflops", "1e12 FLOP/s"}, {"gbytes_per_s", "1e9 B/s"}, {"arithmetic_intensity", "FLOP/B"}}},
           {"calls", calls},
-          {"input_errors", report.input_errors}};
+          {"input_errors", report.input_errors},
+          {"recorded_at_s", number(report.recorded_s)}};
   if (const auto& part = report.shard_part) {
     json["shard"] = {{"rank", part->shard.rank},
                      {"world_size", part->shard.world_size},

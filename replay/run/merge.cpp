@@ -144,11 +144,13 @@ nlohmann::json merge_parts(const std::vector<std::string>& part_paths) {
                       {"host", r["shard"].value("host", "")},
                       {"local_rank", r["shard"].value("local_rank", 0)},
                       {"gpu", environment.value("gpu", "")},
-                      {"calls", order.size()}});
+                      {"calls", order.size()},
+                      {"recorded_at_s", r.value("recorded_at_s", nlohmann::json())}});
   }
   nlohmann::json merged = by_rank.at(0)->record;
   const nlohmann::json shard = merged["shard"];
   merged.erase("shard");
+  merged.erase("recorded_at_s");  // each part's, on its own process's clock, is in its entry
   merged["started_utc"] = started;
   merged["calls"] = nlohmann::json::array();
   for (const auto& [place, call] : calls) merged["calls"].push_back(*call.second);

@@ -10,6 +10,7 @@
 #include "kernels/kernel.h"
 #include "kernels/reference.h"
 #include "kernels/torch_inputs.h"
+#include "replay/measure/process_clock.h"
 #include "replay/run/kernel_selection.h"
 #include "replay/run/prefetch.h"
 #include "replay/run/replay_call.h"
@@ -54,6 +55,7 @@ void replay_capture(CaptureSource& source, const std::function<bool(std::int64_t
   CallPrefetcher calls(source, positions, options.prefetch_bytes, read_ahead_memory(options));
   for (;;) {
     try {
+      const double began_s = seconds_since_process_start();
       const auto wait_start = std::chrono::steady_clock::now();
       const std::optional<AttentionCall> call = calls.next();
       if (!call) break;
@@ -64,6 +66,8 @@ void replay_capture(CaptureSource& source, const std::function<bool(std::int64_t
       result.replay_seconds["read"] = read_s;
       if (options.progress) options.progress->call_finished();
       if (on_call) on_call(result);
+      result.replay_began_s = began_s;
+      result.replay_ended_s = seconds_since_process_start();
       report.calls.push_back(std::move(result));
     } catch (const InputError& error) {
       report.input_errors.push_back(error.what());

@@ -12,6 +12,7 @@ def errors(record):
 
 
 def test_read_ahead_changes_nothing_but_the_wait(tmp_path):
+    """Read-ahead changes only the wait; each call's record says when its replay began and ended."""
     rng = np.random.default_rng(2)
     calls = []
     for index in range(12):
@@ -30,5 +31,11 @@ def test_read_ahead_changes_nothing_but_the_wait(tmp_path):
     assert [c["call_index"] for c in saved] == list(range(12))
     for original, copy in zip(calls, saved):
         np.testing.assert_array_equal(original["q"], copy["q"])
+    # Where the wall time went: each call's replay, on the process's clock, in order, before the record.
+    record = load_json(ahead)
+    windows = [(c["replay_at_s"]["began"], c["replay_at_s"]["ended"]) for c in record["calls"]]
+    assert 0 < windows[0][0] and all(began <= ended for began, ended in windows)
+    assert all(earlier[1] <= later[0] for earlier, later in zip(windows, windows[1:]))
+    assert windows[-1][1] <= record["recorded_at_s"] < 600
     refused = run_attnreplay("run", capture, "--prefetch-memory", "0", check=2)
     assert "--prefetch-memory" in refused.stderr

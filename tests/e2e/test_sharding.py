@@ -94,6 +94,9 @@ def test_two_processes_share_the_calls_and_rank_0_joins_them(launcher, capture, 
 
     joined = load_json(tmp_path / "r.json")
     assert "shard" not in joined and joined["sharded"]["world_size"] == 2
+    # Each part's record time is on its own process's clock: in its entry, not the joined record's.
+    assert "recorded_at_s" not in joined
+    assert [p["recorded_at_s"] for p in joined["sharded"]["parts"]] == [part["recorded_at_s"] for part in parts]
     assert [c["call_index"] for c in joined["calls"]] == list(range(10))
     assert errors_by_call(joined) == errors_by_call(one_process)
     csv_lines = (tmp_path / "r.csv").read_text().splitlines()

@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -332,11 +333,119 @@ def test_error_statistics_are_the_same_compared_on_the_gpu_and_on_the_cpu(tmp_pa
     on_cpu, _ = replay(tmp_path, tmp_path / "m.pt", "--reference", "cpu", "--kernels", "torch-math")
     a, b = on_gpu["calls"][0]["kernels"][0]["error"], on_cpu["calls"][0]["kernels"][0]["error"]
     assert a["no_key_rows"] == b["no_key_rows"] == 5 * 4
-    for field in ("max_abs", "mean_abs", "mse", "std_abs", "rel_l1", "rel_l2", "cosine"):
-        assert abs(a[field] - b[field]) <= 1e-9 * abs(b[field]) + 1e-15, (field, a[field], b[field])
-    for field in ("max_abs", "rel_l2", "cosine"):
-        assert abs(a["rows_with_a_key"][field] - b["rows_with_a_key"][field]) <= 1e-9 * abs(b["rows_with_a_key"][field])
-    assert a["worst"] == b["worst"] and a["elements"] == b["elements"]
+    assert_same_error_figures(a, b)
+
+
+def assert_same_error_figures(a, b, rel=1e-9):
+    """Every figure of two error records equal to `rel`; counts and places exactly."""
+    for field in ("elements", "sampled", "rows_compared", "nan_count", "inf_count", "beyond_tolerance", "worst",
+                  "no_key_rows"):
+        assert a.get(field) == b.get(field), (field, a.get(field), b.get(field))
+    close = lambda x, y: (x is None and y is None) or abs(x - y) <= rel * abs(y) + 1e-15
+    for field in ("max_abs", "mean_abs", "mse", "rmse", "std_abs", "rel_l1", "rel_l2", "cosine", "max_rel"):
+        assert close(a[field], b[field]), (field, a[field], b[field])
+    for side in ("output", "reference"):
+        for moment in ("min", "max", "mean", "std"):
+            assert close(a[side][moment], b[side][moment]), (side, moment, a[side], b[side])
+    assert (a.get("rows_with_a_key") is None) == (b.get("rows_with_a_key") is None)
+    if b.get("rows_with_a_key"):
+        sa, sb = a["rows_with_a_key"], b["rows_with_a_key"]
+        for field in ("elements", "nan_count", "inf_count"):
+            assert sa[field] == sb[field], (field, sa, sb)
+        for field in ("max_abs", "mean_abs", "rel_l2", "cosine"):
+            assert close(sa[field], sb[field]), (field, sa, sb)
+
+
+def numpy_error_figures(out, ref, no_key):
+    """The error record's figures from an output and the reference, in numpy (docs/metrics.md):
+    over the finite outputs, and again over the rows that see a key (no_key: (b, h, s) bools)."""
+    o = out.astype(np.float64)
+    finite = np.isfinite(o)
+    of, rf = o[finite], ref[finite]
+    e = np.abs(of - rf)
+    error = np.where(finite, np.abs(np.where(finite, o, 0) - ref), -1.0)
+    flat = int(np.argmax(error))  # the first largest
+    b, h, s, d = np.unravel_index(flat, o.shape)
+    relative = e / (np.abs(rf) + 1e-8)
+    moments = lambda x: {"min": x.min(), "max": x.max(), "mean": x.mean(), "std": x.std()}
+    seen = np.broadcast_to(~no_key[..., None], o.shape)
+    kept = seen & finite
+    ek = np.abs(o[kept] - ref[kept])
+    return {
+        "elements": int(finite.sum()), "nan_count": int(np.isnan(o).sum()), "inf_count": int(np.isinf(o).sum()),
+        "worst": {"batch": int(b), "head": int(h), "row": int(s), "channel": int(d)},
+        "max_abs": e.max(), "mean_abs": e.mean(), "mse": (e * e).mean(), "rmse": np.sqrt((e * e).mean()),
+        "std_abs": e.std(), "rel_l1": e.sum() / np.abs(rf).sum(), "rel_l2": np.sqrt((e * e).sum() / (rf * rf).sum()),
+        "cosine": (of * rf).sum() / np.sqrt((of * of).sum() * (rf * rf).sum()), "max_rel": relative.max(),
+        "beyond_tolerance": int(((e > 1e-2) & (relative > 1e-2)).sum()),
+        "output": moments(of), "reference": moments(rf),
+        "rows_with_a_key": {
+            "elements": int(kept.sum()), "nan_count": int((seen & np.isnan(o)).sum()),
+            "inf_count": int((seen & np.isinf(o)).sum()), "max_abs": ek.max(), "mean_abs": ek.mean(),
+            "rel_l2": np.sqrt((ek * ek).sum() / (ref[kept] ** 2).sum()),
+            "cosine": (o[kept] * ref[kept]).sum() / np.sqrt((o[kept] ** 2).sum() * (ref[kept] ** 2).sum())},
+    }
+
+
+def assert_figures_match(got, want, rel=1e-9):
+    """Counts and places exactly; every other figure to `rel` (summation order)."""
+    for field, value in want.items():
+        if isinstance(value, dict) and field not in ("worst",):
+            assert_figures_match(got[field], value, rel)
+        elif isinstance(value, (int, dict)):
+            assert got[field] == value, (field, got[field], value)
+        else:
+            assert abs(got[field] - value) <= rel * abs(value) + 1e-300, (field, got[field], value)
+
+
+def large_masked_call(path, dtype, seed=7):
+    """2 x 4 x 2048 x 64: hundreds of blocks of the one-pass comparison; batch 1's first 40 rows see no
+    key, batch 0's rows see every other key."""
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(2, 4, 2048, 64, generator=g).to(dtype) for _ in range(3))
+    mask = torch.ones(2, 1, 2048, 2048, dtype=torch.bool)
+    mask[1, 0, :40] = False
+    mask[0, 0, :, 1::2] = False
+    torch.save({"q": q, "k": k, "v": v, "attn_mask": mask}, path)
+    no_key = np.zeros((2, 4, 2048), dtype=bool)
+    no_key[1, :, :40] = True
+    return no_key
+
+
+NONFINITE_KERNEL = ["--kernel-module", ROOT / "tests/gpu/plugins/nonfinite_outputs.py"]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
+def test_one_pass_comparison_on_the_gpu_gives_numpys_figures(tmp_path, dtype):
+    """The GPU's one-pass comparison (replay/judge/cuda/error_sums.cu) against numpy's over the saved
+    output and the GPU reference (reference-cuda's output, the same computation bit for bit): outputs
+    with NaN and Inf, rows that see no key, each output dtype it reads; every figure, count and place."""
+    no_key = large_masked_call(tmp_path / "c.pt", dtype)
+    judged = ["sdpa-nonfinite"] + (["torch-efficient"] if dtype != torch.float64 else [])
+    record, _ = replay(tmp_path, tmp_path / "c.pt", "--reference", "cuda", *NONFINITE_KERNEL, "--kernels",
+                       ",".join(judged + ["reference-cuda"]), "--save-outputs", tmp_path / "outs")
+    rows = {row["kernel"]: row for row in record["calls"][0]["kernels"]}
+    saved = lambda name: torch.load(tmp_path / "outs" / f"call0_{name}.pt", weights_only=True)["out"].double().numpy()
+    reference = saved("reference-cuda")
+    assert rows["reference-cuda"]["error"]["max_abs"] == 0.0, "the reference kernel is the reference, bit for bit"
+    for name in judged:
+        got = rows[name]["error"]
+        assert_figures_match(got, numpy_error_figures(saved(name), reference, no_key))
+        assert got["no_key_rows"] == 40 * 4
+    nonfinite = rows["sdpa-nonfinite"]["error"]
+    assert nonfinite["nan_count"] > 0 and nonfinite["inf_count"] > 0 and nonfinite["max_abs"] >= 0.2, nonfinite
+
+
+def test_one_pass_comparison_on_sampled_rows_agrees_with_the_cpus(tmp_path):
+    """On sampled rows the GPU compares index-selected outputs in one pass; the CPU's comparison of the
+    same rows (its own fp64 reference) agrees to the references' difference."""
+    large_masked_call(tmp_path / "c.pt", torch.bfloat16)
+    flags = [*NONFINITE_KERNEL, "--kernels", "sdpa-nonfinite,torch-efficient", "--ref-sample-rows", "300"]
+    on_gpu, _ = replay(tmp_path, tmp_path / "c.pt", "--reference", "cuda", *flags)
+    on_cpu, _ = replay(tmp_path, tmp_path / "c.pt", "--reference", "cpu", *flags)
+    for a, b in zip(on_gpu["calls"][0]["kernels"], on_cpu["calls"][0]["kernels"]):
+        assert a["kernel"] == b["kernel"] and a["error"]["sampled"] and a["error"]["rows_compared"] == 300
+        assert_same_error_figures(a["error"], b["error"], rel=1e-6)
 
 
 ROUTINES = {
