@@ -12,7 +12,7 @@ def sdpa_nonfinite(inputs):
     spec = inputs.spec
     out = torch.nn.functional.scaled_dot_product_attention(
         inputs.q, inputs.k, inputs.v, attn_mask=inputs.mask, is_causal=spec.is_causal, scale=spec.scale,
-        enable_gqa=spec.is_gqa)
+        enable_gqa=spec.is_gqa).contiguous()  # a backend may give a strided view (fp32 does)
     flat = out.view(-1)
     flat[3::997] = float("nan")
     flat[11::1511] = float("inf")
