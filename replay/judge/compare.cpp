@@ -60,8 +60,8 @@ at::Tensor reference_tensor(const ReferenceOutput& reference) {
 // Computed in fp64 on the device the reference is on: on the GPU a call's output is compared where
 // the reference already is, in one pass (compare_in_one_pass); on the CPU with tensor reductions,
 // which use every core.
-// Figures are as the docs define them (docs/metrics.md); the summation order is the library's, so
-// they agree with a serial sum to fp64 rounding.
+// Figures are as the docs define them (docs/metrics.md); the summation order is the pass's or the
+// library's, so they agree with a serial sum to fp64 rounding.
 ErrorStats compare_to_reference(const HostTensor& output, const ReferenceOutput& reference) {
   check_output_shape(output.shape, reference.shape);
   at::InferenceMode inference;

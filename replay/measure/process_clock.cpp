@@ -15,7 +15,7 @@ using Clock = std::chrono::steady_clock;
 
 // Seconds the process had already run when this is called: Linux's start time of the process
 // (field 22 of /proc/self/stat, in clock ticks since boot) against the boot clock now. 0 where
-// either cannot be read, so that the clock then starts at the first call.
+// either cannot be read: the clock then starts when the program's statics are made.
 double seconds_already_run() {
   std::ifstream stat("/proc/self/stat");
   std::string line;
