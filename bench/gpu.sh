@@ -21,8 +21,8 @@ step() { echo; echo "== $* ($(date -u +%H:%M:%S))"; }
 # step's shapes, kinds and attnreplay flags; "same" compares outputs with BASE_TREE's build, below,
 # and "figures" its timings, FIGURE_CASES picking suite_quant.txt's case tags; "rules" compares the
 # default stopping rule's medians with nvbench's on suite_gpu.txt; "efficiency" times the replay
-# itself, EFFICIENCY_GPUS, EFFICIENCY_CALLS, EFFICIENCY_TRACES and EFFICIENCY_EXTRA picking GPU counts,
-# the serving trace's calls, traces, flags); "fib" turns a bf16 decoder's capture into FlashInfer-Trace and
+# itself, EFFICIENCY_GPUS, EFFICIENCY_CALLS, EFFICIENCY_TRACES, EFFICIENCY_EXTRA and EFFICIENCY_REPEATS
+# picking GPU counts, the serving trace's calls, traces, flags and rounds); "fib" turns a bf16 decoder's capture into FlashInfer-Trace and
 # replays it with --fib-traces (needs flashinfer_bench's wheel in .whl, and pydantic's with its
 # dependencies where the machine lacks them); "e2e" runs a bf16 decoder's generate() as is and with
 # each of E2E_KERNELS substituted for its attention, then a Flux-sized transformer with each of
@@ -163,6 +163,7 @@ if wants efficiency; then
 step "what a replay costs beside what it measures (bench/replay_efficiency.py)"
 python3 "$ROOT/bench/replay_efficiency.py" --attnreplay "$BIN" --out "$OUT/efficiency.json" \
   --gpus "${EFFICIENCY_GPUS:-1}" --calls "${EFFICIENCY_CALLS:-1000}" --traces "${EFFICIENCY_TRACES:-serving,flux}" --extra="${EFFICIENCY_EXTRA:-}" --launcher "${EFFICIENCY_LAUNCHER:-gpus}" \
+  --repeats "${EFFICIENCY_REPEATS:-1}" \
   | tee "$OUT/efficiency.txt" || status=1
 fi
 

@@ -25,6 +25,7 @@ import json
 import os
 import random
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -170,6 +171,33 @@ def replay(binary, capture, kernels, gpus, work, extra, launcher):
             "phases_s": phases, "per_timing": per_timing, "exit": result.returncode}
 
 
+def print_run(run):
+    print(f"{run['trace']:<8} {run['calls']:>5} {run['shapes']:>6} {run['gpus']:>4} {run['wall_s']:>8.1f} "
+          f"{run['timing_s']:>9.1f} {run['timing_share']:>11.2f} {run['sampled_s']:>9.2f} {run['timings']:>7} "
+          f"{run['outside_s']:>9.2f} {(run['speed_up'] or 0):>8.2f}", flush=True)
+    if run["wall_parts_s"]:
+        print("         wall outside timings (s): " + ", ".join(f"{k} {v:.2f}" for k, v in run["wall_parts_s"].items()) +
+              f"; (wall - start-up) / timing s = {run['wall_less_start_up_per_timing_s']:.2f} (goal <= 1.25)", flush=True)
+    print("         phases (s, summed over calls): " +
+          ", ".join(f"{k} {v:.1f}" for k, v in sorted(run["phases_s"].items(), key=lambda kv: -kv[1])), flush=True)
+    for name, row in sorted(run["per_timing"].items()):
+        print(f"         {name:<40} {row['timings']:>5} timings {row['samples'] / row['timings']:>8.0f} samples "
+              f"{row['sampled_s'] / row['timings'] * 1e3:>8.2f} ms sampled each; stops {row['stops']}", flush=True)
+
+
+def print_rounds(runs):
+    """Per GPU count over the rounds: the median and range of the wall time, the speed-up and the bound."""
+    for gpus in sorted({run["gpus"] for run in runs}):
+        mine = [run for run in runs if run["gpus"] == gpus]
+        line = f"{mine[0]['trace']:<8} {gpus} GPU(s), {len(mine)} rounds:"
+        for key, label in (("wall_s", "wall s"), ("speed_up", "speed-up"),
+                           ("wall_less_start_up_per_timing_s", "(wall - start-up) / timing s")):
+            values = [run[key] for run in mine if run.get(key) is not None]
+            if values:
+                line += f" {label} median {statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f});"
+        print(line.rstrip(";"), flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--attnreplay", required=True)
@@ -182,6 +210,9 @@ def main():
     parser.add_argument("--launcher", choices=("gpus", "torchrun"), default="gpus",
                         help="how several GPUs' processes start: attnreplay run --gpus N, or torchrun")
     parser.add_argument("--work", help="folder for the captures (default: a temporary one, removed)")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="rounds of every replay (each round on 1 GPU, then the other counts): how long the "
+                             "timings take varies run to run, and with it every ratio")
     args = parser.parse_args()
 
     work = args.work or tempfile.mkdtemp(prefix="replay-efficiency-")
@@ -198,26 +229,19 @@ def main():
         calls, shapes = writers[trace](folder)
         written_s = time.perf_counter() - start
         print(f"{trace}: {calls} calls, {shapes} shapes written in {written_s:.1f} s", flush=True)
-        one_gpu_wall = None
         flags = args.extra.split() + (["--time-every-call"] if trace == "flux" else [])
-        for gpus in (int(g) for g in args.gpus.split(",")):
-            run = replay(args.attnreplay, folder, args.kernels, gpus, work, flags, args.launcher)
-            run.update({"trace": trace, "shapes": shapes, "written_s": written_s})
-            one_gpu_wall = one_gpu_wall or (run["wall_s"] if gpus == 1 else None)
-            run["speed_up"] = one_gpu_wall / run["wall_s"] if one_gpu_wall else None
-            results["runs"].append(run)
-            print(f"{trace:<8} {run['calls']:>5} {shapes:>6} {gpus:>4} {run['wall_s']:>8.1f} {run['timing_s']:>9.1f} "
-                  f"{run['timing_share']:>11.2f} {run['sampled_s']:>9.2f} {run['timings']:>7} {run['outside_s']:>9.2f} "
-                  f"{(run['speed_up'] or 0):>8.2f}", flush=True)
-            if run["wall_parts_s"]:
-                print("         wall outside timings (s): " + ", ".join(f"{k} {v:.2f}" for k, v in run["wall_parts_s"].items()) +
-                      f"; (wall - start-up) / timing s = {run['wall_less_start_up_per_timing_s']:.2f} (goal <= 1.25)", flush=True)
-            print("         phases (s, summed over calls): " +
-                  ", ".join(f"{k} {v:.1f}" for k, v in sorted(run["phases_s"].items(), key=lambda kv: -kv[1])), flush=True)
-            for name, row in sorted(run["per_timing"].items()):
-                print(f"         {name:<40} {row['timings']:>5} timings {row['samples'] / row['timings']:>8.0f} samples "
-                      f"{row['sampled_s'] / row['timings'] * 1e3:>8.2f} ms sampled each; stops {row['stops']}", flush=True)
-            json.dump(results, open(args.out, "w"), indent=1)
+        for round_ in range(args.repeats):
+            one_gpu_wall = None
+            for gpus in (int(g) for g in args.gpus.split(",")):
+                run = replay(args.attnreplay, folder, args.kernels, gpus, work, flags, args.launcher)
+                run.update({"trace": trace, "shapes": shapes, "written_s": written_s, "round": round_})
+                one_gpu_wall = one_gpu_wall or (run["wall_s"] if gpus == 1 else None)
+                run["speed_up"] = one_gpu_wall / run["wall_s"] if one_gpu_wall else None
+                results["runs"].append(run)
+                print_run(run)
+                json.dump(results, open(args.out, "w"), indent=1)
+        if args.repeats > 1:
+            print_rounds([run for run in results["runs"] if run["trace"] == trace])
     if not args.work:
         shutil.rmtree(work, ignore_errors=True)
 
