@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "replay/judge/cuda/error_sums.h"
+#include "replay/judge/cuda/error_sums_fold.h"
 
 namespace attnreplay {
 namespace {
@@ -18,47 +19,6 @@ constexpr int kThreads = 256;
 constexpr int kMaxBlocks = 1024;
 static_assert(sizeof(ErrorSums) % sizeof(unsigned long long) == 0, "shuffled as 64-bit words");
 
-// Chan et al.'s merge of two Welford (mean, M2) pairs over na and nb elements.
-__host__ __device__ inline void merge_moments(double& mean, double& m2, double other_mean, double other_m2, double na,
-                                              double nb) {
-  const double n = na + nb;
-  if (nb == 0) return;
-  if (na == 0) {
-    mean = other_mean, m2 = other_m2;
-    return;
-  }
-  const double delta = other_mean - mean;
-  mean += delta * (nb / n);
-  m2 += other_m2 + delta * delta * (na * nb / n);
-}
-
-// `b` folded into `a`; either may be empty.
-__host__ __device__ inline void merge(ErrorSums& a, const ErrorSums& b) {
-  const double na = static_cast<double>(a.finite), nb = static_cast<double>(b.finite);
-  if (b.finite > 0) {
-    if (a.finite == 0) {
-      a.o_min = b.o_min, a.o_max = b.o_max, a.r_min = b.r_min, a.r_max = b.r_max;
-    } else {
-      a.o_min = fmin(a.o_min, b.o_min), a.o_max = fmax(a.o_max, b.o_max);
-      a.r_min = fmin(a.r_min, b.r_min), a.r_max = fmax(a.r_max, b.r_max);
-    }
-    if (b.max_abs > a.max_abs || (b.max_abs == a.max_abs && b.worst_index < a.worst_index)) {
-      a.max_abs = b.max_abs, a.worst_index = b.worst_index;
-    }
-    a.max_rel = fmax(a.max_rel, b.max_rel);
-  }
-  merge_moments(a.e_mean, a.e_m2, b.e_mean, b.e_m2, na, nb);
-  merge_moments(a.o_mean, a.o_m2, b.o_mean, b.o_m2, na, nb);
-  merge_moments(a.r_mean, a.r_m2, b.r_mean, b.r_m2, na, nb);
-  a.finite += b.finite, a.nan += b.nan, a.inf += b.inf, a.beyond_tolerance += b.beyond_tolerance;
-  a.reference_nonfinite += b.reference_nonfinite;
-  a.sum_e2 += b.sum_e2, a.sum_abs_r += b.sum_abs_r, a.sum_r2 += b.sum_r2, a.sum_o2 += b.sum_o2, a.sum_or += b.sum_or;
-  if (b.seen_finite > 0) a.seen_max_abs = a.seen_finite > 0 ? fmax(a.seen_max_abs, b.seen_max_abs) : b.seen_max_abs;
-  a.seen_finite += b.seen_finite, a.seen_nan += b.seen_nan, a.seen_inf += b.seen_inf;
-  a.seen_sum_e += b.seen_sum_e, a.seen_sum_e2 += b.seen_sum_e2, a.seen_sum_r2 += b.seen_sum_r2;
-  a.seen_sum_o2 += b.seen_sum_o2, a.seen_sum_or += b.seen_sum_or;
-}
-
 __device__ inline double load(const void* data, ErrorSumsDType dtype, std::int64_t i) {
   switch (dtype) {
     case ErrorSumsDType::float64: return static_cast<const double*>(data)[i];
@@ -66,42 +26,6 @@ __device__ inline double load(const void* data, ErrorSumsDType dtype, std::int64
     case ErrorSumsDType::float16: return static_cast<double>(__half2float(static_cast<const __half*>(data)[i]));
     case ErrorSumsDType::bfloat16:
     default: return static_cast<double>(__bfloat162float(static_cast<const __nv_bfloat16*>(data)[i]));
-  }
-}
-
-__device__ inline void fold(ErrorSums& s, double o, double r, std::int64_t i, bool seen, double epsilon,
-                            double tolerance) {
-  if (!isfinite(r)) ++s.reference_nonfinite;
-  if (!isfinite(o)) {
-    const bool is_nan = isnan(o);
-    s.nan += is_nan, s.inf += !is_nan;
-    if (seen) s.seen_nan += is_nan, s.seen_inf += !is_nan;
-    return;
-  }
-  const double e = fabs(o - r);
-  if (s.finite == 0) s.o_min = s.o_max = o, s.r_min = s.r_max = r;
-  ++s.finite;
-  // Welford's update, one reciprocal for the three.
-  const double inverse = 1.0 / static_cast<double>(s.finite);
-  double delta = e - s.e_mean;
-  s.e_mean += delta * inverse;
-  s.e_m2 += delta * (e - s.e_mean);
-  delta = o - s.o_mean;
-  s.o_mean += delta * inverse;
-  s.o_m2 += delta * (o - s.o_mean);
-  delta = r - s.r_mean;
-  s.r_mean += delta * inverse;
-  s.r_m2 += delta * (r - s.r_mean);
-  if (e > s.max_abs) s.max_abs = e, s.worst_index = i;  // ascending i: the first largest stays
-  s.sum_e2 += e * e, s.sum_abs_r += fabs(r), s.sum_r2 += r * r, s.sum_o2 += o * o, s.sum_or += o * r;
-  s.o_min = fmin(s.o_min, o), s.o_max = fmax(s.o_max, o), s.r_min = fmin(s.r_min, r), s.r_max = fmax(s.r_max, r);
-  const double relative = e / (fabs(r) + epsilon);
-  s.max_rel = fmax(s.max_rel, relative);
-  s.beyond_tolerance += e > tolerance && relative > tolerance;
-  if (seen) {
-    s.seen_max_abs = s.seen_finite > 0 ? fmax(s.seen_max_abs, e) : e;
-    ++s.seen_finite;
-    s.seen_sum_e += e, s.seen_sum_e2 += e * e, s.seen_sum_r2 += r * r, s.seen_sum_o2 += o * o, s.seen_sum_or += o * r;
   }
 }
 
