@@ -1,15 +1,18 @@
 #include "replay/judge/compare.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <cmath>
-#include <optional>
+#include <map>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "formats/errors.h"
 #include "formats/torch_tensor.h"
+#include "replay/judge/error_fold.h"
 
 #ifdef ATTNREPLAY_FUSED_COMPARE
 #include <c10/cuda/CUDAStream.h>
@@ -57,9 +60,8 @@ at::Tensor reference_tensor(const ReferenceOutput& reference) {
 
 }  // namespace
 
-// Computed in fp64 on the device the reference is on: on the GPU a call's output is compared where
-// the reference already is, in one pass (compare_in_one_pass); on the CPU with tensor reductions,
-// which use every core.
+// Computed in fp64 on the device the reference is on, in one pass over both tensors
+// (compare_in_one_pass): on the GPU a call's output is compared where the reference already is.
 // Figures are as the docs define them (docs/metrics.md); the summation order is the pass's or the
 // library's, so they agree with a serial sum to fp64 rounding.
 ErrorStats compare_to_reference(const HostTensor& output, const ReferenceOutput& reference) {
@@ -147,45 +149,8 @@ ErrorStats::Subset rows_with_a_key(const at::Tensor& o, const at::Tensor& r, con
   return subset;
 }
 
-#ifdef ATTNREPLAY_FUSED_COMPARE
-std::optional<ErrorSumsDType> sums_dtype(at::ScalarType type) {
-  switch (type) {
-    case at::kDouble: return ErrorSumsDType::float64;
-    case at::kFloat: return ErrorSumsDType::float32;
-    case at::kHalf: return ErrorSumsDType::float16;
-    case at::kBFloat16: return ErrorSumsDType::bfloat16;
-    default: return std::nullopt;
-  }
-}
-
-// The figures in one pass on the GPU (replay/judge/cuda/error_sums.h), with the same definitions as
-// fill_figures and rows_with_a_key. False where that pass does not apply (a reference on the host,
-// an output dtype it does not read, a reference that is not finite), for torch's reductions.
-bool compare_in_one_pass(const at::Tensor& o, const at::Tensor& r, const ReferenceOutput& reference, ErrorStats& stats) {
-  const auto dtype = sums_dtype(o.scalar_type());
-  if (!r.is_cuda() || !dtype || r.scalar_type() != at::kDouble || !r.is_contiguous() || !o.is_contiguous()) return false;
-  const AttentionShape& s = reference.shape;
-  at::Tensor no_key;
-  if (!reference.no_key.empty()) {
-    no_key = at::from_blob(const_cast<std::uint8_t*>(reference.no_key.data()),
-                           {static_cast<std::int64_t>(reference.no_key.size())}, at::TensorOptions().dtype(at::kByte))
-                 .to(r.device());
-  }
-  const at::Tensor workspace =
-      at::empty({static_cast<std::int64_t>(error_sums_workspace_bytes())}, r.options().dtype(at::kByte));
-  ErrorSumsProblem problem;
-  problem.output = o.data_ptr();
-  problem.output_dtype = *dtype;
-  problem.reference = r.data_ptr<double>();
-  problem.elements = o.numel();
-  problem.row_width = s.head_dim_vo;
-  problem.no_key = no_key.defined() ? no_key.data_ptr<std::uint8_t>() : nullptr;
-  ErrorSums sums;
-  if (const char* error = error_sums_on_gpu(problem, kRelativeEpsilon, kTolerance, workspace.data_ptr(),
-                                            c10::cuda::getCurrentCUDAStream().stream(), sums)) {
-    throw std::runtime_error(std::string("comparing with the reference on the GPU: ") + error);
-  }
-  if (sums.reference_nonfinite > 0) return false;
+// The figures from one pass's sums, with the same definitions as fill_figures and rows_with_a_key.
+void fill_from_sums(ErrorStats& stats, const ErrorSums& sums, const ReferenceOutput& reference) {
   stats.nan_count = sums.nan, stats.inf_count = sums.inf;
   stats.elements = sums.finite;
   if (sums.finite > 0) {
@@ -215,9 +180,98 @@ bool compare_in_one_pass(const at::Tensor& o, const at::Tensor& r, const Referen
     }
     stats.rows_with_a_key = subset;
   }
-  return true;
+}
+
+bool one_pass_reads(at::ScalarType type) {
+  return type == at::kDouble || type == at::kFloat || type == at::kHalf || type == at::kBFloat16;
+}
+
+// The pass on the host: fixed chunks folded on every core, merged in their order, so that the sums
+// do not depend on how many threads ran.
+template <class T>
+void fold_on_host(const T* out, const double* ref, const std::uint8_t* no_key, std::int64_t row_width,
+                  std::int64_t elements, ErrorSums& sums) {
+  constexpr std::int64_t kChunk = 1 << 15;
+  const std::int64_t chunks = (elements + kChunk - 1) / kChunk;
+  std::vector<ErrorSums> partial(static_cast<std::size_t>(chunks));
+  at::parallel_for(0, chunks, 1, [&](std::int64_t first, std::int64_t last) {
+    for (std::int64_t c = first; c < last; ++c) {
+      ErrorSums& s = partial[static_cast<std::size_t>(c)];
+      for (std::int64_t i = c * kChunk; i < std::min(elements, (c + 1) * kChunk); ++i) {
+        const bool seen = no_key != nullptr && no_key[i / row_width] == 0;
+        fold(s, static_cast<double>(out[i]), ref[i], i, seen, kRelativeEpsilon, kTolerance);
+      }
+    }
+  });
+  for (const ErrorSums& s : partial) merge(sums, s);
+}
+
+ErrorSums host_error_sums(const at::Tensor& o, const at::Tensor& r, const ReferenceOutput& reference) {
+  ErrorSums sums;
+  const std::uint8_t* no_key = reference.no_key.empty() ? nullptr : reference.no_key.data();
+  const std::int64_t width = reference.shape.head_dim_vo, n = o.numel();
+  const double* ref = r.data_ptr<double>();
+  switch (o.scalar_type()) {
+    case at::kDouble: fold_on_host(o.data_ptr<double>(), ref, no_key, width, n, sums); break;
+    case at::kFloat: fold_on_host(o.data_ptr<float>(), ref, no_key, width, n, sums); break;
+    case at::kHalf: fold_on_host(o.data_ptr<at::Half>(), ref, no_key, width, n, sums); break;
+    default: fold_on_host(o.data_ptr<at::BFloat16>(), ref, no_key, width, n, sums); break;
+  }
+  return sums;
+}
+
+#ifdef ATTNREPLAY_FUSED_COMPARE
+ErrorSums gpu_error_sums(const at::Tensor& o, const at::Tensor& r, const ReferenceOutput& reference) {
+  static const std::map<at::ScalarType, ErrorSumsDType> dtypes = {
+      {at::kDouble, ErrorSumsDType::float64}, {at::kFloat, ErrorSumsDType::float32},
+      {at::kHalf, ErrorSumsDType::float16}, {at::kBFloat16, ErrorSumsDType::bfloat16}};
+  at::Tensor no_key;
+  if (!reference.no_key.empty()) {
+    no_key = at::from_blob(const_cast<std::uint8_t*>(reference.no_key.data()),
+                           {static_cast<std::int64_t>(reference.no_key.size())}, at::TensorOptions().dtype(at::kByte))
+                 .to(r.device());
+  }
+  const at::Tensor workspace =
+      at::empty({static_cast<std::int64_t>(error_sums_workspace_bytes())}, r.options().dtype(at::kByte));
+  ErrorSumsProblem problem;
+  problem.output = o.data_ptr();
+  problem.output_dtype = dtypes.at(o.scalar_type());
+  problem.reference = r.data_ptr<double>();
+  problem.elements = o.numel();
+  problem.row_width = reference.shape.head_dim_vo;
+  problem.no_key = no_key.defined() ? no_key.data_ptr<std::uint8_t>() : nullptr;
+  ErrorSums sums;
+  if (const char* error = error_sums_on_gpu(problem, kRelativeEpsilon, kTolerance, workspace.data_ptr(),
+                                            c10::cuda::getCurrentCUDAStream().stream(), sums)) {
+    throw std::runtime_error(std::string("comparing with the reference on the GPU: ") + error);
+  }
+  return sums;
 }
 #endif
+
+// The figures in one pass over both tensors where the reference is: on the GPU
+// (replay/judge/cuda/error_sums.cu) or on the host's cores, folding as replay/judge/error_fold.h
+// says. False where it does not apply (an output dtype it does not read, a GPU reference in a build
+// without the GPU pass, a reference that is not finite), for torch's reductions, which propagate
+// what is not finite as torch does.
+bool compare_in_one_pass(const at::Tensor& o, const at::Tensor& r, const ReferenceOutput& reference, ErrorStats& stats) {
+  if (!one_pass_reads(o.scalar_type()) || r.scalar_type() != at::kDouble || !r.is_contiguous() || !o.is_contiguous()) {
+    return false;
+  }
+  ErrorSums sums;
+  if (r.is_cuda()) {
+#ifdef ATTNREPLAY_FUSED_COMPARE
+    sums = gpu_error_sums(o, r, reference);
+#else
+    return false;
+#endif
+  } else {
+    sums = host_error_sums(o, r, reference);
+  }
+  if (sums.reference_nonfinite > 0) return false;
+  fill_from_sums(stats, sums, reference);
+  return true;
+}
 
 }  // namespace
 
@@ -233,9 +287,7 @@ ErrorStats compare_to_reference(const at::Tensor& output, const ReferenceOutput&
   if (reference.sampled) {
     o = o.index_select(2, at::tensor(reference.rows, at::TensorOptions().dtype(at::kLong)).to(r.device()));
   }
-#ifdef ATTNREPLAY_FUSED_COMPARE
   if (compare_in_one_pass(o.contiguous(), r, reference, stats)) return stats;
-#endif
   o = o.to(at::kDouble).contiguous();
   // NaN and Inf are told apart only where some output is not finite (one pass when all are).
   const at::Tensor finite = at::isfinite(o);

@@ -1,6 +1,6 @@
-// The one-pass comparison's folding (replay/judge/cuda/error_sums_fold.h), on the CPU: what each GPU
-// thread folds and how partial sums merge, against the same figures computed directly, two passes
-// where a spread is wanted. The GPU tests check the whole pass against numpy's figures.
+// The one-pass comparison's folding (replay/judge/error_fold.h): what each GPU thread or CPU chunk
+// folds and how partial sums merge, against the same figures computed directly, two passes where a
+// spread is wanted. The e2e and GPU tests check whole comparisons against numpy's figures.
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_floating_point.hpp>
 
@@ -11,7 +11,7 @@
 #include <random>
 #include <vector>
 
-#include "replay/judge/cuda/error_sums_fold.h"
+#include "replay/judge/error_fold.h"
 
 using namespace attnreplay;
 using Catch::Matchers::WithinRel;

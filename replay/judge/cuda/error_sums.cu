@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "replay/judge/cuda/error_sums.h"
-#include "replay/judge/cuda/error_sums_fold.h"
+#include "replay/judge/error_fold.h"
 
 namespace attnreplay {
 namespace {

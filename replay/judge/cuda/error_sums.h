@@ -8,7 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "replay/judge/cuda/error_sums_fold.h"
+#include "replay/judge/error_fold.h"
 
 namespace attnreplay {
 

@@ -1,7 +1,8 @@
 #pragma once
-// What the one-pass comparison folds (error_sums.cu): one element into a running ErrorSums, and two
-// ErrorSums into one. Plain C++ that nvcc also compiles for the device, so that the unit tests fold
-// on the CPU exactly what the GPU folds (tests/unit/test_error_sums.cpp).
+// What the one-pass comparison folds (compare.cpp on the CPU, cuda/error_sums.cu on the GPU): one
+// element into a running ErrorSums, and two ErrorSums into one. Plain C++ that nvcc also compiles
+// for the device, so that both devices, and the unit tests (tests/unit/test_error_sums.cpp), fold
+// alike.
 #include <cmath>
 #include <cstdint>
 
