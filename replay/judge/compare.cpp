@@ -27,12 +27,18 @@ namespace {
 constexpr double kRelativeEpsilon = 1e-8;
 constexpr double kTolerance = 1e-2;
 
-double relative_l2(double sum_sq_error, double sum_sq_ref) {
-  return sum_sq_ref > 0 ? std::sqrt(sum_sq_error / sum_sq_ref) : (sum_sq_error > 0 ? INFINITY : 0.0);
+// error / reference: infinite over a zero reference, and NaN where a sum is (a reference computed
+// from inputs holding NaN), never a 0 that reads as no error.
+double ratio_of(double error, double reference) {
+  if (std::isnan(error) || std::isnan(reference)) return NAN;
+  return reference > 0 ? error / reference : (error > 0 ? INFINITY : 0.0);
 }
 
-// 1 when both are zero: nothing to tell apart.
+double relative_l2(double sum_sq_error, double sum_sq_ref) { return std::sqrt(ratio_of(sum_sq_error, sum_sq_ref)); }
+
+// 1 when both are zero: nothing to tell apart; NaN where a sum is.
 double cosine_of(double dot, double sum_sq_out, double sum_sq_ref) {
+  if (std::isnan(dot) || std::isnan(sum_sq_out) || std::isnan(sum_sq_ref)) return NAN;
   if (sum_sq_out > 0 && sum_sq_ref > 0) return dot / (std::sqrt(sum_sq_out) * std::sqrt(sum_sq_ref));
   return (sum_sq_out == 0 && sum_sq_ref == 0) ? 1.0 : 0.0;
 }
@@ -107,7 +113,7 @@ void fill_figures(ErrorStats& stats, const at::Tensor& error, const at::Tensor& 
   const double* v = sums.data_ptr<double>();
   stats.max_abs = v[0], stats.mean_abs = v[1], stats.mse = v[2], stats.std_abs = v[3];
   stats.rmse = std::sqrt(stats.mse);
-  stats.rel_l1 = v[5] > 0 ? v[4] / v[5] : (v[4] > 0 ? INFINITY : 0.0);
+  stats.rel_l1 = ratio_of(v[4], v[5]);
   stats.rel_l2 = relative_l2(v[6], v[7]);
   stats.cosine = cosine_of(v[9], v[8], v[7]);
   stats.output = {v[10], v[11], v[12], v[13]};
@@ -158,8 +164,7 @@ void fill_from_sums(ErrorStats& stats, const ErrorSums& sums, const ReferenceOut
     stats.max_abs = sums.max_abs, stats.mean_abs = sums.e_mean, stats.mse = sums.sum_e2 / n;
     stats.std_abs = std::sqrt(sums.e_m2 / n);
     stats.rmse = std::sqrt(stats.mse);
-    const double sum_e = sums.e_mean * n;
-    stats.rel_l1 = sums.sum_abs_r > 0 ? sum_e / sums.sum_abs_r : (sum_e > 0 ? INFINITY : 0.0);
+    stats.rel_l1 = ratio_of(sums.e_mean * n, sums.sum_abs_r);
     stats.rel_l2 = relative_l2(sums.sum_e2, sums.sum_r2);
     stats.cosine = cosine_of(sums.sum_or, sums.sum_o2, sums.sum_r2);
     stats.output = {sums.o_min, sums.o_max, sums.o_mean, std::sqrt(sums.o_m2 / n)};

@@ -105,6 +105,21 @@ TEST_CASE("error stats: NaN and Inf outputs are counted and left out of every ot
   CHECK(s.reference.max == 4.0);
 }
 
+TEST_CASE("error stats: a reference that is not finite (inputs holding NaN) carries NaN into the figures") {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const ReferenceOutput ref = make_reference(1, 1, 2, 2, {1, nan, 3, 4});
+  const ErrorStats s = compare_to_reference(f64({1, 1, 2, 2}, {1, 2, 3, 4}), ref);
+  CHECK(s.elements == 4);  // the output is finite everywhere
+  CHECK(s.nan_count == 0);
+  CHECK(std::isnan(s.max_abs));
+  CHECK(std::isnan(s.mean_abs));
+  CHECK(std::isnan(s.rel_l2));  // not a 0 that reads as no error
+  CHECK(std::isnan(s.rel_l1));
+  CHECK(std::isnan(s.cosine));
+  CHECK(s.worst_row == 0);
+  CHECK(s.worst_channel == 1);  // where the NaN is
+}
+
 TEST_CASE("error stats: identical tensors give zero error and cosine 1") {
   const std::vector<double> values{0.5, -1.25, 3, 7, -2, 0.125};
   const ErrorStats s = compare_to_reference(f64({1, 1, 3, 2}, values), make_reference(1, 1, 3, 2, values));
