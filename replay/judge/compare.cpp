@@ -66,10 +66,10 @@ at::Tensor reference_tensor(const ReferenceOutput& reference) {
 
 }  // namespace
 
-// Computed in fp64 on the device the reference is on, in one pass over both tensors
-// (compare_in_one_pass): on the GPU a call's output is compared where the reference already is.
-// Figures are as the docs define them (docs/metrics.md); the summation order is the pass's or the
-// library's, so they agree with a serial sum to fp64 rounding.
+// Computed in fp64 where the reference is, in one pass over both tensors (error_sums): on the GPU a
+// call's output is compared where the reference already is. Figures are as the docs define them
+// (docs/metrics.md); the pass's summation order is fixed, and agrees with a serial sum to fp64
+// rounding.
 ErrorStats compare_to_reference(const HostTensor& output, const ReferenceOutput& reference) {
   check_output_shape(output.shape, reference.shape);
   at::InferenceMode inference;
@@ -89,77 +89,21 @@ void place_worst(ErrorStats& stats, std::int64_t flat, const ReferenceOutput& re
   stats.worst_batch = flat / s.head_dim_vo / n_rows / s.heads_q;
 }
 
-// The figures over the finite outputs `of` (with `e` their |o - r|, `error` the whole |o - r| with
-// -1 where the output is not finite), read back from the device together.
-void fill_figures(ErrorStats& stats, const at::Tensor& error, const at::Tensor& e, const at::Tensor& of,
-                  const at::Tensor& rf, const ReferenceOutput& reference) {
-  // Each figure in one pass where torch has one (std_mean, aminmax, dot), read back together.
-  const auto [e_std, e_mean] = at::std_mean(e, /*unbiased=*/false);
-  const auto [o_std, o_mean] = at::std_mean(of, false);
-  const auto [r_std, r_mean] = at::std_mean(rf, false);
-  const auto [o_min, o_max] = at::aminmax(of);
-  const auto [r_min, r_max] = at::aminmax(rf);
-  // The first largest error in (batch, head, row, channel) order.
-  const at::Tensor worst = error.reshape(-1).argmax();
-  const at::Tensor e_sq = at::dot(e, e);
-  const at::Tensor relative = e / (rf.abs() + kRelativeEpsilon);
-  const at::Tensor sums = at::stack({error.reshape(-1).index_select(0, worst.reshape(1)).squeeze(0), e_mean,
-                                     e_sq / static_cast<double>(stats.elements), e_std, e.sum(),
-                                     at::linalg_vector_norm(rf, 1), e_sq, at::dot(rf, rf), at::dot(of, of),
-                                     at::dot(of, rf), o_min, o_max, o_mean, o_std, r_min, r_max, r_mean, r_std,
-                                     worst.to(at::kDouble), relative.max(),
-                                     e.gt(kTolerance).logical_and_(relative.gt(kTolerance)).sum().to(at::kDouble)})
-                              .cpu();
-  const double* v = sums.data_ptr<double>();
-  stats.max_abs = v[0], stats.mean_abs = v[1], stats.mse = v[2], stats.std_abs = v[3];
-  stats.rmse = std::sqrt(stats.mse);
-  stats.rel_l1 = ratio_of(v[4], v[5]);
-  stats.rel_l2 = relative_l2(v[6], v[7]);
-  stats.cosine = cosine_of(v[9], v[8], v[7]);
-  stats.output = {v[10], v[11], v[12], v[13]};
-  stats.reference = {v[14], v[15], v[16], v[17]};
-  place_worst(stats, static_cast<std::int64_t>(v[18]), reference);
-  stats.max_rel = v[19];
-  stats.beyond_tolerance = static_cast<std::int64_t>(v[20]);
-}
-
-// The figures again over the rows that see a key (ReferenceOutput::no_key).
-ErrorStats::Subset rows_with_a_key(const at::Tensor& o, const at::Tensor& r, const at::Tensor& finite, bool all_finite,
-                                   const ReferenceOutput& reference) {
-  const AttentionShape& s = reference.shape;
-  const at::Tensor sees = at::from_blob(const_cast<std::uint8_t*>(reference.no_key.data()),
-                                        {s.batch, s.heads_q, static_cast<std::int64_t>(reference.rows.size()), 1},
-                                        at::TensorOptions().dtype(at::kByte))
-                              .to(r.device())
-                              .eq(0)
-                              .expand_as(o);
-  const at::Tensor kept = all_finite ? sees : sees.logical_and(finite);
-  const at::Tensor ok = o.masked_select(kept), rk = r.masked_select(kept);
-  ErrorStats::Subset subset;
-  if (!all_finite) {
-    const at::Tensor seen_counts =
-        at::stack({sees.logical_and(at::isnan(o)).sum(), sees.logical_and(at::isinf(o)).sum()}).cpu();
-    subset.nan_count = seen_counts[0].item<std::int64_t>();
-    subset.inf_count = seen_counts[1].item<std::int64_t>();
-  }
-  subset.elements = ok.numel();
-  if (subset.elements > 0) {
-    const at::Tensor e = (ok - rk).abs_();
-    const at::Tensor sums =
-        at::stack({e.max(), e.mean(), e.square().sum(), rk.square().sum(), ok.square().sum(), (ok * rk).sum()}).cpu();
-    const double* v = sums.data_ptr<double>();
-    subset.max_abs = v[0], subset.mean_abs = v[1];
-    subset.rel_l2 = relative_l2(v[2], v[3]);
-    subset.cosine = cosine_of(v[5], v[4], v[3]);
-  }
-  return subset;
-}
-
-// The figures from one pass's sums, with the same definitions as fill_figures and rows_with_a_key.
+// The figures from the pass's sums (docs/metrics.md). Where the reference is not finite (inputs
+// holding NaN) every error figure is NaN and the worst element is the first such place: no figure
+// may read as a small error.
 void fill_from_sums(ErrorStats& stats, const ErrorSums& sums, const ReferenceOutput& reference) {
   stats.nan_count = sums.nan, stats.inf_count = sums.inf;
   stats.elements = sums.finite;
-  if (sums.finite > 0) {
+  if (sums.reference_nonfinite > 0) {
+    stats.max_abs = stats.mean_abs = stats.mse = stats.rmse = stats.std_abs = NAN;
+    stats.rel_l1 = stats.rel_l2 = stats.cosine = stats.max_rel = NAN;
+    if (sums.finite > 0) {
+      stats.output = {sums.o_min, sums.o_max, sums.o_mean, std::sqrt(sums.o_m2 / static_cast<double>(sums.finite))};
+    }
+    stats.reference = {NAN, NAN, NAN, NAN};
+    place_worst(stats, sums.first_reference_nonfinite, reference);
+  } else if (sums.finite > 0) {
     const auto n = static_cast<double>(sums.finite);
     stats.max_abs = sums.max_abs, stats.mean_abs = sums.e_mean, stats.mse = sums.sum_e2 / n;
     stats.std_abs = std::sqrt(sums.e_m2 / n);
@@ -177,7 +121,9 @@ void fill_from_sums(ErrorStats& stats, const ErrorSums& sums, const ReferenceOut
     stats.no_key_rows = std::count(reference.no_key.begin(), reference.no_key.end(), std::uint8_t{1});
     ErrorStats::Subset subset;
     subset.elements = sums.seen_finite, subset.nan_count = sums.seen_nan, subset.inf_count = sums.seen_inf;
-    if (subset.elements > 0) {
+    if (sums.reference_nonfinite > 0) {
+      subset.max_abs = subset.mean_abs = subset.rel_l2 = subset.cosine = NAN;
+    } else if (subset.elements > 0) {
       subset.max_abs = sums.seen_max_abs;
       subset.mean_abs = sums.seen_sum_e / static_cast<double>(subset.elements);
       subset.rel_l2 = relative_l2(sums.seen_sum_e2, sums.seen_sum_r2);
@@ -254,28 +200,13 @@ ErrorSums gpu_error_sums(const at::Tensor& o, const at::Tensor& r, const Referen
 }
 #endif
 
-// The figures in one pass over both tensors where the reference is: on the GPU
-// (replay/judge/cuda/error_sums.cu) or on the host's cores, folding as replay/judge/error_fold.h
-// says. False where it does not apply (an output dtype it does not read, a GPU reference in a build
-// without the GPU pass, a reference that is not finite), for torch's reductions, which propagate
-// what is not finite as torch does.
-bool compare_in_one_pass(const at::Tensor& o, const at::Tensor& r, const ReferenceOutput& reference, ErrorStats& stats) {
-  if (!one_pass_reads(o.scalar_type()) || r.scalar_type() != at::kDouble || !r.is_contiguous() || !o.is_contiguous()) {
-    return false;
-  }
-  ErrorSums sums;
-  if (r.is_cuda()) {
+// The pass where the reference is: on the GPU (replay/judge/cuda/error_sums.cu), or on the host's
+// cores, where a build without the GPU pass also brings a GPU reference.
+ErrorSums error_sums(const at::Tensor& o, const at::Tensor& r, const ReferenceOutput& reference) {
 #ifdef ATTNREPLAY_FUSED_COMPARE
-    sums = gpu_error_sums(o, r, reference);
-#else
-    return false;
+  if (r.is_cuda()) return gpu_error_sums(o, r, reference);
 #endif
-  } else {
-    sums = host_error_sums(o, r, reference);
-  }
-  if (sums.reference_nonfinite > 0) return false;
-  fill_from_sums(stats, sums, reference);
-  return true;
+  return host_error_sums(o.cpu(), r.cpu(), reference);
 }
 
 }  // namespace
@@ -286,37 +217,15 @@ ErrorStats compare_to_reference(const at::Tensor& output, const ReferenceOutput&
   ErrorStats stats;
   stats.sampled = reference.sampled;
   stats.rows_compared = static_cast<std::int64_t>(reference.rows.size());
-  const at::Tensor r = reference_tensor(reference);
-  // Uploaded (or downloaded) in its own dtype, widened where the reference is.
+  const at::Tensor r = reference_tensor(reference).contiguous();
+  // Moved in its own dtype to where the reference is; widened there only where the pass does not
+  // read that dtype.
   at::Tensor o = output.to(r.device());
   if (reference.sampled) {
     o = o.index_select(2, at::tensor(reference.rows, at::TensorOptions().dtype(at::kLong)).to(r.device()));
   }
-  if (compare_in_one_pass(o.contiguous(), r, reference, stats)) return stats;
-  o = o.to(at::kDouble).contiguous();
-  // NaN and Inf are told apart only where some output is not finite (one pass when all are).
-  const at::Tensor finite = at::isfinite(o);
-  const std::int64_t finite_count = finite.sum().item<std::int64_t>();
-  const bool all_finite = finite_count == o.numel();
-  if (!all_finite) {
-    stats.nan_count = at::isnan(o).sum().item<std::int64_t>();
-    stats.inf_count = o.numel() - finite_count - stats.nan_count;
-  }
-  // Over the elements where the output is finite; the whole tensors when all are (no copies).
-  const at::Tensor of = all_finite ? o.reshape(-1) : o.masked_select(finite);
-  const at::Tensor rf = all_finite ? r.reshape(-1) : r.masked_select(finite);
-  stats.elements = of.numel();
-  if (stats.elements > 0) {
-    // |o - r| in place, -1 where the output is not finite, so that the largest is among the finite.
-    const at::Tensor error = (o - r).abs_();
-    if (!all_finite) error.masked_fill_(finite.logical_not(), -1.0);
-    const at::Tensor e = all_finite ? error.reshape(-1) : error.masked_select(finite);
-    fill_figures(stats, error, e, of, rf, reference);
-  }
-  if (!reference.no_key.empty()) {
-    stats.no_key_rows = std::count(reference.no_key.begin(), reference.no_key.end(), std::uint8_t{1});
-    stats.rows_with_a_key = rows_with_a_key(o, r, finite, all_finite, reference);
-  }
+  if (!one_pass_reads(o.scalar_type())) o = o.to(at::kDouble);
+  fill_from_sums(stats, error_sums(o.contiguous(), r, reference), reference);
   return stats;
 }
 

@@ -19,8 +19,9 @@ namespace attnreplay {
 // a fixed order: the same figures for the same inputs on the same GPU.
 struct ErrorSums {
   std::int64_t finite = 0, nan = 0, inf = 0, beyond_tolerance = 0;
-  std::int64_t reference_nonfinite = 0;  // the comparison is then torch's, which propagates them
-  std::int64_t worst_index = -1;         // the first element of the largest |o - r|
+  // Reference elements that are not finite (inputs holding NaN): every error figure is then NaN.
+  std::int64_t reference_nonfinite = 0, first_reference_nonfinite = -1;
+  std::int64_t worst_index = -1;  // the first element of the largest |o - r|
   double max_abs = -1;
   double e_mean = 0, e_m2 = 0, o_mean = 0, o_m2 = 0, r_mean = 0, r_m2 = 0;
   double sum_e2 = 0, sum_abs_r = 0, sum_r2 = 0, sum_o2 = 0, sum_or = 0;
@@ -65,6 +66,10 @@ ATTNREPLAY_HOST_DEVICE inline void merge(ErrorSums& a, const ErrorSums& b) {
   merge_moments(a.o_mean, a.o_m2, b.o_mean, b.o_m2, na, nb);
   merge_moments(a.r_mean, a.r_m2, b.r_mean, b.r_m2, na, nb);
   a.finite += b.finite, a.nan += b.nan, a.inf += b.inf, a.beyond_tolerance += b.beyond_tolerance;
+  if (b.first_reference_nonfinite >= 0 &&
+      (a.first_reference_nonfinite < 0 || b.first_reference_nonfinite < a.first_reference_nonfinite)) {
+    a.first_reference_nonfinite = b.first_reference_nonfinite;
+  }
   a.reference_nonfinite += b.reference_nonfinite;
   a.sum_e2 += b.sum_e2, a.sum_abs_r += b.sum_abs_r, a.sum_r2 += b.sum_r2, a.sum_o2 += b.sum_o2, a.sum_or += b.sum_or;
   if (b.seen_finite > 0) a.seen_max_abs = a.seen_finite > 0 ? fmax(a.seen_max_abs, b.seen_max_abs) : b.seen_max_abs;
@@ -78,7 +83,7 @@ ATTNREPLAY_HOST_DEVICE inline void merge(ErrorSums& a, const ErrorSums& b) {
 ATTNREPLAY_HOST_DEVICE inline void fold(ErrorSums& s, double o, double r, std::int64_t i, bool seen, double epsilon,
                                         double tolerance) {
   using std::fabs, std::fmax, std::fmin, std::isfinite, std::isnan;
-  if (!isfinite(r)) ++s.reference_nonfinite;
+  if (!isfinite(r) && s.reference_nonfinite++ == 0) s.first_reference_nonfinite = i;
   if (!isfinite(o)) {
     const bool is_nan = isnan(o);
     s.nan += is_nan, s.inf += !is_nan;

@@ -110,6 +110,7 @@ TEST_CASE("error sums: folded in interleaved shares and merged, every figure as 
       CHECK(s.inf == inf);
       CHECK(s.beyond_tolerance == beyond);
       CHECK(s.reference_nonfinite == 0);
+      CHECK(s.first_reference_nonfinite == -1);
       CHECK(s.worst_index == worst);
       CHECK(s.max_abs == max_abs);
       CHECK(s.max_rel == max_rel);
@@ -153,7 +154,7 @@ TEST_CASE("error sums: a spread far below its mean survives the fold (Welford's 
   CHECK_THAT(std::sqrt(s.o_m2 / static_cast<double>(s.finite)), WithinRel(1e-3, 1e-4));
 }
 
-TEST_CASE("error sums: shares with nothing finite merge without moving extremes; a non-finite reference is counted") {
+TEST_CASE("error sums: shares with nothing finite merge without moving extremes; a non-finite reference is counted and placed") {
   Elements e;
   e.out = {std::nan(""), 2.0, std::numeric_limits<double>::infinity(), -3.0};
   e.ref = {0.0, 1.0, 0.0, std::nan("")};
@@ -165,6 +166,7 @@ TEST_CASE("error sums: shares with nothing finite merge without moving extremes;
   CHECK(s.seen_nan == 1);
   CHECK(s.seen_inf == 0);
   CHECK(s.reference_nonfinite == 1);
+  CHECK(s.first_reference_nonfinite == 3);
   CHECK(s.o_min == -3.0);
   CHECK(s.o_max == 2.0);
   ErrorSums none;
