@@ -15,8 +15,9 @@
 namespace attnreplay {
 
 // Sums over the elements where the output is finite (Welford's mean and M2 where a spread is wanted,
-// as torch's std_mean keeps them), and over those of rows that see a key. Merged block by block in
-// a fixed order: the same figures for the same inputs on the same GPU.
+// as torch's std_mean keeps them), and over those of rows that see a key. Merged share by share in a
+// fixed order (a GPU's blocks, the CPU's chunks): the same figures for the same inputs on the same
+// device.
 struct ErrorSums {
   std::int64_t finite = 0, nan = 0, inf = 0, beyond_tolerance = 0;
   // Reference elements that are not finite (inputs holding NaN): every error figure is then NaN.
