@@ -2,8 +2,6 @@
 
 #include <fmt/format.h>
 
-#include <chrono>
-
 #include <unistd.h>
 
 #include "formats/errors.h"
@@ -56,10 +54,9 @@ void replay_capture(CaptureSource& source, const std::function<bool(std::int64_t
   for (;;) {
     try {
       const double began_s = seconds_since_process_start();
-      const auto wait_start = std::chrono::steady_clock::now();
       const std::optional<AttentionCall> call = calls.next();
       if (!call) break;
-      const double read_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wait_start).count();
+      const double read_s = seconds_since_process_start() - began_s;
       if (on_loaded) on_loaded(*call);
       CallResult result =
           replay_call(*call, options, fmt::format("{} --calls {}", shell_quote(source.path()), call->call_index));
