@@ -121,9 +121,10 @@ def replay(binary, capture, kernels, gpus, work, extra, launcher):
         command = ["torchrun", "--standalone", f"--nproc-per-node={gpus}", "--no-python", binary, *flags]
     else:
         command = [binary, *flags, "--gpus", str(gpus)]
-    start = time.perf_counter()
+    start, start_epoch = time.perf_counter(), time.time()
     result = subprocess.run(command, capture_output=True, text=True)
     wall = time.perf_counter() - start
+    ended_epoch = time.time()
     if not os.path.exists(out):
         sys.exit(f"no record from {' '.join(command)}:\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}")
     record = json.load(open(out))
@@ -161,6 +162,11 @@ def replay(binary, capture, kernels, gpus, work, extra, launcher):
                       "between_calls": max(w["ended"] for w in windows) - min(w["began"] for w in windows) - in_calls,
                       "after_calls": recorded - max(w["ended"] for w in windows),
                       "exit": wall - recorded}
+        # The exit split at the record file's last write: writing the outputs, then the teardown
+        # (libtorch's and CUDA's, at exit) until the process is gone.
+        teardown = ended_epoch - os.path.getmtime(out)
+        wall_parts["exit_writing"] = wall_parts["exit"] - teardown
+        wall_parts["exit_teardown"] = teardown
     outside_s = wall - in_phases / gpus
     start_up = wall_parts.get("start_up")
     return {"gpus": gpus, "wall_s": wall, "outside_s": outside_s, "timing_s": timing_s, "timing_share": timing_s / (wall * gpus),

@@ -2,11 +2,14 @@
 // but every product, exponential and sum in fp64). The chunked DGEMM path wrote and re-read fp64
 // score matrices several times (150 GB at CogVideoX's shape); this one never stores a score.
 //
-// Both products run on the fp64 tensor cores (mma.sync m8n8k4 f64: exact fp64 fused multiply-adds,
-// twice the rate of the fp64 CUDA cores). A block owns 64 query rows of one (batch, head), one warp
-// 8 of them, and walks the keys in tiles of 64. A thread's share of an 8 x 8 score tile is one row
-// and two keys, so a row's maximum and sum reduce over the 4 lanes holding that row. Q stays in
-// registers; K, V and each warp's P go through shared memory.
+// Both products run on the fp64 tensor cores as mma.sync m16n8k4 (exact fp64 fused multiply-adds).
+// On Hopper that shape runs at the full fp64 tensor rate, twice m8n8k4's (66 against 33 TFLOP/s on
+// an H200, bench/results/2026-11-28-h200-reference-kernel/). Each product is taken transposed, so
+// that a warp's 8 query rows are the n = 8 side: Sᵀ = K Qᵀ (16 keys x 8 rows a tile, Q in
+// registers) and Oᵀ = Vᵀ Pᵀ (16 output columns x 8 rows). A block owns 64 query rows of one
+// (batch, head) and walks the keys in tiles of 64; K, V and each warp's P go through shared memory.
+// K and V are copied in asynchronously (cp.async), each while the other is being used, so that
+// the block does not wait for memory between tiles.
 #include <cmath>
 
 #include "kernels/cuda/reference_fused.h"
@@ -14,203 +17,244 @@
 namespace attnreplay {
 namespace {
 
-constexpr int kRows = 64;     // query rows per block: 8 warps x 8 rows
-constexpr int kKeys = 64;     // keys per tile: 8 score tiles of 8
+constexpr int kRows = 64;  // query rows per block: 8 warps x 8 rows
+constexpr int kKeys = 64;  // keys per tile: 4 score tiles of 16
 constexpr int kThreads = 256;
 constexpr int kMaxHeadDim = 128;
-// Row strides in doubles, padded so that a fragment's 8 rows x 4 doubles (or 4 rows x 8) spread over
-// the banks: mod 16 they are 4 for K and P (read 8 rows x 4) and 8 for V (read 4 rows x 8).
-constexpr int kProbStride = kKeys + 4;
+// Row pitches in doubles: 4 more than a multiple of 16, so that the 16 lanes of a half-warp, which
+// read rows g = 0..3 at columns t = 0..3 (or the transpose), hit 16 different bank pairs.
+__host__ __device__ constexpr int pitch(int width) { return width + 4; }
+constexpr int kProbPitch = pitch(kKeys);
 
-__host__ __device__ constexpr int padded_dim(int d) { return (d + 3) / 4 * 4; }      // whole k-steps
-__host__ __device__ constexpr int padded_dim_vo(int dv) { return (dv + 7) / 8 * 8; }  // whole n-tiles
-__host__ __device__ constexpr int key_stride(int d) { return padded_dim(d) + 4; }
-__host__ __device__ constexpr int value_stride(int dv) { return padded_dim_vo(dv) + 8; }
-
-std::size_t shared_bytes(int d, int dv) {
-  return sizeof(double) *
-         static_cast<std::size_t>(kKeys * key_stride(d) + kKeys * value_stride(dv) + kRows * kProbStride);
+template <int kWidthQk, int kWidthVo>
+constexpr std::size_t shared_bytes() {
+  return sizeof(double) * static_cast<std::size_t>(kKeys * pitch(kWidthQk) + kKeys * pitch(kWidthVo) + kRows * kProbPitch);
 }
 
-// D = A (8x4, row) * B (4x8, col) + D. Lane l holds A[l/4][l%4], B[l%4][l/4], D[l/4][2(l%4) + 0,1].
-__device__ __forceinline__ void mma_f64(double (&d)[2], double a, double b) {
-  asm volatile("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0, %1}, {%2}, {%3}, {%0, %1};\n"
-               : "+d"(d[0]), "+d"(d[1])
-               : "d"(a), "d"(b));
+// D (16x8) += A (16x4, row) * B (4x8, col). With g = lane / 4 and t = lane % 4, a lane holds
+// A[g][t] and A[g + 8][t], B[t][g], and D[g][2t + 0,1], D[g + 8][2t + 0,1].
+__device__ __forceinline__ void mma_f64(double (&d)[4], double a0, double a1, double b) {
+  asm volatile("mma.sync.aligned.m16n8k4.row.col.f64.f64.f64.f64 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};\n"
+               : "+d"(d[0]), "+d"(d[1]), "+d"(d[2]), "+d"(d[3])
+               : "d"(a0), "d"(a1), "d"(b));
 }
 
-// Over the 4 lanes that hold one row of a score tile.
-__device__ __forceinline__ double row_max(double value) {
-  value = fmax(value, __shfl_xor_sync(0xffffffffu, value, 1));
-  return fmax(value, __shfl_xor_sync(0xffffffffu, value, 2));
+// Over the 8 lanes that hold the same query rows (the same t, every g).
+__device__ __forceinline__ double across_keys_max(double value) {
+  value = fmax(value, __shfl_xor_sync(0xffffffffu, value, 4));
+  value = fmax(value, __shfl_xor_sync(0xffffffffu, value, 8));
+  return fmax(value, __shfl_xor_sync(0xffffffffu, value, 16));
 }
 
-__device__ __forceinline__ double row_sum(double value) {
-  value += __shfl_xor_sync(0xffffffffu, value, 1);
-  return value + __shfl_xor_sync(0xffffffffu, value, 2);
+__device__ __forceinline__ double across_keys_sum(double value) {
+  value += __shfl_xor_sync(0xffffffffu, value, 4);
+  value += __shfl_xor_sync(0xffffffffu, value, 8);
+  return value + __shfl_xor_sync(0xffffffffu, value, 16);
 }
 
-// Rows key0 .. key0 + kKeys - 1 of a (seq_kv, width) matrix into a shared tile of `padded` columns
-// with row pitch `stride`, zero past the matrix. Every load is issued before the first store, so
-// that the block waits for memory once per tile rather than once per element.
-template <int kStaged>
-__device__ __forceinline__ void load_tile(const double* src, std::int64_t key0, std::int64_t seq_kv, int width,
-                                          int padded, double* tile, int stride, int tid) {
-  double staged[kStaged];
-#pragma unroll
-  for (int n = 0; n < kStaged; ++n) {
-    const int i = tid + n * kThreads, j = i / padded, c = i % padded;
-    staged[n] = i < kKeys * padded && c < width && key0 + j < seq_kv ? src[(key0 + j) * width + c] : 0.0;
+// Queues the copy of rows key0 .. key0 + kKeys - 1 of a (seq_kv, width) matrix into a shared tile
+// kWidth columns wide; what lies past the matrix is filled with zeros (a zero-byte source). A thread
+// copies one column, every kThreads / kWidth-th row, so that its addresses are a base and a stride.
+template <int kWidth>
+__device__ __forceinline__ void copy_tile_async(const double* src, std::int64_t key0, std::int64_t seq_kv, int width,
+                                                double* tile, int tid) {
+  constexpr int kRowStep = kThreads / kWidth;
+  const int c = tid % kWidth, j0 = tid / kWidth;
+  const double* from = src + (key0 + j0) * width + c;
+  unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(tile + j0 * pitch(kWidth) + c));
+  const std::int64_t rows_left = seq_kv - key0 - j0;  // rows of the matrix from this thread's first one on
+#pragma unroll 8
+  for (int j = 0; j < kKeys; j += kRowStep) {
+    const bool inside = c < width && j < rows_left;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(to), "l"(inside ? from : src), "r"(inside ? 8 : 0)
+                 : "memory");
+    from += kRowStep * width;
+    to += kRowStep * pitch(kWidth) * sizeof(double);
   }
-#pragma unroll
-  for (int n = 0; n < kStaged; ++n) {
-    const int i = tid + n * kThreads;
-    if (i < kKeys * padded) tile[(i / padded) * stride + i % padded] = staged[n];
-  }
+  asm volatile("cp.async.commit_group;\n" ::);
 }
 
-// kSteps: k-steps of Q.Kᵀ (padded head_dim / 4); kValueTiles: n-tiles of P.V (padded head_dim_vo / 8).
-template <int kSteps, int kValueTiles>
+template <int kPending>
+__device__ __forceinline__ void wait_for_copies() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+// kWidthQk, kWidthVo: the head dims rounded up to the shared tiles' widths (64 or 128).
+template <int kWidthQk, int kWidthVo>
 __global__ void __launch_bounds__(kThreads) fused_reference_kernel(FusedReferenceProblem p) {
+  constexpr int kSteps = kWidthQk / 4;          // k-steps of K Qᵀ
+  constexpr int kValueTiles = kWidthVo / 16;    // 16-column tiles of Oᵀ
+  constexpr int kScoreTiles = kKeys / 16;
   extern __shared__ double shared[];
   const int d = static_cast<int>(p.head_dim), dv = static_cast<int>(p.head_dim_vo);
-  const int d_padded = padded_dim(d), dv_padded = padded_dim_vo(dv);
-  const int k_stride = key_stride(d), v_stride = value_stride(dv);
-  double* k_s = shared;                     // [kKeys][k_stride]
-  double* v_s = k_s + kKeys * k_stride;     // [kKeys][v_stride]
-  double* p_s = v_s + kKeys * v_stride;     // [kRows][kProbStride]
+  double* k_s = shared;                           // [kKeys][pitch(kWidthQk)]
+  double* v_s = k_s + kKeys * pitch(kWidthQk);    // [kKeys][pitch(kWidthVo)]
+  double* p_s = v_s + kKeys * pitch(kWidthVo);    // [kRows][kProbPitch]
 
   const double neg_inf = __longlong_as_double(static_cast<long long>(0xfff0000000000000ull));
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int group = lane / 4, quad = lane % 4;  // fragment row, and column pair
+  const int g = lane / 4, t = lane % 4;
   const std::int64_t bh = blockIdx.y;
   const std::int64_t b = bh / p.heads_q, h = bh % p.heads_q;
   const std::int64_t kv_head = b * p.heads_kv + h / (p.heads_q / p.heads_kv);
   const std::int64_t row0 = static_cast<std::int64_t>(blockIdx.x) * kRows;
+  const std::int64_t last_row = (row0 + kRows < p.rows ? row0 + kRows : p.rows) - 1;
   const double* q = p.q + bh * p.rows * d;
   const double* k = p.k + kv_head * p.seq_kv * d;
   const double* v = p.v + kv_head * p.seq_kv * dv;
 
-  const int my_row = warp * 8 + group;  // within the block
-  const std::int64_t row = row0 + my_row;
-  const bool row_valid = row < p.rows;
-  const std::int64_t position = row_valid ? p.positions[row] : 0;
+  // As Qᵀ's fragment the lane holds row g of the warp's 8; as a score's and the output's, rows 2t
+  // and 2t + 1.
+  const std::int64_t warp_row0 = row0 + warp * 8;
   double q_frag[kSteps];
-#pragma unroll
-  for (int s = 0; s < kSteps; ++s) {
-    const int c = s * 4 + quad;
-    q_frag[s] = row_valid && c < d ? q[row * d + c] : 0.0;
-  }
-  // Keys past the last row's horizon are hidden from every row of the block: skip them.
-  std::int64_t key_end = p.seq_kv;
-  if (p.causal) {
-    const std::int64_t last_row = (row0 + kRows < p.rows ? row0 + kRows : p.rows) - 1;
-    const std::int64_t horizon = p.positions[last_row] + p.causal_offset + 1;
-    key_end = horizon < key_end ? horizon : key_end;
-  }
-
-  double running_max = neg_inf, running_sum = 0.0;
-  double acc[kValueTiles][2];
-#pragma unroll
-  for (int t = 0; t < kValueTiles; ++t) acc[t][0] = acc[t][1] = 0.0;
-
-  constexpr int kStaged = (kSteps > 2 * kValueTiles ? kSteps : 2 * kValueTiles);  // elements a thread moves
-  for (std::int64_t key0 = 0; key0 < key_end; key0 += kKeys) {
-    __syncthreads();  // the previous tile's K and V are no longer read
-    load_tile<kStaged>(k, key0, p.seq_kv, d, d_padded, k_s, k_stride, tid);
-    load_tile<kStaged>(v, key0, p.seq_kv, dv, dv_padded, v_s, v_stride, tid);
-    __syncthreads();
-
-    // S = Q Kᵀ for this warp's 8 rows and the tile's 64 keys: 8 score tiles.
-    double score[8][2];
-#pragma unroll
-    for (int t = 0; t < 8; ++t) score[t][0] = score[t][1] = 0.0;
+  {
+    const std::int64_t row = warp_row0 + g;
 #pragma unroll
     for (int s = 0; s < kSteps; ++s) {
-      if (s * 4 < d_padded) {
-#pragma unroll
-        for (int t = 0; t < 8; ++t) mma_f64(score[t], q_frag[s], k_s[(t * 8 + group) * k_stride + s * 4 + quad]);
-      }
+      const int c = s * 4 + t;
+      q_frag[s] = row < p.rows && c < d ? q[row * d + c] : 0.0;
     }
-
-    double tile_max = neg_inf;
-#pragma unroll
-    for (int t = 0; t < 8; ++t) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const std::int64_t key = key0 + t * 8 + quad * 2 + e;
-        const bool visible = row_valid && key < p.seq_kv && (!p.causal || key <= position + p.causal_offset);
-        score[t][e] = visible ? score[t][e] * p.scale : neg_inf;
-        tile_max = fmax(tile_max, score[t][e]);
-      }
-    }
-    const double new_max = fmax(running_max, row_max(tile_max));
-    // While every key so far is hidden the row has nothing to rescale (and -inf - -inf is NaN).
-    const double rescale = new_max == neg_inf ? 1.0 : exp(running_max - new_max);
-    double tile_sum = 0.0;
-#pragma unroll
-    for (int t = 0; t < 8; ++t) {
-      double2 weights;
-      weights.x = score[t][0] == neg_inf ? 0.0 : exp(score[t][0] - new_max);
-      weights.y = score[t][1] == neg_inf ? 0.0 : exp(score[t][1] - new_max);
-      tile_sum += weights.x + weights.y;
-      *reinterpret_cast<double2*>(&p_s[my_row * kProbStride + t * 8 + quad * 2]) = weights;
-    }
-    running_sum = running_sum * rescale + row_sum(tile_sum);
-    running_max = new_max;
-#pragma unroll
-    for (int t = 0; t < kValueTiles; ++t) {
-      acc[t][0] *= rescale;
-      acc[t][1] *= rescale;
-    }
-    __syncwarp();  // a warp reads back only its own rows of P
-
-    // O += P V: 16 k-steps of 4 keys (hidden or missing keys have weight 0 and a zero V row).
-#pragma unroll 4
-    for (int s = 0; s < kKeys / 4; ++s) {
-      const double a = p_s[my_row * kProbStride + s * 4 + quad];
-#pragma unroll
-      for (int t = 0; t < kValueTiles; ++t) {
-        if (t * 8 < dv_padded) mma_f64(acc[t], a, v_s[(s * 4 + quad) * v_stride + t * 8 + group]);
-      }
-    }
-    __syncwarp();  // P is rewritten by the next tile
   }
+  bool row_valid[2];
+  std::int64_t horizon[2];  // the last key each row may see
+  for (int e = 0; e < 2; ++e) {
+    const std::int64_t row = warp_row0 + 2 * t + e;
+    row_valid[e] = row < p.rows;
+    horizon[e] = p.causal ? (row_valid[e] ? p.positions[row] : 0) + p.causal_offset : p.seq_kv - 1;
+  }
+  // Keys past the last row's horizon are hidden from every row of the block: skip them. Below the
+  // first row's (positions ascend), a tile hides nothing and needs no test per score.
+  std::int64_t key_end = p.seq_kv, open_end = p.seq_kv;
+  if (p.causal) {
+    const std::int64_t last_horizon = p.positions[last_row] + p.causal_offset + 1;
+    const std::int64_t first_horizon = p.positions[row0] + p.causal_offset + 1;
+    key_end = last_horizon < key_end ? last_horizon : key_end;
+    open_end = first_horizon < open_end ? first_horizon : open_end;
+  }
+  if (last_row - row0 + 1 < kRows) open_end = 0;  // a block with missing rows tests every score
 
-  if (!row_valid) return;
-  // A row with no visible key gives 0, as the CPU reference (and torch's math backend) does.
-  const bool empty = running_sum == 0.0;
-  if (empty && quad == 0 && p.fully_masked_rows) atomicAdd(p.fully_masked_rows, 1ull);
+  double running_max[2] = {neg_inf, neg_inf}, running_sum[2] = {0.0, 0.0};  // the sum: this lane's keys only
+  double acc[kValueTiles][4];
 #pragma unroll
-  for (int t = 0; t < kValueTiles; ++t) {
+  for (int w = 0; w < kValueTiles; ++w) acc[w][0] = acc[w][1] = acc[w][2] = acc[w][3] = 0.0;
+
+  if (key_end > 0) copy_tile_async<kWidthQk>(k, 0, p.seq_kv, d, k_s, tid);
+  for (std::int64_t key0 = 0; key0 < key_end; key0 += kKeys) {
+    wait_for_copies<0>();  // this tile's K
+    __syncthreads();       // ... seen by every thread; and every warp is done with the last tile's V
+    copy_tile_async<kWidthVo>(v, key0, p.seq_kv, dv, v_s, tid);
+
+    // Sᵀ = K Qᵀ: score[u] is keys key0 + 16u + (g, g + 8) by rows 2t, 2t + 1.
+    double score[kScoreTiles][4];
+#pragma unroll
+    for (int u = 0; u < kScoreTiles; ++u) score[u][0] = score[u][1] = score[u][2] = score[u][3] = 0.0;
+#pragma unroll
+    for (int s = 0; s < kSteps; ++s) {
+      if (s * 4 < d) {
+#pragma unroll
+        for (int u = 0; u < kScoreTiles; ++u) {
+          const double* key_row = k_s + (u * 16 + g) * pitch(kWidthQk) + s * 4 + t;
+          mma_f64(score[u], key_row[0], key_row[8 * pitch(kWidthQk)], q_frag[s]);
+        }
+      }
+    }
+    __syncthreads();  // every warp is done with this tile's K: the next one can come in
+    if (key0 + kKeys < key_end) {
+      copy_tile_async<kWidthQk>(k, key0 + kKeys, p.seq_kv, d, k_s, tid);
+    } else {
+      asm volatile("cp.async.commit_group;\n" ::);  // an empty group keeps the count of pending ones
+    }
+
+    const bool test_each = key0 + kKeys > open_end;
+    double tile_max[2] = {neg_inf, neg_inf};
+#pragma unroll
+    for (int u = 0; u < kScoreTiles; ++u) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int e = i % 2;
+        const std::int64_t key = key0 + u * 16 + g + 8 * (i / 2);
+        const bool visible = !test_each || (row_valid[e] && key < p.seq_kv && key <= horizon[e]);
+        score[u][i] = visible ? score[u][i] * p.scale : neg_inf;
+        tile_max[e] = fmax(tile_max[e], score[u][i]);
+      }
+    }
+    double rescale[2], new_max[2];
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
-      const int column = t * 8 + quad * 2 + e;
-      if (column < dv) p.out[(bh * p.rows + row) * dv + column] = empty ? 0.0 : acc[t][e] / running_sum;
+      new_max[e] = fmax(running_max[e], across_keys_max(tile_max[e]));
+      // While every key so far is hidden the row has nothing to rescale (and -inf - -inf is NaN).
+      rescale[e] = new_max[e] == neg_inf ? 1.0 : exp(running_max[e] - new_max[e]);
+      running_max[e] = new_max[e];
+      running_sum[e] *= rescale[e];
+    }
+    double* my_probs = p_s + (warp * 8) * kProbPitch;
+#pragma unroll
+    for (int u = 0; u < kScoreTiles; ++u) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int e = i % 2;
+        const double weight = score[u][i] == neg_inf ? 0.0 : exp(score[u][i] - new_max[e]);
+        running_sum[e] += weight;
+        my_probs[(2 * t + e) * kProbPitch + u * 16 + g + 8 * (i / 2)] = weight;
+      }
+    }
+#pragma unroll
+    for (int w = 0; w < kValueTiles; ++w) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[w][i] *= rescale[i % 2];
+    }
+
+    wait_for_copies<1>();  // this tile's V (the next K may still be coming)
+    __syncthreads();       // ... seen by every thread (and this warp's P by its own lanes)
+
+    // Oᵀ += Vᵀ Pᵀ over 16 k-steps of 4 keys (hidden or missing keys: weight 0 and a zero V row).
+#pragma unroll 4
+    for (int s = 0; s < kKeys / 4; ++s) {
+      const double prob = my_probs[g * kProbPitch + s * 4 + t];
+      const double* value_row = v_s + (s * 4 + t) * pitch(kWidthVo) + g;
+#pragma unroll
+      for (int w = 0; w < kValueTiles; ++w) {
+        if (w * 16 < dv) mma_f64(acc[w], value_row[w * 16], value_row[w * 16 + 8], prob);
+      }
+    }
+  }
+  wait_for_copies<0>();  // nothing may still be writing to shared memory when the block ends
+
+  // A row with no visible key gives 0, as the CPU reference (and torch's math backend) does.
+  double sum[2];
+  for (int e = 0; e < 2; ++e) sum[e] = across_keys_sum(running_sum[e]);
+  for (int e = 0; e < 2; ++e) {
+    if (row_valid[e] && sum[e] == 0.0 && g == 0 && p.fully_masked_rows) atomicAdd(p.fully_masked_rows, 1ull);
+  }
+#pragma unroll
+  for (int w = 0; w < kValueTiles; ++w) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int e = i % 2, column = w * 16 + g + 8 * (i / 2);
+      const std::int64_t row = warp_row0 + 2 * t + e;
+      if (row_valid[e] && column < dv) p.out[(bh * p.rows + row) * dv + column] = sum[e] == 0.0 ? 0.0 : acc[w][i] / sum[e];
     }
   }
 }
 
-template <int kSteps, int kValueTiles>
+template <int kWidthQk, int kWidthVo>
 const char* launch(const FusedReferenceProblem& problem, cudaStream_t stream) {
-  const int d = static_cast<int>(problem.head_dim), dv = static_cast<int>(problem.head_dim_vo);
-  const std::size_t bytes = shared_bytes(d, dv);
-  if (cudaFuncSetAttribute(fused_reference_kernel<kSteps, kValueTiles>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  constexpr std::size_t bytes = shared_bytes<kWidthQk, kWidthVo>();
+  static_assert(bytes <= 227 * 1024, "the tiles must fit a block's shared memory");
+  if (cudaFuncSetAttribute(fused_reference_kernel<kWidthQk, kWidthVo>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            static_cast<int>(bytes)) != cudaSuccess) {
     return "reference_fused.cu: cudaFuncSetAttribute(MaxDynamicSharedMemorySize) failed";
   }
   const dim3 grid(static_cast<unsigned>((problem.rows + kRows - 1) / kRows),
                   static_cast<unsigned>(problem.batch * problem.heads_q));
-  fused_reference_kernel<kSteps, kValueTiles><<<grid, kThreads, bytes, stream>>>(problem);
+  fused_reference_kernel<kWidthQk, kWidthVo><<<grid, kThreads, bytes, stream>>>(problem);
   return cudaGetLastError() == cudaSuccess ? nullptr : "reference_fused.cu: kernel launch failed";
 }
 
 }  // namespace
 
 bool fused_reference_supports(std::int64_t head_dim, std::int64_t head_dim_vo) {
-  // Tiles must fit the 227 KB of shared memory a block can have.
-  return head_dim >= 1 && head_dim <= kMaxHeadDim && head_dim_vo >= 1 && head_dim_vo <= kMaxHeadDim &&
-         shared_bytes(static_cast<int>(head_dim), static_cast<int>(head_dim_vo)) <= 227 * 1024;
+  return head_dim >= 1 && head_dim <= kMaxHeadDim && head_dim_vo >= 1 && head_dim_vo <= kMaxHeadDim;
 }
 
 const char* launch_fused_reference(const FusedReferenceProblem& problem, cudaStream_t stream) {
@@ -218,10 +262,10 @@ const char* launch_fused_reference(const FusedReferenceProblem& problem, cudaStr
   if (problem.rows == 0 || problem.batch * problem.heads_q == 0) return nullptr;
   if (problem.batch * problem.heads_q > 65535) return "more than 65535 (batch x head) pairs for one launch";
   const bool narrow = problem.head_dim <= 64, narrow_vo = problem.head_dim_vo <= 64;
-  if (narrow && narrow_vo) return launch<16, 8>(problem, stream);
-  if (narrow) return launch<16, 16>(problem, stream);
-  if (narrow_vo) return launch<32, 8>(problem, stream);
-  return launch<32, 16>(problem, stream);
+  if (narrow && narrow_vo) return launch<64, 64>(problem, stream);
+  if (narrow) return launch<64, 128>(problem, stream);
+  if (narrow_vo) return launch<128, 64>(problem, stream);
+  return launch<128, 128>(problem, stream);
 }
 
 }  // namespace attnreplay

@@ -44,6 +44,11 @@ def replay(tmp_path, *args):
     ["--shape", "1,2,45,32", "--s_kv", "17", "--causal", "--causal_alignment", "bottom_right"],
     ["--shape", "1,4,300,64", "--dtype", "fp32"],
     ["--shape", "1,3,333,128", "--causal"],
+    # The fused path's edges: head dims short of its 64- or 128-wide tiles (80 and 48; 7), GQA with
+    # whole key tiles, key lengths that end inside a tile.
+    ["--shape", "2,6,200,80", "--num_kv_heads", "3", "--head_dim_vo", "48", "--causal"],
+    ["--shape", "1,2,130,7", "--s_kv", "300"],
+    ["--shape", "1,8,256,128", "--num_kv_heads", "2"],
 ])
 def test_gpu_reference_matches_cpu_reference(tmp_path, flags):
     report, _ = replay(tmp_path, *flags, "--reference", "cpu", "--kernels", "reference-cuda")
