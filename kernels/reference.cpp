@@ -57,8 +57,9 @@ void host_values(ReferenceOutput& reference) {
   reference.values.assign(host.data_ptr<double>(), host.data_ptr<double>() + host.numel());
 }
 
-void mark_rows_without_keys(const AttentionCall& call, ReferenceOutput& reference) {
-  if (call.is_ragged()) return;  // reference_per_sequence() marked them
+namespace {
+
+void mark_dense_rows_without_keys(const AttentionCall& call, ReferenceOutput& reference) {
   const AttentionShape& s = reference.shape;
   // Only a mask, or causality or a window that cuts away every key of some row, hides a row.
   const bool window_may_hide = call.window_left || call.window_right;
@@ -82,6 +83,17 @@ void mark_rows_without_keys(const AttentionCall& call, ReferenceOutput& referenc
         if (!sees) no_key[static_cast<std::size_t>((b * s.heads_q + h) * n_rows + slot)] = 1, any = true;
       }
   if (any) reference.no_key = std::move(no_key);
+}
+
+}  // namespace
+
+void mark_rows_without_keys(const AttentionCall& call, ReferenceOutput& reference) {
+  if (!call.is_ragged()) mark_dense_rows_without_keys(call, reference);  // else reference_per_sequence() did
+  if (reference.device_values && !reference.no_key.empty()) {
+    reference.device_no_key = at::from_blob(reference.no_key.data(), {static_cast<std::int64_t>(reference.no_key.size())},
+                                            at::TensorOptions().dtype(at::kByte))
+                                  .to(reference.device_values->device());
+  }
 }
 
 ReferenceOutput reference_per_sequence(const AttentionCall& call, std::vector<std::int64_t> rows,

@@ -30,6 +30,8 @@ struct ReferenceOutput {
   // rows (a left-padded prompt's pads) have no defined attention, and backends disagree on them:
   // errors are also reported over the other rows (replay/judge/error_stats.h).
   std::vector<std::uint8_t> no_key;
+  // The same marks on the GPU, where `device_values` are: every kernel's comparison reads them there.
+  std::optional<at::Tensor> device_no_key;
 
   double at(std::int64_t b, std::int64_t h, std::size_t row_slot, std::int64_t d) const {
     const auto n = static_cast<std::int64_t>(rows.size());
@@ -48,7 +50,7 @@ void host_values(ReferenceOutput& reference);
 
 // Marks `reference`'s rows that see no key (every key masked by the mask or by causality), from
 // the call alone: the same on whichever device the reference ran. A ragged call's reference has
-// them marked already, sequence by sequence.
+// them marked already, sequence by sequence. Where the values are on the GPU the marks go there too.
 void mark_rows_without_keys(const AttentionCall& call, ReferenceOutput& reference);
 
 // A ragged call's reference (AttentionCall::is_ragged), one dense sequence at a time by `compute`,

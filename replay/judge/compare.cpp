@@ -5,7 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <map>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -133,8 +133,15 @@ void fill_from_sums(ErrorStats& stats, const ErrorSums& sums, const ReferenceOut
   }
 }
 
-bool one_pass_reads(at::ScalarType type) {
-  return type == at::kDouble || type == at::kFloat || type == at::kHalf || type == at::kBFloat16;
+// The dtypes the pass reads as they are; nullopt for the others.
+std::optional<ErrorSumsDType> pass_dtype(at::ScalarType type) {
+  switch (type) {
+    case at::kDouble: return ErrorSumsDType::float64;
+    case at::kFloat: return ErrorSumsDType::float32;
+    case at::kHalf: return ErrorSumsDType::float16;
+    case at::kBFloat16: return ErrorSumsDType::bfloat16;
+    default: return std::nullopt;
+  }
 }
 
 // The pass on the host: fixed chunks folded on every core, merged in their order, so that the sums
@@ -162,22 +169,22 @@ ErrorSums host_error_sums(const at::Tensor& o, const at::Tensor& r, const Refere
   const std::uint8_t* no_key = reference.no_key.empty() ? nullptr : reference.no_key.data();
   const std::int64_t width = reference.shape.head_dim_vo, n = o.numel();
   const double* ref = r.data_ptr<double>();
-  switch (o.scalar_type()) {
-    case at::kDouble: fold_on_host(o.data_ptr<double>(), ref, no_key, width, n, sums); break;
-    case at::kFloat: fold_on_host(o.data_ptr<float>(), ref, no_key, width, n, sums); break;
-    case at::kHalf: fold_on_host(o.data_ptr<at::Half>(), ref, no_key, width, n, sums); break;
-    default: fold_on_host(o.data_ptr<at::BFloat16>(), ref, no_key, width, n, sums); break;
+  switch (*pass_dtype(o.scalar_type())) {
+    case ErrorSumsDType::float64: fold_on_host(o.data_ptr<double>(), ref, no_key, width, n, sums); break;
+    case ErrorSumsDType::float32: fold_on_host(o.data_ptr<float>(), ref, no_key, width, n, sums); break;
+    case ErrorSumsDType::float16: fold_on_host(o.data_ptr<at::Half>(), ref, no_key, width, n, sums); break;
+    case ErrorSumsDType::bfloat16: fold_on_host(o.data_ptr<at::BFloat16>(), ref, no_key, width, n, sums); break;
   }
   return sums;
 }
 
 #ifdef ATTNREPLAY_FUSED_COMPARE
 ErrorSums gpu_error_sums(const at::Tensor& o, const at::Tensor& r, const ReferenceOutput& reference) {
-  static const std::map<at::ScalarType, ErrorSumsDType> dtypes = {
-      {at::kDouble, ErrorSumsDType::float64}, {at::kFloat, ErrorSumsDType::float32},
-      {at::kHalf, ErrorSumsDType::float16}, {at::kBFloat16, ErrorSumsDType::bfloat16}};
+  // The marks of rows without a key: on the GPU already beside a GPU reference's values.
   at::Tensor no_key;
-  if (!reference.no_key.empty()) {
+  if (reference.device_no_key) {
+    no_key = *reference.device_no_key;
+  } else if (!reference.no_key.empty()) {
     no_key = at::from_blob(const_cast<std::uint8_t*>(reference.no_key.data()),
                            {static_cast<std::int64_t>(reference.no_key.size())}, at::TensorOptions().dtype(at::kByte))
                  .to(r.device());
@@ -186,7 +193,7 @@ ErrorSums gpu_error_sums(const at::Tensor& o, const at::Tensor& r, const Referen
       at::empty({static_cast<std::int64_t>(error_sums_workspace_bytes())}, r.options().dtype(at::kByte));
   ErrorSumsProblem problem;
   problem.output = o.data_ptr();
-  problem.output_dtype = dtypes.at(o.scalar_type());
+  problem.output_dtype = *pass_dtype(o.scalar_type());
   problem.reference = r.data_ptr<double>();
   problem.elements = o.numel();
   problem.row_width = reference.shape.head_dim_vo;
@@ -224,7 +231,7 @@ ErrorStats compare_to_reference(const at::Tensor& output, const ReferenceOutput&
   if (reference.sampled) {
     o = o.index_select(2, at::tensor(reference.rows, at::TensorOptions().dtype(at::kLong)).to(r.device()));
   }
-  if (!one_pass_reads(o.scalar_type())) o = o.to(at::kDouble);
+  if (!pass_dtype(o.scalar_type())) o = o.to(at::kDouble);
   fill_from_sums(stats, error_sums(o.contiguous(), r, reference), reference);
   return stats;
 }

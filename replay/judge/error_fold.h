@@ -14,6 +14,9 @@
 
 namespace attnreplay {
 
+// The output dtypes the pass reads as they are (compare.cpp widens others to fp64 first).
+enum class ErrorSumsDType { float64, float32, float16, bfloat16 };
+
 // Sums over the elements where the output is finite (Welford's mean and M2 where a spread is wanted,
 // as torch's std_mean keeps them), and over those of rows that see a key. Merged share by share in a
 // fixed order (a GPU's blocks, the CPU's chunks): the same figures for the same inputs on the same

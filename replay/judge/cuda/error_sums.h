@@ -12,8 +12,6 @@
 
 namespace attnreplay {
 
-enum class ErrorSumsDType { float64, float32, float16, bfloat16 };
-
 struct ErrorSumsProblem {
   const void* output = nullptr;      // contiguous, (b, h, rows, d) in `output_dtype`
   ErrorSumsDType output_dtype = ErrorSumsDType::float32;
