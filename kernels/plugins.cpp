@@ -1,6 +1,7 @@
 #include "kernels/plugins.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <sstream>
 
@@ -11,6 +12,8 @@
 
 namespace attnreplay {
 namespace {
+
+std::atomic<bool> loaded_plugin_code{false};
 
 void append_unique(std::vector<std::string>& to, const std::string& item) {
   if (!item.empty() && std::find(to.begin(), to.end(), item) == to.end()) to.push_back(item);
@@ -42,6 +45,7 @@ bool selection_needs_python(const std::vector<std::string>& kernel_names) {
 
 std::vector<std::string> load_plugins(const PluginFiles& files, bool with_adapters) {
   std::vector<std::string> errors;
+  if (!files.libraries.empty() || !files.modules.empty() || with_adapters) loaded_plugin_code = true;
   for (const std::string& library : files.libraries) {
     try {
       load_kernel_library(library);
@@ -56,6 +60,13 @@ std::vector<std::string> load_plugins(const PluginFiles& files, bool with_adapte
   return errors;
 }
 
-std::vector<std::pair<std::string, std::string>> unavailable_plugin_kernels() { return unavailable_python_kernels(); }
+std::vector<std::pair<std::string, std::string>> unavailable_plugin_kernels() {
+  loaded_plugin_code = true;  // Python starts to tell
+  return unavailable_python_kernels();
+}
+
+bool plugin_code_loaded() { return loaded_plugin_code; }
+
+void end_plugin_code() { run_python_exit_handlers(); }
 
 }  // namespace attnreplay

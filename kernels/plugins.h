@@ -29,4 +29,12 @@ std::vector<std::string> load_plugins(const PluginFiles& files, bool with_adapte
 // (name, reason).
 std::vector<std::pair<std::string, std::string>> unavailable_plugin_kernels();
 
+// True once this process has loaded any plug-in code (a C++ library, or Python for modules or
+// adapters): code whose destructors or exit handlers may still have something to write.
+bool plugin_code_loaded();
+
+// At a command's end: Python plug-ins' exit handlers (atexit) run and Python's streams are flushed,
+// which the never-finalized interpreter would not do (python_kernels.h).
+void end_plugin_code();
+
 }  // namespace attnreplay

@@ -14,8 +14,10 @@
 #include <c10/core/GradMode.h>
 #include <fmt/format.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <filesystem>
+#include <iostream>
 #include <set>
 
 #include "formats/errors.h"
@@ -59,6 +61,7 @@ struct Interpreter {
   py::object plugin;    // the attnreplay_plugin module
   PythonDirs dirs;
   bool adapters_loaded = false;
+  bool ours = false;    // started by this process, not a Python job's own (kernel substitution)
   // Adapters that broke for a reason other than their package's absence (which the plug-in API
   // records itself), or Python not starting: (name, reason).
   std::vector<std::pair<std::string, std::string>> broken_adapters;
@@ -102,6 +105,7 @@ void start(Interpreter& it) {
     it.error = fmt::format("Python ({}) did not start: {}", python, status.err_msg ? status.err_msg : "unknown error");
     return;
   }
+  it.ours = true;
   try {
     // Its torch must be the one this program links: another version's Python part on this
     // libtorch would not even fail cleanly.
@@ -121,11 +125,14 @@ void start(Interpreter& it) {
   PyEval_SaveThread();
 }
 
+std::atomic<Interpreter*> started_interpreter{nullptr};
+
 // Never finalized: kernels in the registry hold Python objects until the process ends.
 Interpreter& interpreter() {
   static Interpreter* it = [] {
     auto* started = new Interpreter;
     start(*started);
+    started_interpreter = started;
     return started;
   }();
   return *it;
@@ -449,6 +456,21 @@ PythonKernelsLoaded load_python_kernels(const std::vector<std::string>& modules,
   }
   for (std::string& error : KernelRegistry::instance().take_rejected()) loaded.errors.push_back(std::move(error));
   return loaded;
+}
+
+void run_python_exit_handlers() {
+  const Interpreter* it = started_interpreter;
+  if (!it || !it->ours || !it->error.empty()) return;
+  py::gil_scoped_acquire gil;
+  try {
+    py::module_::import("atexit").attr("_run_exitfuncs")();
+    const py::module_ sys = py::module_::import("sys");
+    for (const char* stream : {"stdout", "stderr"}) {
+      if (!sys.attr(stream).is_none()) sys.attr(stream).attr("flush")();
+    }
+  } catch (py::error_already_set& error) {
+    std::cerr << "warning: Python's exit handlers: " << error.what() << '\n';
+  }
 }
 
 std::vector<std::pair<std::string, std::string>> unavailable_python_kernels() {

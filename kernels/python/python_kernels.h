@@ -18,6 +18,11 @@ struct PythonKernelsLoaded {
 // or importable module names), and registers every kernel they define.
 PythonKernelsLoaded load_python_kernels(const std::vector<std::string>& modules, bool with_adapters);
 
+// What Python would do when its process ends, for an interpreter this process started: its exit
+// handlers run (atexit) and its streams are flushed. It is never finalized (the registry holds its
+// objects), so nothing else would. Nothing where Python did not start.
+void run_python_exit_handlers();
+
 // Kernels an adapter could not offer, with why (its package does not import, or Python did not
 // start): (name, reason), for `attnreplay kernels`.
 std::vector<std::pair<std::string, std::string>> unavailable_python_kernels();

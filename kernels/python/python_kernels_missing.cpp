@@ -11,6 +11,8 @@ PythonKernelsLoaded load_python_kernels(const std::vector<std::string>& modules,
   return loaded;
 }
 
+void run_python_exit_handlers() {}
+
 std::vector<std::pair<std::string, std::string>> unavailable_python_kernels() {
   return {{"(library adapters)", ATTNREPLAY_PYTHON_MISSING}};
 }

@@ -3,8 +3,12 @@
 // (replay/cli/*_command.cpp); this file only dispatches.
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <iostream>
 
+#include "kernels/plugins.h"
 #include "replay/cli/command.h"
 #include "replay/measure/environment.h"
 #include "replay/report/record_files.h"
@@ -34,6 +38,22 @@ constexpr CommandEntry kCommands[] = {
     {"plot", "plots of an audit's JSON: error by call, layer and step; speed against accuracy",
      attnreplay::make_plot_command},
 };
+
+// A command's end. Where only attnreplay's own code ran, every file it wrote is closed by now: the
+// process ends at once, without the teardown of libtorch's operator registry and CUDA's context,
+// which takes 0.1-0.3 s on every run (docs/scaling.md). Plug-ins (a library's destructors,
+// Python's exit handlers) and tools attached through CUDA's injection or a preload (Nsight Systems
+// and Compute, compute-sanitizer, heaptrack) get the ordinary exit, in which they write what they hold.
+int end_of_command(int status) {
+  attnreplay::end_plugin_code();
+  if (attnreplay::plugin_code_loaded() || std::getenv("CUDA_INJECTION64_PATH") || std::getenv("LD_PRELOAD")) {
+    return status;
+  }
+  std::cout.flush();
+  std::cerr.flush();
+  std::fflush(nullptr);
+  std::_Exit(status);
+}
 
 }  // namespace
 
@@ -67,8 +87,11 @@ int main(int argc, char** argv) {
     return code == 0 ? kExitOk : kExitUsage;
   }
   try {
-    for (auto& [subcommand, command] : commands) {
-      if (*subcommand) return command->run(std::vector<std::string>(argv, argv + argc));
+    const auto chosen = std::find_if(commands.begin(), commands.end(), [](const auto& c) { return bool(*c.first); });
+    if (chosen != commands.end()) {
+      const int status = chosen->second->run(std::vector<std::string>(argv, argv + argc));
+      commands.clear();  // what a command holds is closed before the process ends
+      return end_of_command(status);
     }
   } catch (const UsageError& error) {
     std::cerr << "error: " << error.what() << '\n';

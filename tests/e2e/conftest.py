@@ -28,10 +28,10 @@ def binary() -> str:
     return path
 
 
-def run_attnreplay(*args, cwd=None, timeout=300, check=None) -> subprocess.CompletedProcess:
+def run_attnreplay(*args, cwd=None, timeout=300, check=None, env=None) -> subprocess.CompletedProcess:
     """Runs the binary with `args` (str or Path); `check` asserts the exit status when given."""
     command = [binary(), *map(str, args)]
-    result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
     if check is not None:
         assert result.returncode == check, (
             f"exit {result.returncode} (expected {check}) from {' '.join(command)}\n"

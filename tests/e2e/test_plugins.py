@@ -203,6 +203,28 @@ def test_cpp_plug_in_library(tmp_path):
     assert "--kernel-library " + library in row["rerun"]
 
 
+def test_plug_ins_get_the_ordinary_exit_where_they_write_what_they_hold(tmp_path):
+    # attnreplay ends without libtorch's teardown only where no plug-in code ran: a C++ library's
+    # static destructors and a Python module's exit handlers still run, after the record is written.
+    mark = tmp_path / "cpp.mark"
+    out = tmp_path / "cpp.json"
+    run_attnreplay("run", *GENERATED, "--kernel-library", os.environ["ATTNREPLAY_PLUGIN_KERNEL_LIB"], "--kernels",
+                   "cpp-plugin-naive", "--json", out, *FAST, check=0,
+                   env={**os.environ, "ATTNREPLAY_TEST_EXIT_MARK": str(mark)})
+    assert load_json(out)["calls"][0]["kernels"][0]["status"] == "not_verified"
+    assert mark.read_text() == "destructors ran\n"
+
+    module = tmp_path / "exit_handler.py"
+    mark = tmp_path / "py.mark"
+    module.write_text(f"import atexit\nfrom torch_plugins import sdpa\n"
+                      f"atexit.register(lambda: open({str(mark)!r}, 'w').write('exit handlers ran'))\n")
+    out = tmp_path / "py.json"
+    run_attnreplay("run", *GENERATED, "--kernel-module", module, "--kernels", "py-sdpa", "--json", out, *FAST, check=0,
+                   env={**os.environ, "PYTHONPATH": f"{PLUGINS}:{os.environ.get('PYTHONPATH', '')}"})
+    assert load_json(out)["calls"][0]["kernels"][0]["status"] == "not_verified"
+    assert mark.read_text() == "exit handlers ran"
+
+
 def test_a_libtorch_error_is_its_message_with_the_backtrace_in_the_json(tmp_path):
     out = tmp_path / "r.json"
     result = run_attnreplay("run", *GENERATED, "--kernel-library", os.environ["ATTNREPLAY_PLUGIN_TORCH_CHECK_LIB"],
