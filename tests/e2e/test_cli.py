@@ -4,6 +4,7 @@ with bottom-right alignment, head_dim_vo != head_dim_qk)."""
 
 import csv
 import math
+import os
 import re
 import shlex
 
@@ -138,6 +139,19 @@ def test_the_reference_is_computed_for_every_call_and_timed_only_when_named(tmp_
                    check=0)
     (named,) = load_json(tmp_path / "named.json")["calls"][0]["kernels"]
     assert named["kernel"] == "reference" and named["timing"]["samples"] > 0
+
+
+def test_a_preloaded_tool_gets_the_ordinary_exit(tmp_path):
+    # Where nothing but attnreplay's own code ran, the process ends once its files are written,
+    # without libtorch's teardown; a library preloaded into it (a tracer, heaptrack) may still have
+    # something to write at exit, so there it ends the ordinary way and the library's destructors run.
+    mark = tmp_path / "mark"
+    out = tmp_path / "r.json"
+    env = {**os.environ, "LD_PRELOAD": os.environ["ATTNREPLAY_EXIT_MARK_LIB"], "ATTNREPLAY_TEST_EXIT_MARK": str(mark)}
+    result = run_attnreplay("run", "--shape", "1,2,16,8", "--kernels", "torch-math", "--json", out, *FAST, env=env, check=0)
+    assert load_json(out)["calls"][0]["kernels"][0]["status"] == "not_verified"
+    assert "1 calls, 1 results" in result.stdout  # the output is flushed either way
+    assert mark.read_text() == "destructors ran\n"
 
 
 def test_unknown_kernel_is_a_clear_error(tmp_path):

@@ -2,11 +2,10 @@
 // linked): straightforward attention in double, so that tests can check it is loaded, run, timed
 // and judged like a built-in kernel.
 #include <cmath>
-#include <cstdlib>
-#include <fstream>
 #include <limits>
 
 #include "kernels/kernel.h"
+#include "tests/programs/exit_mark.h"
 
 namespace {
 
@@ -79,12 +78,7 @@ class NaiveKernel final : public Kernel {
 
 ATTNREPLAY_REGISTER_KERNEL(NaiveKernel);
 
-// As a user's library may write what it gathered (a log, a profile) when the process ends: where
-// ATTNREPLAY_TEST_EXIT_MARK names a file, its destructor writes it (tests/e2e/test_plugins.py).
-struct WritesAtExit {
-  ~WritesAtExit() {
-    if (const char* path = std::getenv("ATTNREPLAY_TEST_EXIT_MARK")) std::ofstream(path) << "destructors ran\n";
-  }
-} writes_at_exit;
+// As a user's library may write what it gathered when the process ends (tests/e2e/test_plugins.py).
+WritesAtExit writes_at_exit;
 
 }  // namespace
