@@ -1,6 +1,6 @@
 // attnreplay: replay captured (or generated) attention calls through every kernel and report
 // speed beside error against an exact reference. Each command lives in its own file
-// (replay/cli/*_command.cpp); this file only dispatches.
+// (replay/cli/*_command.cpp); this file only dispatches, and ends the process once a command is done.
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
