@@ -128,7 +128,9 @@ ReferenceOutput reference_per_sequence(const AttentionCall& call, std::vector<st
     } else {
       const AttentionCall one = call.sequence_call(b, sequences);
       part.output = compute(one, std::move(local));
-      mark_rows_without_keys(one, part.output);
+      // The dense marking only: the marks of the whole call go to the GPU once, after the parts are
+      // joined (mark_rows_without_keys, called on the result).
+      mark_dense_rows_without_keys(one, part.output);
       result.fully_masked_rows += part.output.fully_masked_rows;
       on_device = on_device || part.output.device_values.has_value();
       if (!part.output.no_key.empty()) {
