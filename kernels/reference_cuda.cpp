@@ -1,9 +1,8 @@
 // The exact reference on a GPU, for calls too large for the CPU one: the same mathematics in fp64,
-// inputs upcast. Calls without a mask, window, softcap, ALiBi or sinks and with head dims up to 128
-// take the fused path (one streaming pass over the keys, cuda/reference_fused.cu); others take
-// cuBLAS DGEMMs and an fp64 softmax in chunks of query rows, so that no s_q x s_kv matrix is ever
-// whole. Both are checked
-// against the CPU reference in the GPU tests.
+// inputs upcast. Calls with head dims up to 128 take the fused path (one streaming pass over the
+// keys, cuda/reference_fused.cu, with the mask, window, softcap, ALiBi and sinks applied per
+// score); wider heads take cuBLAS DGEMMs and an fp64 softmax in chunks of query rows, so that no
+// s_q x s_kv matrix is ever whole. Both are checked against the CPU reference in the GPU tests.
 #include <ATen/ATen.h>
 #include <ATen/detail/CUDAHooksInterface.h>
 
@@ -56,7 +55,17 @@ struct GpuReferenceInputs {
   at::Tensor row_index;  // query positions of the rows computed
   at::Tensor q, k, v;
   std::optional<at::Tensor> mask;
+  std::optional<at::Tensor> alibi_slopes, sinks;  // (batch, heads_q) and (heads_q) fp64, for the fused path
 };
+
+// Per (batch, query head) values on the GPU, as the call gives them for each.
+at::Tensor per_head_on_gpu(const AttentionShape& s, std::int64_t batch, auto value_of) {
+  std::vector<double> values;
+  for (std::int64_t b = 0; b < batch; ++b) {
+    for (std::int64_t h = 0; h < s.heads_q; ++h) values.push_back(value_of(b, h));
+  }
+  return at::tensor(values, at::TensorOptions().dtype(at::kDouble)).to(current_gpu());
+}
 
 GpuReferenceInputs upload(const AttentionCall& call, const std::vector<std::int64_t>& rows) {
   GpuReferenceInputs in;
@@ -69,6 +78,10 @@ GpuReferenceInputs upload(const AttentionCall& call, const std::vector<std::int6
   in.k = to_gpu_fp64(call.k, call.layout);
   in.v = to_gpu_fp64(call.v, call.layout);
   if (call.mask) in.mask = additive_mask(call, in.row_index);
+  if (call.alibi_slopes) {
+    in.alibi_slopes = per_head_on_gpu(in.shape, in.shape.batch, [&](auto b, auto h) { return call.alibi_slope(b, h); });
+  }
+  if (call.sinks) in.sinks = per_head_on_gpu(in.shape, 1, [&](auto, auto h) { return call.sink(h); });
   return in;
 }
 
@@ -83,7 +96,7 @@ void compute(const GpuReferenceInputs& in, at::Tensor& out, at::Tensor& fully_ma
   const std::int64_t offset = call.diagonal_offset(s);
   fully_masked.zero_();
 #ifdef ATTNREPLAY_FUSED_REFERENCE
-  if (!call.mask && call.extensions().empty() && fused_reference_supports(s.head_dim_qk, s.head_dim_vo)) {
+  if (fused_reference_supports(s.head_dim_qk, s.head_dim_vo)) {
     FusedReferenceProblem problem;
     problem.q = in.q.data_ptr<double>();
     problem.k = in.k.data_ptr<double>();
@@ -101,6 +114,17 @@ void compute(const GpuReferenceInputs& in, at::Tensor& out, at::Tensor& fully_ma
     problem.causal_offset = offset;
     problem.scale = scale;
     problem.fully_masked_rows = reinterpret_cast<unsigned long long*>(fully_masked.data_ptr<std::int64_t>());
+    if (in.mask) {
+      problem.mask = in.mask->data_ptr<double>();
+      for (int dim = 0; dim < 4; ++dim) problem.mask_strides[dim] = in.mask->size(dim) == 1 ? 0 : in.mask->stride(dim);
+    }
+    problem.window_left_set = call.window_left.has_value();
+    problem.window_left = call.window_left.value_or(0);
+    problem.window_right_set = call.window_right.has_value();
+    problem.window_right = call.window_right.value_or(0);
+    problem.softcap = call.softcap;
+    if (in.alibi_slopes) problem.alibi_slopes = in.alibi_slopes->data_ptr<double>();
+    if (in.sinks) problem.sinks = in.sinks->data_ptr<double>();
     // torch's tensors above were made on the default stream, which this launch follows.
     if (const char* error = launch_fused_reference(problem, nullptr)) {
       throw std::runtime_error(std::string("GPU reference: ") + error);
@@ -204,8 +228,8 @@ class CudaReferenceKernel final : public Kernel {
   const KernelDescription& description() const override {
     static const KernelDescription d{
         "reference-cuda",
-        "exact attention in fp64 on the GPU (fp64 tensor cores, streaming; DGEMM in chunks with a mask, "
-        "window, softcap, ALiBi or sinks): the reference for large calls",
+        "exact attention in fp64 on the GPU (fp64 tensor cores, streaming; DGEMM in chunks for head dims "
+        "over 128): the reference for large calls",
         "cuda", /*is_reference=*/true, std::nullopt, Extensions::all()};
     return d;
   }

@@ -10,6 +10,9 @@
 // (batch, head) and walks the keys in tiles of 64; K, V and each warp's P go through shared memory.
 // K and V are copied in asynchronously (cp.async), each while the other is being used, so that
 // the block does not wait for memory between tiles.
+//
+// A mask, a window, a softcap, ALiBi or sinks take a second instance of the kernel (kExtended), so
+// that plain calls keep the registers and the instructions they need and no more.
 #include <cmath>
 
 #include "kernels/cuda/reference_fused.h"
@@ -80,7 +83,8 @@ __device__ __forceinline__ void wait_for_copies() {
 }
 
 // kWidthQk, kWidthVo: the head dims rounded up to the shared tiles' widths (64 or 128).
-template <int kWidthQk, int kWidthVo>
+// kExtended: the call has a mask, window, softcap, ALiBi or sinks.
+template <int kWidthQk, int kWidthVo, bool kExtended>
 __global__ void __launch_bounds__(kThreads) fused_reference_kernel(FusedReferenceProblem p) {
   constexpr int kSteps = kWidthQk / 4;          // k-steps of K Qᵀ
   constexpr int kValueTiles = kWidthVo / 16;    // 16-column tiles of Oᵀ
@@ -115,31 +119,51 @@ __global__ void __launch_bounds__(kThreads) fused_reference_kernel(FusedReferenc
       q_frag[s] = row < p.rows && c < d ? q[row * d + c] : 0.0;
     }
   }
+  // The keys a row at `position` may see by causality and the window: first .. end - 1.
+  auto first_key = [&](std::int64_t position) -> std::int64_t {
+    if (!kExtended || !p.window_left_set) return 0;
+    const std::int64_t first = position + p.causal_offset - p.window_left;
+    return first > 0 ? first : 0;
+  };
+  auto end_key = [&](std::int64_t position) -> std::int64_t {
+    std::int64_t end = p.seq_kv;
+    if (p.causal && position + p.causal_offset + 1 < end) end = position + p.causal_offset + 1;
+    if (kExtended && p.window_right_set && position + p.causal_offset + p.window_right + 1 < end) {
+      end = position + p.causal_offset + p.window_right + 1;
+    }
+    return end;
+  };
   bool row_valid[2];
-  std::int64_t horizon[2];  // the last key each row may see
+  std::int64_t seen_first[2], seen_end[2];
+  std::int64_t diagonal[2];  // where the row's diagonal sits among the keys (for ALiBi)
+  const double* mask_row[2] = {nullptr, nullptr};
   for (int e = 0; e < 2; ++e) {
     const std::int64_t row = warp_row0 + 2 * t + e;
     row_valid[e] = row < p.rows;
-    horizon[e] = p.causal ? (row_valid[e] ? p.positions[row] : 0) + p.causal_offset : p.seq_kv - 1;
+    const std::int64_t position = row_valid[e] ? p.positions[row] : 0;
+    seen_first[e] = first_key(position);
+    seen_end[e] = end_key(position);
+    diagonal[e] = position + p.causal_offset;
+    if (kExtended && p.mask) {
+      mask_row[e] = p.mask + b * p.mask_strides[0] + h * p.mask_strides[1] + (row_valid[e] ? row : 0) * p.mask_strides[2];
+    }
   }
-  // Keys past the last row's horizon are hidden from every row of the block: skip them. Below the
-  // first row's (positions ascend), a tile hides nothing and needs no test per score.
-  std::int64_t key_end = p.seq_kv, open_end = p.seq_kv;
-  if (p.causal) {
-    const std::int64_t last_horizon = p.positions[last_row] + p.causal_offset + 1;
-    const std::int64_t first_horizon = p.positions[row0] + p.causal_offset + 1;
-    key_end = last_horizon < key_end ? last_horizon : key_end;
-    open_end = first_horizon < open_end ? first_horizon : open_end;
-  }
+  // Positions ascend, so a window's bounds do too: keys outside [the first row's first, the last
+  // row's end) are hidden from every row of the block and skipped; inside [the last row's first,
+  // the first row's end) a tile hides nothing and needs no test per score.
+  const std::int64_t key_begin = first_key(p.positions[row0]), key_end = end_key(p.positions[last_row]);
+  const std::int64_t open_begin = first_key(p.positions[last_row]);
+  std::int64_t open_end = end_key(p.positions[row0]);
   if (last_row - row0 + 1 < kRows) open_end = 0;  // a block with missing rows tests every score
+  const double slope = kExtended && p.alibi_slopes ? p.alibi_slopes[bh] : 0.0;
 
   double running_max[2] = {neg_inf, neg_inf}, running_sum[2] = {0.0, 0.0};  // the sum: this lane's keys only
   double acc[kValueTiles][4];
 #pragma unroll
   for (int w = 0; w < kValueTiles; ++w) acc[w][0] = acc[w][1] = acc[w][2] = acc[w][3] = 0.0;
 
-  if (key_end > 0) copy_tile_async<kWidthQk>(k, 0, p.seq_kv, d, k_s, tid);
-  for (std::int64_t key0 = 0; key0 < key_end; key0 += kKeys) {
+  if (key_begin < key_end) copy_tile_async<kWidthQk>(k, key_begin, p.seq_kv, d, k_s, tid);
+  for (std::int64_t key0 = key_begin; key0 < key_end; key0 += kKeys) {
     wait_for_copies<0>();  // this tile's K
     __syncthreads();       // ... seen by every thread; and every warp is done with the last tile's V
     copy_tile_async<kWidthVo>(v, key0, p.seq_kv, dv, v_s, tid);
@@ -165,7 +189,7 @@ __global__ void __launch_bounds__(kThreads) fused_reference_kernel(FusedReferenc
       asm volatile("cp.async.commit_group;\n" ::);  // an empty group keeps the count of pending ones
     }
 
-    const bool test_each = key0 + kKeys > open_end;
+    const bool test_each = key0 < open_begin || key0 + kKeys > open_end;
     double tile_max[2] = {neg_inf, neg_inf};
 #pragma unroll
     for (int u = 0; u < kScoreTiles; ++u) {
@@ -173,8 +197,14 @@ __global__ void __launch_bounds__(kThreads) fused_reference_kernel(FusedReferenc
       for (int i = 0; i < 4; ++i) {
         const int e = i % 2;
         const std::int64_t key = key0 + u * 16 + g + 8 * (i / 2);
-        const bool visible = !test_each || (row_valid[e] && key < p.seq_kv && key <= horizon[e]);
-        score[u][i] = visible ? score[u][i] * p.scale : neg_inf;
+        const bool visible = !test_each || (row_valid[e] && key >= seen_first[e] && key < seen_end[e]);
+        double value = score[u][i] * p.scale;
+        if (kExtended && visible) {
+          if (p.softcap > 0) value = p.softcap * tanh(value / p.softcap);
+          if (p.mask) value += mask_row[e][key * p.mask_strides[3]];
+          if (slope != 0) value -= slope * static_cast<double>(llabs(diagonal[e] - key));
+        }
+        score[u][i] = visible ? value : neg_inf;
         tile_max[e] = fmax(tile_max[e], score[u][i]);
       }
     }
@@ -221,10 +251,24 @@ __global__ void __launch_bounds__(kThreads) fused_reference_kernel(FusedReferenc
   wait_for_copies<0>();  // nothing may still be writing to shared memory when the block ends
 
   // A row with no visible key gives 0, as the CPU reference (and torch's math backend) does.
-  double sum[2];
+  double sum[2], out_scale[2] = {1.0, 1.0};
   for (int e = 0; e < 2; ++e) sum[e] = across_keys_sum(running_sum[e]);
   for (int e = 0; e < 2; ++e) {
     if (row_valid[e] && sum[e] == 0.0 && g == 0 && p.fully_masked_rows) atomicAdd(p.fully_masked_rows, 1ull);
+  }
+  if (kExtended && p.sinks) {
+    // The sink joins the denominator of a row that sees a key, as one more logit of no value; when
+    // it is the row's largest, the sum and the output are rescaled to it (as the CPU reference).
+    const double sink = p.sinks[h];
+    for (int e = 0; e < 2; ++e) {
+      if (sum[e] == 0.0 || sink == neg_inf) continue;
+      if (sink > running_max[e]) {
+        out_scale[e] = exp(running_max[e] - sink);
+        sum[e] = sum[e] * out_scale[e] + 1.0;
+      } else {
+        sum[e] += exp(sink - running_max[e]);
+      }
+    }
   }
 #pragma unroll
   for (int w = 0; w < kValueTiles; ++w) {
@@ -232,23 +276,31 @@ __global__ void __launch_bounds__(kThreads) fused_reference_kernel(FusedReferenc
     for (int i = 0; i < 4; ++i) {
       const int e = i % 2, column = w * 16 + g + 8 * (i / 2);
       const std::int64_t row = warp_row0 + 2 * t + e;
-      if (row_valid[e] && column < dv) p.out[(bh * p.rows + row) * dv + column] = sum[e] == 0.0 ? 0.0 : acc[w][i] / sum[e];
+      if (row_valid[e] && column < dv) {
+        p.out[(bh * p.rows + row) * dv + column] = sum[e] == 0.0 ? 0.0 : acc[w][i] * out_scale[e] / sum[e];
+      }
     }
   }
 }
 
-template <int kWidthQk, int kWidthVo>
-const char* launch(const FusedReferenceProblem& problem, cudaStream_t stream) {
+template <int kWidthQk, int kWidthVo, bool kExtended>
+const char* launch_instance(const FusedReferenceProblem& problem, cudaStream_t stream) {
   constexpr std::size_t bytes = shared_bytes<kWidthQk, kWidthVo>();
   static_assert(bytes <= 227 * 1024, "the tiles must fit a block's shared memory");
-  if (cudaFuncSetAttribute(fused_reference_kernel<kWidthQk, kWidthVo>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(bytes)) != cudaSuccess) {
+  const auto kernel = fused_reference_kernel<kWidthQk, kWidthVo, kExtended>;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)) != cudaSuccess) {
     return "reference_fused.cu: cudaFuncSetAttribute(MaxDynamicSharedMemorySize) failed";
   }
   const dim3 grid(static_cast<unsigned>((problem.rows + kRows - 1) / kRows),
                   static_cast<unsigned>(problem.batch * problem.heads_q));
-  fused_reference_kernel<kWidthQk, kWidthVo><<<grid, kThreads, bytes, stream>>>(problem);
+  kernel<<<grid, kThreads, bytes, stream>>>(problem);
   return cudaGetLastError() == cudaSuccess ? nullptr : "reference_fused.cu: kernel launch failed";
+}
+
+template <int kWidthQk, int kWidthVo>
+const char* launch(const FusedReferenceProblem& problem, cudaStream_t stream) {
+  return problem.extended() ? launch_instance<kWidthQk, kWidthVo, true>(problem, stream)
+                            : launch_instance<kWidthQk, kWidthVo, false>(problem, stream);
 }
 
 }  // namespace

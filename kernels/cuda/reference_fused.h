@@ -19,6 +19,22 @@ struct FusedReferenceProblem {
   std::int64_t causal_offset = 0;  // key j is visible to position i when j <= i + offset
   double scale = 1.0;
   unsigned long long* fully_masked_rows = nullptr;  // device counter, incremented per empty row
+
+  // What a call may add to masked, causal attention, in the CPU reference's order: the scaled score
+  // is softcapped, then the mask and ALiBi are added, then causality and the window hide keys.
+  // An additive fp64 mask, element (b, h, row, key) at the dot of these strides (0 where broadcast).
+  const double* mask = nullptr;
+  std::int64_t mask_strides[4] = {0, 0, 0, 0};
+  // Key j is visible to position i when i + offset - window_left <= j <= i + offset + window_right.
+  bool window_left_set = false, window_right_set = false;
+  std::int64_t window_left = 0, window_right = 0;
+  double softcap = 0.0;                  // > 0: score = softcap * tanh(score / softcap)
+  const double* alibi_slopes = nullptr;  // (batch, heads_q): score -= slope * |i + offset - j|
+  const double* sinks = nullptr;         // (heads_q): a logit in each row's denominator, adding no value
+
+  bool extended() const {
+    return mask || window_left_set || window_right_set || softcap > 0 || alibi_slopes || sinks;
+  }
 };
 
 // Head dims the fused path handles (its tiles live in shared memory); others use the chunked one.

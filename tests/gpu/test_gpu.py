@@ -57,9 +57,14 @@ def test_gpu_reference_matches_cpu_reference(tmp_path, flags):
     assert kernel["error"]["rel_l2"] < 1e-13 and kernel["error"]["nan_count"] == 0, kernel["error"]
 
 
-def test_gpu_reference_with_masks(tmp_path):
+# Head dims up to 128 take the fused kernel (kernels/cuda/reference_fused.cu); wider ones the chunked DGEMMs.
+REFERENCE_PATHS = pytest.mark.parametrize("head_dim", [16, 160], ids=["fused", "chunked"])
+
+
+@REFERENCE_PATHS
+def test_gpu_reference_with_masks(tmp_path, head_dim):
     g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(2, 3, 20, 16, generator=g) for _ in range(3))
+    q, k, v = (torch.randn(2, 3, 20, head_dim, generator=g) for _ in range(3))
     mask = torch.rand(2, 1, 20, 20, generator=g) > 0.4
     mask[0, 0, 3] = False  # a fully masked row: output 0 in both references
     torch.save({"q": q, "k": k, "v": v, "attn_mask": mask}, tmp_path / "m.pt")
@@ -68,13 +73,31 @@ def test_gpu_reference_with_masks(tmp_path):
     assert kernel["error"]["max_abs"] < 1e-13, kernel["error"]
 
 
+@REFERENCE_PATHS
+def test_gpu_reference_with_additive_masks_over_many_tiles(tmp_path, head_dim):
+    # A float mask per head, broadcast over rows (a padding mask with transformers' finfo.min, and a
+    # bias), bottom-right causal, GQA, more rows and keys than one block and one key tile hold.
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(2, 4, 150, head_dim, generator=g)
+    k, v = (torch.randn(2, 2, 230, head_dim, generator=g) for _ in range(2))
+    mask = torch.randn(2, 4, 1, 230, generator=g)
+    mask[1, :, :, :37] = torch.finfo(torch.float32).min  # left padding of the second sequence
+    call = {"format": "attnreplay.call", "schema_version": 2, "q": q, "k": k, "v": v, "mask": mask,
+            "is_causal": True, "causal_alignment": "bottom_right"}
+    torch.save(call, tmp_path / "m.pt")
+    report, _ = replay(tmp_path, tmp_path / "m.pt", "--reference", "cpu", "--kernels", "reference-cuda")
+    (kernel,) = report["calls"][0]["kernels"]
+    assert kernel["error"]["rel_l2"] < 1e-13 and kernel["error"]["nan_count"] == 0, kernel["error"]
+
+
+@REFERENCE_PATHS
 @pytest.mark.parametrize("alignment", ["top_left", "bottom_right"])
-def test_gpu_reference_with_window_softcap_alibi_and_sinks(tmp_path, alignment):
-    # The chunked GPU path against the CPU reference, every extension at once, GQA and a mask with
-    # a row that sees no key; and a window alone through the torch backends that take a mask.
+def test_gpu_reference_with_window_softcap_alibi_and_sinks(tmp_path, alignment, head_dim):
+    # The GPU reference against the CPU one, every extension at once, GQA and a mask with a row that
+    # sees no key.
     g = torch.Generator().manual_seed(1)
-    q = torch.randn(2, 4, 24, 16, generator=g)
-    k, v = (torch.randn(2, 2, 40, 16, generator=g) for _ in range(2))
+    q = torch.randn(2, 4, 24, head_dim, generator=g)
+    k, v = (torch.randn(2, 2, 40, head_dim, generator=g) for _ in range(2))
     mask = torch.rand(2, 1, 24, 40, generator=g) > 0.2
     mask[1, 0, 5] = False
     call = {"format": "attnreplay.call", "schema_version": 2, "q": q, "k": k, "v": v, "mask": mask,
@@ -84,6 +107,34 @@ def test_gpu_reference_with_window_softcap_alibi_and_sinks(tmp_path, alignment):
     report, _ = replay(tmp_path, tmp_path / "x.pt", "--reference", "cpu", "--kernels", "reference-cuda")
     (kernel,) = report["calls"][0]["kernels"]
     assert kernel["error"]["max_abs"] < 1e-13, kernel["error"]
+
+
+@REFERENCE_PATHS
+def test_gpu_reference_on_sampled_rows_with_a_window_and_a_mask(tmp_path, head_dim):
+    # Sampled rows are scattered positions, and a block's window bounds follow them. A kernel judged
+    # on the same sampled rows by each reference: the same figures, the same rows without a key.
+    # (No kernel but the references computes a softcap, ALiBi or sinks, and they refuse sampled rows.)
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(1, 4, 300, head_dim, generator=g)
+    k, v = (torch.randn(1, 4, 400, head_dim, generator=g) for _ in range(2))
+    mask = torch.randn(1, 4, 300, 400, generator=g)
+    mask[0, 1, ::3] = float("-inf")  # rows that see no key
+    call = {"format": "attnreplay.call", "schema_version": 2, "q": q, "k": k, "v": v, "mask": mask,
+            "causal_alignment": "bottom_right", "window_left": 70, "window_right": 10}
+    torch.save(call, tmp_path / "x.pt")
+    flags = ["--kernels", "torch-math-cuda", "--ref-sample-rows", "60"]
+    on_gpu, _ = replay(tmp_path, tmp_path / "x.pt", "--reference", "cuda", *flags)
+    on_cpu, _ = replay(tmp_path, tmp_path / "x.pt", "--reference", "cpu", *flags)
+    a, b = on_gpu["calls"][0]["kernels"][0]["error"], on_cpu["calls"][0]["kernels"][0]["error"]
+    assert a["sampled"] and a["rows_compared"] == 60 and a["no_key_rows"] > 0, a
+    assert_same_error_figures(a, b, rel=1e-6)
+
+
+@pytest.mark.parametrize("alignment", ["top_left", "bottom_right"])
+def test_a_window_alone_reaches_the_torch_backends_that_take_a_mask(tmp_path, alignment):
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(2, 4, 24, 16, generator=g)
+    k, v = (torch.randn(2, 2, 40, 16, generator=g) for _ in range(2))
     window = {"q": q.half(), "k": k.half(), "v": v.half(), "is_causal": False,
               "causal_alignment": alignment, "window_left": 5, "window_right": 0, "enable_gqa": True}
     torch.save(window, tmp_path / "w.pt")
