@@ -29,9 +29,11 @@ constexpr int kMaxHeadDim = 128;
 __host__ __device__ constexpr int pitch(int width) { return width + 4; }
 constexpr int kProbPitch = pitch(kKeys);
 
-template <int kWidthQk, int kWidthVo>
+// K, V, P and, for an extended call, the mask's tile (laid out as P).
+template <int kWidthQk, int kWidthVo, bool kExtended>
 constexpr std::size_t shared_bytes() {
-  return sizeof(double) * static_cast<std::size_t>(kKeys * pitch(kWidthQk) + kKeys * pitch(kWidthVo) + kRows * kProbPitch);
+  return sizeof(double) * static_cast<std::size_t>(kKeys * pitch(kWidthQk) + kKeys * pitch(kWidthVo) +
+                                                   (kExtended ? 2 : 1) * kRows * kProbPitch);
 }
 
 // D (16x8) += A (16x4, row) * B (4x8, col). With g = lane / 4 and t = lane % 4, a lane holds
@@ -77,6 +79,26 @@ __device__ __forceinline__ void copy_tile_async(const double* src, std::int64_t 
   asm volatile("cp.async.commit_group;\n" ::);
 }
 
+// Queues the copy of the mask's kRows x kKeys tile at (row0, key0) of (b, h), laid out as P; what
+// lies past the rows or keys is filled with zeros (those scores are hidden). A thread copies one
+// key column, every kThreads / kKeys-th row.
+__device__ __forceinline__ void copy_mask_tile_async(const FusedReferenceProblem& p, std::int64_t b, std::int64_t h,
+                                                     std::int64_t row0, std::int64_t key0, double* tile, int tid) {
+  constexpr int kRowStep = kThreads / kKeys;
+  const int c = tid % kKeys, r0 = tid / kKeys;
+  const std::int64_t key = key0 + c;
+  const double* base = p.mask + b * p.mask_strides[0] + h * p.mask_strides[1] + key * p.mask_strides[3];
+  unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(tile + r0 * kProbPitch + c));
+#pragma unroll 4
+  for (int r = r0; r < kRows; r += kRowStep) {
+    const bool inside = row0 + r < p.rows && key < p.seq_kv;
+    const double* from = inside ? base + (row0 + r) * p.mask_strides[2] : p.mask;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(to), "l"(from), "r"(inside ? 8 : 0) : "memory");
+    to += kRowStep * kProbPitch * sizeof(double);
+  }
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+
 template <int kPending>
 __device__ __forceinline__ void wait_for_copies() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
@@ -94,6 +116,7 @@ __global__ void __launch_bounds__(kThreads) fused_reference_kernel(FusedReferenc
   double* k_s = shared;                           // [kKeys][pitch(kWidthQk)]
   double* v_s = k_s + kKeys * pitch(kWidthQk);    // [kKeys][pitch(kWidthVo)]
   double* p_s = v_s + kKeys * pitch(kWidthVo);    // [kRows][kProbPitch]
+  double* mask_s = p_s + kRows * kProbPitch;      // [kRows][kProbPitch], extended calls only
 
   const double neg_inf = __longlong_as_double(static_cast<long long>(0xfff0000000000000ull));
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -136,7 +159,6 @@ __global__ void __launch_bounds__(kThreads) fused_reference_kernel(FusedReferenc
   bool row_valid[2];
   std::int64_t seen_first[2], seen_end[2];
   std::int64_t diagonal[2];  // where the row's diagonal sits among the keys (for ALiBi)
-  const double* mask_row[2] = {nullptr, nullptr};
   for (int e = 0; e < 2; ++e) {
     const std::int64_t row = warp_row0 + 2 * t + e;
     row_valid[e] = row < p.rows;
@@ -144,10 +166,8 @@ __global__ void __launch_bounds__(kThreads) fused_reference_kernel(FusedReferenc
     seen_first[e] = first_key(position);
     seen_end[e] = end_key(position);
     diagonal[e] = position + p.causal_offset;
-    if (kExtended && p.mask) {
-      mask_row[e] = p.mask + b * p.mask_strides[0] + h * p.mask_strides[1] + (row_valid[e] ? row : 0) * p.mask_strides[2];
-    }
   }
+  const bool masked = kExtended && p.mask;
   // Positions ascend, so a window's bounds do too: keys outside [the first row's first, the last
   // row's end) are hidden from every row of the block and skipped; inside [the last row's first,
   // the first row's end) a tile hides nothing and needs no test per score.
@@ -166,6 +186,7 @@ __global__ void __launch_bounds__(kThreads) fused_reference_kernel(FusedReferenc
   for (std::int64_t key0 = key_begin; key0 < key_end; key0 += kKeys) {
     wait_for_copies<0>();  // this tile's K
     __syncthreads();       // ... seen by every thread; and every warp is done with the last tile's V
+    if (masked) copy_mask_tile_async(p, b, h, row0, key0, mask_s, tid);  // before V: it is needed first
     copy_tile_async<kWidthVo>(v, key0, p.seq_kv, dv, v_s, tid);
 
     // Sᵀ = K Qᵀ: score[u] is keys key0 + 16u + (g, g + 8) by rows 2t, 2t + 1.
@@ -182,7 +203,8 @@ __global__ void __launch_bounds__(kThreads) fused_reference_kernel(FusedReferenc
         }
       }
     }
-    __syncthreads();  // every warp is done with this tile's K: the next one can come in
+    if (masked) wait_for_copies<1>();  // this tile's mask (V may still be coming)
+    __syncthreads();  // every warp is done with this tile's K: the next one can come in (and the mask is seen)
     if (key0 + kKeys < key_end) {
       copy_tile_async<kWidthQk>(k, key0 + kKeys, p.seq_kv, d, k_s, tid);
     } else {
@@ -201,7 +223,7 @@ __global__ void __launch_bounds__(kThreads) fused_reference_kernel(FusedReferenc
         double value = score[u][i] * p.scale;
         if (kExtended && visible) {
           if (p.softcap > 0) value = p.softcap * tanh(value / p.softcap);
-          if (p.mask) value += mask_row[e][key * p.mask_strides[3]];
+          if (masked) value += mask_s[(warp * 8 + 2 * t + e) * kProbPitch + u * 16 + g + 8 * (i / 2)];
           if (slope != 0) value -= slope * static_cast<double>(llabs(diagonal[e] - key));
         }
         score[u][i] = visible ? value : neg_inf;
@@ -285,7 +307,7 @@ __global__ void __launch_bounds__(kThreads) fused_reference_kernel(FusedReferenc
 
 template <int kWidthQk, int kWidthVo, bool kExtended>
 const char* launch_instance(const FusedReferenceProblem& problem, cudaStream_t stream) {
-  constexpr std::size_t bytes = shared_bytes<kWidthQk, kWidthVo>();
+  constexpr std::size_t bytes = shared_bytes<kWidthQk, kWidthVo, kExtended>();
   static_assert(bytes <= 227 * 1024, "the tiles must fit a block's shared memory");
   const auto kernel = fused_reference_kernel<kWidthQk, kWidthVo, kExtended>;
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)) != cudaSuccess) {
