@@ -22,7 +22,8 @@ struct FusedReferenceProblem {
 
   // What a call may add to masked, causal attention, in the CPU reference's order: the scaled score
   // is softcapped, then the mask and ALiBi are added, then causality and the window hide keys.
-  // An additive fp64 mask, element (b, h, row, key) at the dot of these strides (0 where broadcast).
+  // An additive fp64 mask, element (b, h, row, key) at the dot of these strides (0 where broadcast);
+  // `row` counts the chosen rows, as q and out do.
   const double* mask = nullptr;
   std::int64_t mask_strides[4] = {0, 0, 0, 0};
   // Key j is visible to position i when i + offset - window_left <= j <= i + offset + window_right.

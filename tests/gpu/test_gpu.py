@@ -61,16 +61,22 @@ def test_gpu_reference_matches_cpu_reference(tmp_path, flags):
 REFERENCE_PATHS = pytest.mark.parametrize("head_dim", [16, 160], ids=["fused", "chunked"])
 
 
+def gpu_reference_error(tmp_path, call):
+    """The error record of reference-cuda's output on `call` (a .pt file's dict) against the CPU reference."""
+    torch.save(call, tmp_path / "call.pt")
+    report, _ = replay(tmp_path, tmp_path / "call.pt", "--reference", "cpu", "--kernels", "reference-cuda")
+    (kernel,) = report["calls"][0]["kernels"]
+    return kernel["error"]
+
+
 @REFERENCE_PATHS
 def test_gpu_reference_with_masks(tmp_path, head_dim):
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 3, 20, head_dim, generator=g) for _ in range(3))
     mask = torch.rand(2, 1, 20, 20, generator=g) > 0.4
     mask[0, 0, 3] = False  # a fully masked row: output 0 in both references
-    torch.save({"q": q, "k": k, "v": v, "attn_mask": mask}, tmp_path / "m.pt")
-    report, _ = replay(tmp_path, tmp_path / "m.pt", "--reference", "cpu", "--kernels", "reference-cuda")
-    (kernel,) = report["calls"][0]["kernels"]
-    assert kernel["error"]["max_abs"] < 1e-13, kernel["error"]
+    error = gpu_reference_error(tmp_path, {"q": q, "k": k, "v": v, "attn_mask": mask})
+    assert error["max_abs"] < 1e-13, error
 
 
 @REFERENCE_PATHS
@@ -84,10 +90,8 @@ def test_gpu_reference_with_additive_masks_over_many_tiles(tmp_path, head_dim):
     mask[1, :, :, :37] = torch.finfo(torch.float32).min  # left padding of the second sequence
     call = {"format": "attnreplay.call", "schema_version": 2, "q": q, "k": k, "v": v, "mask": mask,
             "is_causal": True, "causal_alignment": "bottom_right"}
-    torch.save(call, tmp_path / "m.pt")
-    report, _ = replay(tmp_path, tmp_path / "m.pt", "--reference", "cpu", "--kernels", "reference-cuda")
-    (kernel,) = report["calls"][0]["kernels"]
-    assert kernel["error"]["rel_l2"] < 1e-13 and kernel["error"]["nan_count"] == 0, kernel["error"]
+    error = gpu_reference_error(tmp_path, call)
+    assert error["rel_l2"] < 1e-13 and error["nan_count"] == 0, error
 
 
 @REFERENCE_PATHS
@@ -103,10 +107,8 @@ def test_gpu_reference_with_window_softcap_alibi_and_sinks(tmp_path, alignment, 
     call = {"format": "attnreplay.call", "schema_version": 2, "q": q, "k": k, "v": v, "mask": mask,
             "is_causal": True, "causal_alignment": alignment, "window_left": 7, "window_right": 2, "softcap": 3.0,
             "alibi_slopes": torch.tensor([0.5, 0.25, 0.125, 0.0625]), "sinks": torch.tensor([0.5, -1.0, 2.0, 0.0])}
-    torch.save(call, tmp_path / "x.pt")
-    report, _ = replay(tmp_path, tmp_path / "x.pt", "--reference", "cpu", "--kernels", "reference-cuda")
-    (kernel,) = report["calls"][0]["kernels"]
-    assert kernel["error"]["max_abs"] < 1e-13, kernel["error"]
+    error = gpu_reference_error(tmp_path, call)
+    assert error["max_abs"] < 1e-13, error
 
 
 @REFERENCE_PATHS
