@@ -236,6 +236,9 @@ ErrorStats compare_to_reference(const at::Tensor& output, const ReferenceOutput&
   return stats;
 }
 
+// Each (batch, head) folded as the whole call is (error_fold.h), and its figures read from the sums
+// as fill_from_sums reads them: a reference that is not finite makes every figure NaN, never a small
+// error; with nothing finite to compare they stay 0.
 std::vector<HeadError> compare_per_head(const HostTensor& output, const ReferenceOutput& reference) {
   const AttentionShape& s = reference.shape;
   check_output_shape(output.shape, s);
@@ -245,36 +248,25 @@ std::vector<HeadError> compare_per_head(const HostTensor& output, const Referenc
   const std::byte* data = output.data();
   for (std::int64_t b = 0; b < s.batch; ++b)
     for (std::int64_t h = 0; h < s.heads_q; ++h) {
-      HeadError head;
-      head.batch = b, head.head = h;
-      double sum_sq_error = 0, sum_sq_ref = 0, sum_sq_out = 0, dot = 0;
-      std::int64_t compared = 0;
+      ErrorSums sums;
+      std::int64_t index = 0;
       for (std::size_t slot = 0; slot < reference.rows.size(); ++slot) {
         const std::int64_t base = ((b * s.heads_q + h) * s.seq_q + reference.rows[slot]) * s.head_dim_vo;
         for (std::int64_t d = 0; d < s.head_dim_vo; ++d) {
           const double o = element_to_double(output.dtype, data + static_cast<std::size_t>(base + d) * esize);
-          if (!std::isfinite(o)) {
-            ++head.nonfinite_count;
-            continue;
-          }
-          const double r = reference.at(b, h, slot, d);
-          const double error = std::abs(o - r);
-          ++compared;
-          head.max_abs = std::max(head.max_abs, error);
-          sum_sq_error += error * error;
-          sum_sq_ref += r * r;
-          sum_sq_out += o * o;
-          dot += o * r;
+          fold(sums, o, reference.at(b, h, slot, d), index++, /*seen=*/false, kRelativeEpsilon, kTolerance);
         }
       }
-      // As compare_to_reference: with nothing finite to compare, the figures stay 0.
-      if (compared == 0) {
-        heads.push_back(head);
-        continue;
+      HeadError& head = heads.emplace_back();
+      head.batch = b, head.head = h;
+      head.nonfinite_count = sums.nan + sums.inf;
+      if (sums.reference_nonfinite > 0) {
+        head.rel_l2 = head.cosine = head.max_abs = NAN;
+      } else if (sums.finite > 0) {
+        head.max_abs = sums.max_abs;
+        head.rel_l2 = relative_l2(sums.sum_e2, sums.sum_r2);
+        head.cosine = cosine_of(sums.sum_or, sums.sum_o2, sums.sum_r2);
       }
-      head.rel_l2 = relative_l2(sum_sq_error, sum_sq_ref);
-      head.cosine = cosine_of(dot, sum_sq_out, sum_sq_ref);
-      heads.push_back(head);
     }
   return heads;
 }

@@ -5,6 +5,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <ostream>
 
@@ -84,11 +85,14 @@ std::string describe_diagnostics(const nlohmann::json& d) {
                      figure(number_at(d, "k_amax_spread")), figure(number_at(d, "k_smoothed_amax_spread")));
 }
 
-// The three worst (batch, head) of a call: "0,3 0.012; ...".
+// The three worst (batch, head) of a call: "0,3 0.012; ...". A head whose figure is NaN (its
+// reference is not finite) comes first: nothing can be told of it.
 std::string worst_heads(const nlohmann::json& per_head) {
   std::vector<nlohmann::json> heads(per_head.begin(), per_head.end());
   std::stable_sort(heads.begin(), heads.end(), [](const nlohmann::json& a, const nlohmann::json& b) {
-    return number_at(a, "rel_l2") > number_at(b, "rel_l2");
+    const double x = number_at(a, "rel_l2"), y = number_at(b, "rel_l2");
+    if (std::isnan(x) || std::isnan(y)) return std::isnan(x) && !std::isnan(y);
+    return x > y;
   });
   std::vector<std::string> texts;
   for (std::size_t i = 0; i < heads.size() && i < 3; ++i) {

@@ -92,7 +92,9 @@ AuditReport sample_audit() {
     report.replay.calls.push_back(call_with(i, i < 3 ? small : large, std::move(kernels)));
   }
   std::map<std::pair<std::size_t, std::string>, std::vector<HeadError>> per_head;
-  per_head[{3, "fast"}] = {HeadError{0, 0, 0.01, 0.9999, 0.1, 0}, HeadError{0, 1, 0.07, 0.998, 0.4, 0}};
+  // Head 2's reference is not finite: its figures are NaN.
+  per_head[{3, "fast"}] = {HeadError{0, 0, 0.01, 0.9999, 0.1, 0}, HeadError{0, 1, 0.07, 0.998, 0.4, 0},
+                           HeadError{0, 2, NAN, NAN, NAN, 0}};
   summarize_audit(report, RefcheckThresholds{}, per_head);
   return report;
 }
@@ -160,7 +162,7 @@ TEST_CASE("audit summary: distributions, verdicts, worst calls and shape groups 
   REQUIRE(fast.worst.size() == 2);  // --worst 2
   CHECK(fast.worst[0].call == 3);
   CHECK(fast.worst[1].call == 4);
-  CHECK(fast.worst[0].per_head.size() == 2);
+  CHECK(fast.worst[0].per_head.size() == 3);
   CHECK(fast.worst[1].per_head.empty());
   CHECK(fast.median_time_s.median == 1e-3);
 
@@ -228,7 +230,7 @@ TEST_CASE("audit table: verdicts, distributions and the worst calls with their w
   CHECK_THAT(text, ContainsSubstring("audit: 5 calls in 2 shapes, 2 kernels"));
   CHECK_THAT(text, ContainsSubstring("picky declined: needs bfloat16"));
   CHECK_THAT(text, ContainsSubstring("worst calls by rel_l2 (up to 2 per kernel)"));
-  CHECK_THAT(text, ContainsSubstring("0,1 0.07; 0,0 0.01"));  // heads, worst first
+  CHECK_THAT(text, ContainsSubstring("0,2 -; 0,1 0.07; 0,0 0.01"));  // heads, worst first, one with no figure first
   CHECK_THAT(text, ContainsSubstring("cosine >= 0.999, rel_l2 <= 0.03"));
   // Cosines near 1 print their distance from 1.
   CHECK_THAT(text, ContainsSubstring("1-5e-05"));  // call 3's 0.99995

@@ -219,6 +219,23 @@ TEST_CASE("per-head errors: each (batch, head) equals compare_to_reference on th
   }
 }
 
+TEST_CASE("per-head errors: a head whose reference is not finite reads NaN in every figure, as the call does") {
+  // 1 batch, 2 heads of 2 rows x 2; head 1's reference holds a NaN (inputs that held one).
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const std::vector<double> r{1, 2, 3, 4, 1, nan, 3, 4};
+  const std::vector<double> o{1.5, 2, 3, 4, 1, 2, 3, 5};
+  const ReferenceOutput ref = make_reference(1, 2, 2, 2, r);
+  const std::vector<HeadError> heads = compare_per_head(f64({1, 2, 2, 2}, o), ref);
+  REQUIRE(heads.size() == 2);
+  CHECK(heads[0].max_abs == 0.5);
+  CHECK_THAT(heads[0].rel_l2, WithinRel(0.5 / std::sqrt(30.0), 1e-12));
+  CHECK(std::isnan(heads[1].max_abs));  // its finite errors (1 at the end) are no figure of a NaN reference
+  CHECK(std::isnan(heads[1].rel_l2));
+  CHECK(std::isnan(heads[1].cosine));
+  CHECK(heads[1].nonfinite_count == 0);
+  CHECK(std::isnan(compare_to_reference(f64({1, 2, 2, 2}, o), ref).max_abs));
+}
+
 TEST_CASE("per-head errors: a head that is far off stands out where the whole tensor averages it away") {
   // 1 batch, 4 heads of 8 values; head 2 is scaled by 1.2, the others are exact.
   std::vector<double> r(32), o(32);
