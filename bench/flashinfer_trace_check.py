@@ -84,7 +84,6 @@ def main():
     for call in json.load(open(after))["calls"]:
         origin = original[int(call["metadata"]["capture.call_index"])]
         want = {k["kernel"]: k for k in origin["kernels"]}["model-output"]["error"]
-        want = want.get("rows_with_a_key", want)
         got = {k["kernel"]: k for k in call["kernels"]}["model-output"]["error"]
         worst = max(worst, abs(got["rel_l2"] - want["rel_l2"]) / max(want["rel_l2"], 1e-30))
     results["model_output_rel_l2_largest_relative_difference"] = worst

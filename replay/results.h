@@ -148,7 +148,8 @@ struct ShardPart {
 
 struct Report {
   // 2: the command line's "options"; each timing's median interval (median_ci_low_s, _high_s).
-  static constexpr int kJsonSchemaVersion = 2;
+  // 3: error figures over the rows that see a key, the whole call's beside (including_rows_without_a_key)
+  static constexpr int kJsonSchemaVersion = 3;
   std::string tool_version;
   std::vector<std::string> argv;
   std::string started_utc;

@@ -79,58 +79,46 @@ ErrorStats compare_to_reference(const HostTensor& output, const ReferenceOutput&
 namespace {
 
 // The largest error's place, from its index among the compared (b, h, row slot, channel) elements.
-void place_worst(ErrorStats& stats, std::int64_t flat, const ReferenceOutput& reference) {
+void place_worst(ErrorFigures& figures, std::int64_t flat, const ReferenceOutput& reference) {
   const AttentionShape& s = reference.shape;
   const auto n_rows = static_cast<std::int64_t>(reference.rows.size());
-  stats.worst_channel = flat % s.head_dim_vo;
+  figures.worst_channel = flat % s.head_dim_vo;
   const std::int64_t slot = flat / s.head_dim_vo % n_rows;
-  stats.worst_row = reference.rows[static_cast<std::size_t>(slot)];
-  stats.worst_head = flat / s.head_dim_vo / n_rows % s.heads_q;
-  stats.worst_batch = flat / s.head_dim_vo / n_rows / s.heads_q;
+  figures.worst_row = reference.rows[static_cast<std::size_t>(slot)];
+  figures.worst_head = flat / s.head_dim_vo / n_rows % s.heads_q;
+  figures.worst_batch = flat / s.head_dim_vo / n_rows / s.heads_q;
 }
 
 // The figures from the pass's sums (docs/metrics.md). Where the reference is not finite (inputs
 // holding NaN) every error figure is NaN and the worst element is the first such place: no figure
 // may read as a small error.
-void fill_from_sums(ErrorStats& stats, const ErrorSums& sums, const ReferenceOutput& reference) {
-  stats.nan_count = sums.nan, stats.inf_count = sums.inf;
-  stats.elements = sums.finite;
+ErrorFigures figures_from_sums(const ErrorSums& sums, const ReferenceOutput& reference) {
+  ErrorFigures figures;
+  figures.nan_count = sums.nan, figures.inf_count = sums.inf;
+  figures.elements = sums.finite;
   if (sums.reference_nonfinite > 0) {
-    stats.max_abs = stats.mean_abs = stats.mse = stats.rmse = stats.std_abs = NAN;
-    stats.rel_l1 = stats.rel_l2 = stats.cosine = stats.max_rel = NAN;
+    figures.max_abs = figures.mean_abs = figures.mse = figures.rmse = figures.std_abs = NAN;
+    figures.rel_l1 = figures.rel_l2 = figures.cosine = figures.max_rel = NAN;
     if (sums.finite > 0) {
-      stats.output = {sums.o_min, sums.o_max, sums.o_mean, std::sqrt(sums.o_m2 / static_cast<double>(sums.finite))};
+      figures.output = {sums.o_min, sums.o_max, sums.o_mean, std::sqrt(sums.o_m2 / static_cast<double>(sums.finite))};
     }
-    stats.reference = {NAN, NAN, NAN, NAN};
-    place_worst(stats, sums.first_reference_nonfinite, reference);
+    figures.reference = {NAN, NAN, NAN, NAN};
+    place_worst(figures, sums.first_reference_nonfinite, reference);
   } else if (sums.finite > 0) {
     const auto n = static_cast<double>(sums.finite);
-    stats.max_abs = sums.max_abs, stats.mean_abs = sums.e_mean, stats.mse = sums.sum_e2 / n;
-    stats.std_abs = std::sqrt(sums.e_m2 / n);
-    stats.rmse = std::sqrt(stats.mse);
-    stats.rel_l1 = ratio_of(sums.e_mean * n, sums.sum_abs_r);
-    stats.rel_l2 = relative_l2(sums.sum_e2, sums.sum_r2);
-    stats.cosine = cosine_of(sums.sum_or, sums.sum_o2, sums.sum_r2);
-    stats.output = {sums.o_min, sums.o_max, sums.o_mean, std::sqrt(sums.o_m2 / n)};
-    stats.reference = {sums.r_min, sums.r_max, sums.r_mean, std::sqrt(sums.r_m2 / n)};
-    place_worst(stats, sums.worst_index, reference);
-    stats.max_rel = sums.max_rel;
-    stats.beyond_tolerance = sums.beyond_tolerance;
+    figures.max_abs = sums.max_abs, figures.mean_abs = sums.e_mean, figures.mse = sums.sum_e2 / n;
+    figures.std_abs = std::sqrt(sums.e_m2 / n);
+    figures.rmse = std::sqrt(figures.mse);
+    figures.rel_l1 = ratio_of(sums.e_mean * n, sums.sum_abs_r);
+    figures.rel_l2 = relative_l2(sums.sum_e2, sums.sum_r2);
+    figures.cosine = cosine_of(sums.sum_or, sums.sum_o2, sums.sum_r2);
+    figures.output = {sums.o_min, sums.o_max, sums.o_mean, std::sqrt(sums.o_m2 / n)};
+    figures.reference = {sums.r_min, sums.r_max, sums.r_mean, std::sqrt(sums.r_m2 / n)};
+    place_worst(figures, sums.worst_index, reference);
+    figures.max_rel = sums.max_rel;
+    figures.beyond_tolerance = sums.beyond_tolerance;
   }
-  if (!reference.no_key.empty()) {
-    stats.no_key_rows = std::count(reference.no_key.begin(), reference.no_key.end(), std::uint8_t{1});
-    ErrorStats::Subset subset;
-    subset.elements = sums.seen_finite, subset.nan_count = sums.seen_nan, subset.inf_count = sums.seen_inf;
-    if (sums.reference_nonfinite > 0) {
-      subset.max_abs = subset.mean_abs = subset.rel_l2 = subset.cosine = NAN;
-    } else if (subset.elements > 0) {
-      subset.max_abs = sums.seen_max_abs;
-      subset.mean_abs = sums.seen_sum_e / static_cast<double>(subset.elements);
-      subset.rel_l2 = relative_l2(sums.seen_sum_e2, sums.seen_sum_r2);
-      subset.cosine = cosine_of(sums.seen_sum_or, sums.seen_sum_o2, sums.seen_sum_r2);
-    }
-    stats.rows_with_a_key = subset;
-  }
+  return figures;
 }
 
 // The dtypes the pass reads as they are; nullopt for the others.
@@ -145,9 +133,9 @@ std::optional<ErrorSumsDType> pass_dtype(at::ScalarType type) {
 }
 
 // The pass on the host: fixed chunks folded on every core, merged in their order, so that the sums
-// do not depend on how many threads ran.
+// do not depend on how many threads ran. Rows `skip_rows` marks are left out.
 template <class T>
-void fold_on_host(const T* out, const double* ref, const std::uint8_t* no_key, std::int64_t row_width,
+void fold_on_host(const T* out, const double* ref, const std::uint8_t* skip_rows, std::int64_t row_width,
                   std::int64_t elements, ErrorSums& sums) {
   constexpr std::int64_t kChunk = 1 << 15;
   const std::int64_t chunks = (elements + kChunk - 1) / kChunk;
@@ -156,38 +144,40 @@ void fold_on_host(const T* out, const double* ref, const std::uint8_t* no_key, s
     for (std::int64_t c = first; c < last; ++c) {
       ErrorSums& s = partial[static_cast<std::size_t>(c)];
       for (std::int64_t i = c * kChunk; i < std::min(elements, (c + 1) * kChunk); ++i) {
-        const bool seen = no_key != nullptr && no_key[i / row_width] == 0;
-        fold(s, static_cast<double>(out[i]), ref[i], i, seen, kRelativeEpsilon, kTolerance);
+        if (skip_rows != nullptr && skip_rows[i / row_width] != 0) continue;
+        fold(s, static_cast<double>(out[i]), ref[i], i, kRelativeEpsilon, kTolerance);
       }
     }
   });
   for (const ErrorSums& s : partial) merge(sums, s);
 }
 
-ErrorSums host_error_sums(const at::Tensor& o, const at::Tensor& r, const ReferenceOutput& reference) {
+ErrorSums host_error_sums(const at::Tensor& o, const at::Tensor& r, const ReferenceOutput& reference,
+                          bool only_rows_with_a_key) {
   ErrorSums sums;
-  const std::uint8_t* no_key = reference.no_key.empty() ? nullptr : reference.no_key.data();
+  const std::uint8_t* skip = only_rows_with_a_key ? reference.no_key.data() : nullptr;
   const std::int64_t width = reference.shape.head_dim_vo, n = o.numel();
   const double* ref = r.data_ptr<double>();
   switch (*pass_dtype(o.scalar_type())) {
-    case ErrorSumsDType::float64: fold_on_host(o.data_ptr<double>(), ref, no_key, width, n, sums); break;
-    case ErrorSumsDType::float32: fold_on_host(o.data_ptr<float>(), ref, no_key, width, n, sums); break;
-    case ErrorSumsDType::float16: fold_on_host(o.data_ptr<at::Half>(), ref, no_key, width, n, sums); break;
-    case ErrorSumsDType::bfloat16: fold_on_host(o.data_ptr<at::BFloat16>(), ref, no_key, width, n, sums); break;
+    case ErrorSumsDType::float64: fold_on_host(o.data_ptr<double>(), ref, skip, width, n, sums); break;
+    case ErrorSumsDType::float32: fold_on_host(o.data_ptr<float>(), ref, skip, width, n, sums); break;
+    case ErrorSumsDType::float16: fold_on_host(o.data_ptr<at::Half>(), ref, skip, width, n, sums); break;
+    case ErrorSumsDType::bfloat16: fold_on_host(o.data_ptr<at::BFloat16>(), ref, skip, width, n, sums); break;
   }
   return sums;
 }
 
 #ifdef ATTNREPLAY_FUSED_COMPARE
-ErrorSums gpu_error_sums(const at::Tensor& o, const at::Tensor& r, const ReferenceOutput& reference) {
+ErrorSums gpu_error_sums(const at::Tensor& o, const at::Tensor& r, const ReferenceOutput& reference,
+                         bool only_rows_with_a_key) {
   // The marks of rows without a key: on the GPU already beside a GPU reference's values.
-  at::Tensor no_key;
-  if (reference.device_no_key) {
-    no_key = *reference.device_no_key;
-  } else if (!reference.no_key.empty()) {
-    no_key = at::from_blob(const_cast<std::uint8_t*>(reference.no_key.data()),
-                           {static_cast<std::int64_t>(reference.no_key.size())}, at::TensorOptions().dtype(at::kByte))
-                 .to(r.device());
+  at::Tensor skip;
+  if (only_rows_with_a_key) {
+    skip = reference.device_no_key ? *reference.device_no_key
+                                   : at::from_blob(const_cast<std::uint8_t*>(reference.no_key.data()),
+                                                   {static_cast<std::int64_t>(reference.no_key.size())},
+                                                   at::TensorOptions().dtype(at::kByte))
+                                         .to(r.device());
   }
   const at::Tensor workspace =
       at::empty({static_cast<std::int64_t>(error_sums_workspace_bytes())}, r.options().dtype(at::kByte));
@@ -197,7 +187,7 @@ ErrorSums gpu_error_sums(const at::Tensor& o, const at::Tensor& r, const Referen
   problem.reference = r.data_ptr<double>();
   problem.elements = o.numel();
   problem.row_width = reference.shape.head_dim_vo;
-  problem.no_key = no_key.defined() ? no_key.data_ptr<std::uint8_t>() : nullptr;
+  problem.skip_rows = skip.defined() ? skip.data_ptr<std::uint8_t>() : nullptr;
   ErrorSums sums;
   if (const char* error = error_sums_on_gpu(problem, kRelativeEpsilon, kTolerance, workspace.data_ptr(),
                                             c10::cuda::getCurrentCUDAStream().stream(), sums)) {
@@ -208,12 +198,14 @@ ErrorSums gpu_error_sums(const at::Tensor& o, const at::Tensor& r, const Referen
 #endif
 
 // The pass where the reference is: on the GPU (replay/judge/cuda/error_sums.cu), or on the host's
-// cores, where a build without the GPU pass also brings a GPU reference.
-ErrorSums error_sums(const at::Tensor& o, const at::Tensor& r, const ReferenceOutput& reference) {
+// cores, where a build without the GPU pass also brings a GPU reference. With
+// `only_rows_with_a_key`, the rows ReferenceOutput::no_key marks are left out.
+ErrorSums error_sums(const at::Tensor& o, const at::Tensor& r, const ReferenceOutput& reference,
+                     bool only_rows_with_a_key) {
 #ifdef ATTNREPLAY_FUSED_COMPARE
-  if (r.is_cuda()) return gpu_error_sums(o, r, reference);
+  if (r.is_cuda()) return gpu_error_sums(o, r, reference, only_rows_with_a_key);
 #endif
-  return host_error_sums(o.cpu(), r.cpu(), reference);
+  return host_error_sums(o.cpu(), r.cpu(), reference, only_rows_with_a_key);
 }
 
 }  // namespace
@@ -232,13 +224,22 @@ ErrorStats compare_to_reference(const at::Tensor& output, const ReferenceOutput&
     o = o.index_select(2, at::tensor(reference.rows, at::TensorOptions().dtype(at::kLong)).to(r.device()));
   }
   if (!pass_dtype(o.scalar_type())) o = o.to(at::kDouble);
-  fill_from_sums(stats, error_sums(o.contiguous(), r, reference), reference);
+  o = o.contiguous();
+  const ErrorFigures every_row = figures_from_sums(error_sums(o, r, reference, false), reference);
+  if (reference.no_key.empty()) {
+    static_cast<ErrorFigures&>(stats) = every_row;
+    return stats;
+  }
+  // A second pass, over the rows that see a key: the figures a kernel is judged by.
+  static_cast<ErrorFigures&>(stats) = figures_from_sums(error_sums(o, r, reference, true), reference);
+  stats.no_key_rows = std::count(reference.no_key.begin(), reference.no_key.end(), std::uint8_t{1});
+  stats.including_rows_without_a_key = every_row;
   return stats;
 }
 
-// Each (batch, head) folded as the whole call is (error_fold.h), and its figures read from the sums
-// as fill_from_sums reads them: a reference that is not finite makes every figure NaN, never a small
-// error; with nothing finite to compare they stay 0.
+// Each (batch, head) folded as the whole call is (error_fold.h), over its rows that see a key, and
+// its figures read from the sums as figures_from_sums reads them: a reference that is not finite
+// makes every figure NaN, never a small error; with nothing finite to compare they stay 0.
 std::vector<HeadError> compare_per_head(const HostTensor& output, const ReferenceOutput& reference) {
   const AttentionShape& s = reference.shape;
   check_output_shape(output.shape, s);
@@ -250,11 +251,16 @@ std::vector<HeadError> compare_per_head(const HostTensor& output, const Referenc
     for (std::int64_t h = 0; h < s.heads_q; ++h) {
       ErrorSums sums;
       std::int64_t index = 0;
+      const std::size_t first_slot = static_cast<std::size_t>(b * s.heads_q + h) * reference.rows.size();
       for (std::size_t slot = 0; slot < reference.rows.size(); ++slot) {
+        if (!reference.no_key.empty() && reference.no_key[first_slot + slot]) {
+          index += s.head_dim_vo;
+          continue;
+        }
         const std::int64_t base = ((b * s.heads_q + h) * s.seq_q + reference.rows[slot]) * s.head_dim_vo;
         for (std::int64_t d = 0; d < s.head_dim_vo; ++d) {
           const double o = element_to_double(output.dtype, data + static_cast<std::size_t>(base + d) * esize);
-          fold(sums, o, reference.at(b, h, slot, d), index++, /*seen=*/false, kRelativeEpsilon, kTolerance);
+          fold(sums, o, reference.at(b, h, slot, d), index++, kRelativeEpsilon, kTolerance);
         }
       }
       HeadError& head = heads.emplace_back();

@@ -18,9 +18,8 @@ namespace attnreplay {
 enum class ErrorSumsDType { float64, float32, float16, bfloat16 };
 
 // Sums over the elements where the output is finite (Welford's mean and M2 where a spread is wanted,
-// as torch's std_mean keeps them), and over those of rows that see a key. Merged share by share in a
-// fixed order (a GPU's blocks, the CPU's chunks): the same figures for the same inputs on the same
-// device.
+// as torch's std_mean keeps them). Merged share by share in a fixed order (a GPU's blocks, the CPU's
+// chunks): the same figures for the same inputs on the same device.
 struct ErrorSums {
   std::int64_t finite = 0, nan = 0, inf = 0, beyond_tolerance = 0;
   // Reference elements that are not finite (inputs holding NaN): every error figure is then NaN.
@@ -30,9 +29,6 @@ struct ErrorSums {
   double e_mean = 0, e_m2 = 0, o_mean = 0, o_m2 = 0, r_mean = 0, r_m2 = 0;
   double sum_e2 = 0, sum_abs_r = 0, sum_r2 = 0, sum_o2 = 0, sum_or = 0;
   double o_min = 0, o_max = 0, r_min = 0, r_max = 0, max_rel = 0;
-  // The rows that see a key (only where `no_key` is given).
-  std::int64_t seen_finite = 0, seen_nan = 0, seen_inf = 0;
-  double seen_max_abs = 0, seen_sum_e = 0, seen_sum_e2 = 0, seen_sum_r2 = 0, seen_sum_o2 = 0, seen_sum_or = 0;
 };
 
 // Chan et al.'s merge of two Welford (mean, M2) pairs over na and nb elements.
@@ -76,22 +72,17 @@ ATTNREPLAY_HOST_DEVICE inline void merge(ErrorSums& a, const ErrorSums& b) {
   }
   a.reference_nonfinite += b.reference_nonfinite;
   a.sum_e2 += b.sum_e2, a.sum_abs_r += b.sum_abs_r, a.sum_r2 += b.sum_r2, a.sum_o2 += b.sum_o2, a.sum_or += b.sum_or;
-  if (b.seen_finite > 0) a.seen_max_abs = a.seen_finite > 0 ? fmax(a.seen_max_abs, b.seen_max_abs) : b.seen_max_abs;
-  a.seen_finite += b.seen_finite, a.seen_nan += b.seen_nan, a.seen_inf += b.seen_inf;
-  a.seen_sum_e += b.seen_sum_e, a.seen_sum_e2 += b.seen_sum_e2, a.seen_sum_r2 += b.seen_sum_r2;
-  a.seen_sum_o2 += b.seen_sum_o2, a.seen_sum_or += b.seen_sum_or;
 }
 
-// Element `i` (output `o`, reference `r`; `seen`: its row sees a key) folded into `s`. A caller
-// folds its elements in ascending `i`, so that the first of equal largest errors stays.
-ATTNREPLAY_HOST_DEVICE inline void fold(ErrorSums& s, double o, double r, std::int64_t i, bool seen, double epsilon,
+// Element `i` (output `o`, reference `r`) folded into `s`. A caller folds its elements in ascending
+// `i`, so that the first of equal largest errors stays.
+ATTNREPLAY_HOST_DEVICE inline void fold(ErrorSums& s, double o, double r, std::int64_t i, double epsilon,
                                         double tolerance) {
   using std::fabs, std::fmax, std::fmin, std::isfinite, std::isnan;
   if (!isfinite(r) && s.reference_nonfinite++ == 0) s.first_reference_nonfinite = i;
   if (!isfinite(o)) {
     const bool is_nan = isnan(o);
     s.nan += is_nan, s.inf += !is_nan;
-    if (seen) s.seen_nan += is_nan, s.seen_inf += !is_nan;
     return;
   }
   const double e = fabs(o - r);
@@ -114,11 +105,6 @@ ATTNREPLAY_HOST_DEVICE inline void fold(ErrorSums& s, double o, double r, std::i
   const double relative = e / (fabs(r) + epsilon);
   s.max_rel = fmax(s.max_rel, relative);
   s.beyond_tolerance += e > tolerance && relative > tolerance;
-  if (seen) {
-    s.seen_max_abs = s.seen_finite > 0 ? fmax(s.seen_max_abs, e) : e;
-    ++s.seen_finite;
-    s.seen_sum_e += e, s.seen_sum_e2 += e * e, s.seen_sum_r2 += r * r, s.seen_sum_o2 += o * o, s.seen_sum_or += o * r;
-  }
 }
 
 }  // namespace attnreplay

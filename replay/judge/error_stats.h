@@ -13,10 +13,9 @@ struct TensorMoments {
   double min = 0, max = 0, mean = 0, std = 0;  // population std
 };
 
-struct ErrorStats {
-  std::int64_t elements = 0;       // compared elements (sampled rows only, when sampled)
-  bool sampled = false;            // only `rows_compared` query rows were compared
-  std::int64_t rows_compared = 0;  // per (batch, head)
+// The figures over one set of compared elements.
+struct ErrorFigures {
+  std::int64_t elements = 0;  // compared elements where the output is finite
   // Over elements where both are finite:
   double max_abs = 0;   // = the Flux notebook's absmax
   double mean_abs = 0;  // = MAE
@@ -35,19 +34,23 @@ struct ErrorStats {
   // Where max_abs sits, as (batch, head, query row, channel).
   std::int64_t worst_batch = 0, worst_head = 0, worst_row = 0, worst_channel = 0;
   TensorMoments output, reference;
-  // Rows that see no key (a left-padded prompt's pads) have no defined attention and backends give
-  // them different things (0, NaN, the mean of V): the figures above include them, these leave
-  // them out. Set only when some (batch, head, row) sees no key (ReferenceOutput::no_key).
-  std::int64_t no_key_rows = 0;
-  struct Subset {
-    std::int64_t elements = 0, nan_count = 0, inf_count = 0;
-    double max_abs = 0, mean_abs = 0, rel_l2 = 0, cosine = 0;
-  };
-  std::optional<Subset> rows_with_a_key;
+};
+
+// What a kernel is judged by. Rows that see no key (a left-padded prompt's pads) have no defined
+// attention, and backends give them different things (0, NaN, the mean of V): where a call has
+// such rows, the figures leave them out, and the whole call's, those rows included, stand beside
+// them.
+struct ErrorStats : ErrorFigures {
+  bool sampled = false;            // only `rows_compared` query rows were compared
+  std::int64_t rows_compared = 0;  // per (batch, head)
+  std::int64_t no_key_rows = 0;    // (batch, head, row) triples that see no key
+  // Set only where no_key_rows > 0 (ReferenceOutput::no_key).
+  std::optional<ErrorFigures> including_rows_without_a_key;
 };
 
 // One (batch, query head) of a comparison: a call's error often sits in a few heads, which the
-// whole-tensor figures average away. Same definitions as ErrorStats, over that head's elements.
+// whole-tensor figures average away. Same definitions as ErrorStats, over that head's elements in
+// rows that see a key.
 struct HeadError {
   std::int64_t batch = 0, head = 0;
   double rel_l2 = 0;

@@ -44,7 +44,7 @@ std::vector<KernelOverCalls> kernels_over_calls(const nlohmann::json& calls) {
       else ++entry.standing.ran;
       if (const double median = call_time_s(k); median > 0) entry.median_s[c] = median;
       if (const auto error = k.find("error"); error != k.end() && error->is_object()) {
-        entry.rel_l2.push_back({number_at(*error, "rel_l2"), c});
+        entry.rel_l2.push_back({number_at(judged_figures(*error), "rel_l2"), c});
       }
     }
   }

@@ -72,7 +72,12 @@ nlohmann::json kernel_row(const nlohmann::json& call, const nlohmann::json& k) {
   row["tflops"] = json_number(number_at(k, "tflops"));
   row["gbytes_per_s"] = json_number(number_at(k, "gbytes_per_s"));
   if (const auto error = k.find("error"); error != k.end() && error->is_object()) {
-    for (const char* key : {"rel_l2", "cosine", "max_abs"}) row[key] = json_number(number_at(*error, key));
+    const nlohmann::json& judged = judged_figures(*error);
+    for (const char* key : {"rel_l2", "cosine", "max_abs"}) row[key] = json_number(number_at(judged, key));
+    // The whole call's, its undefined rows that see no key included, beside the judged figure.
+    if (const auto whole = error->find("including_rows_without_a_key"); whole != error->end()) {
+      row["rel_l2_every_row"] = json_number(number_at(*whole, "rel_l2"));
+    }
     row["nonfinite"] = error->value("nan_count", 0ll) + error->value("inf_count", 0ll);
   }
   row["rerun"] = text_at(k, "rerun");

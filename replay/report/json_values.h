@@ -29,6 +29,14 @@ inline std::string text_at(const nlohmann::json& object, const char* key) {
   return found != object.end() && found->is_string() ? found->get<std::string>() : std::string();
 }
 
+// The figures a kernel is judged by in a kernel row's "error": over the rows that see a key.
+// Records written before 2026-11-29 held the whole call's figures there, and those rows' figures
+// (max_abs, mean_abs, rel_l2, cosine) in "rows_with_a_key".
+inline const nlohmann::json& judged_figures(const nlohmann::json& error) {
+  const auto older = error.find("rows_with_a_key");
+  return older != error.end() && older->is_object() ? *older : error;
+}
+
 // "b2 hq24 hkv24 sq4250 skv4250 dqk64 dvo64", as AttentionShape::to_string writes it.
 inline std::string shape_text(const nlohmann::json& s) {
   return fmt::format("b{} hq{} hkv{} sq{} skv{} dqk{} dvo{}", s.at("batch").get<std::int64_t>(),

@@ -88,13 +88,14 @@ void add_footnotes(const nlohmann::json& k, std::vector<std::string>& footnotes)
   if (const auto error = k.find("error"); error != k.end()) {
     const auto nan = error->value("nan_count", 0ll), inf = error->value("inf_count", 0ll);
     if (nan || inf) footnotes.push_back(fmt::format("{}: {} NaN, {} Inf in the output", name, nan, inf));
-    if (const auto subset = error->find("rows_with_a_key"); subset != error->end()) {
-      const auto subset_nan = subset->value("nan_count", 0ll), subset_inf = subset->value("inf_count", 0ll);
+    if (const auto whole = error->find("including_rows_without_a_key"); whole != error->end()) {
+      const auto whole_nan = whole->value("nan_count", 0ll), whole_inf = whole->value("inf_count", 0ll);
       footnotes.push_back(fmt::format(
-          "{}: over the rows that see a key (not the {} that see none): max_abs {}, rel_l2 {}, cosine {:.8f}{}", name,
-          error->value("no_key_rows", 0ll), g(number_at(*subset, "max_abs")), g(number_at(*subset, "rel_l2")),
-          number_at(*subset, "cosine"),
-          subset_nan + subset_inf > 0 ? fmt::format(", {} NaN, {} Inf", subset_nan, subset_inf) : std::string()));
+          "{}: figures over the rows that see a key; the whole call, its {} undefined rows that see none included: "
+          "max_abs {}, rel_l2 {}, cosine {:.8f}{}",
+          name, error->value("no_key_rows", 0ll), g(number_at(*whole, "max_abs")), g(number_at(*whole, "rel_l2")),
+          number_at(*whole, "cosine"),
+          whole_nan + whole_inf > 0 ? fmt::format(", {} NaN, {} Inf", whole_nan, whole_inf) : std::string()));
     }
   }
   // The default methods go without saying; the others are named beside their figures.

@@ -72,7 +72,7 @@ def audited(tmp_path_factory):
 
 def test_json_structure(audited):
     result, audit, _ = audited
-    assert audit["schema"] == "attnreplay.audit" and audit["schema_version"] == 2
+    assert audit["schema"] == "attnreplay.audit" and audit["schema_version"] == 3
     assert audit["argv"][1] == "audit"
     for key in ("tool_version", "started_utc", "environment", "stopping_rule", "options", "units", "statistics",
                 "kernels", "shapes", "calls", "input_errors"):

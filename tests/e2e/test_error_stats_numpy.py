@@ -94,17 +94,19 @@ def numpy_reference(call):
     return np.einsum("bhij,bhjd->bhid", probabilities, v)  # fully masked rows: 0, as documented
 
 
-def numpy_stats(output, reference):
-    """replay/judge/error_stats.h, from its documented definitions (docs/metrics.md)."""
-    finite = np.isfinite(output)
+def numpy_stats(output, reference, rows=None):
+    """replay/judge/error_stats.h, from its documented definitions (docs/metrics.md), over the
+    (batch, head, row) triples `rows` marks (every row when None)."""
+    counted = np.ones(output.shape, dtype=bool) if rows is None else np.broadcast_to(rows[..., None], output.shape)
+    finite = np.isfinite(output) & counted
     o, r = output[finite], reference[finite]
     e = np.abs(o - r)
     worst = np.unravel_index(np.argmax(np.where(finite, np.abs(output - reference), -1.0)), output.shape)
     both_zero = not o.any() and not r.any()
     return {
         "elements": int(finite.sum()),
-        "nan_count": int(np.isnan(output).sum()),
-        "inf_count": int(np.isinf(output).sum()),
+        "nan_count": int((np.isnan(output) & counted).sum()),
+        "inf_count": int((np.isinf(output) & counted).sum()),
         "max_abs": e.max(),
         "mean_abs": e.mean(),
         "mse": np.mean(e * e),
@@ -171,28 +173,44 @@ def test_cpp_reference_matches_numpy_reference(replayed):
     np.testing.assert_allclose(saved.numpy(), numpy_reference(call), rtol=0, atol=1e-12)
 
 
+def rows_seeing_a_key(call, shape):
+    """(b, h, sq) bools: a row sees a key when a score of it is not masked (numpy's own bias)."""
+    return np.broadcast_to(np.isfinite(numpy_scores_bias(call)).any(axis=-1), shape[:3])
+
+
+def assert_figures_equal(label, got, want):
+    for field in ("elements", "nan_count", "inf_count", "beyond_tolerance"):
+        assert got[field] == want[field], f"{label} {field}: JSON {got[field]}, numpy {want[field]}"
+    for field in ("max_abs", "mean_abs", "rmse", "std_abs", "rel_l1", "rel_l2", "cosine", "max_rel"):
+        assert_close(f"{label} {field}", got[field], want[field])
+    assert_close(f"{label} mse", got["mse"], want["mse"], atol=1e-24)  # a square: its own floor
+    for side in ("output", "reference"):
+        for moment in ("min", "max", "mean", "std"):
+            assert_close(f"{label} {side}.{moment}", got[side][moment], want[side][moment])
+    if want["max_abs"] > 1e-9:  # where the max sits is only defined when there is an error
+        assert got["worst"] == want["worst"], label
+
+
 def test_json_statistics_equal_numpy(replayed):
+    """Every figure over the rows that see a key; where some row sees none, the whole call's beside."""
     case, call, json_call, outs = replayed
     reference = numpy_reference(call)
+    sees_key = rows_seeing_a_key(call, reference.shape)
     for kernel in ran_kernels(json_call):
         name = kernel["kernel"]
         saved = load_pt(outs / f"call0_{name}.pt")
         assert saved["kernel"] == name
         output = saved["out"]
         assert tuple(output.shape) == reference.shape, name
-        want = numpy_stats(as_f64(output), reference)
         got = kernel["error"]
-        for field in ("elements", "nan_count", "inf_count", "beyond_tolerance"):
-            assert got[field] == want[field], f"{case} {name} {field}: JSON {got[field]}, numpy {want[field]}"
         assert got["rows_compared"] == CASES[case]["sq"] and got["sampled"] is False
-        for field in ("max_abs", "mean_abs", "rmse", "std_abs", "rel_l1", "rel_l2", "cosine", "max_rel"):
-            assert_close(f"{case} {name} {field}", got[field], want[field])
-        assert_close(f"{case} {name} mse", got["mse"], want["mse"], atol=1e-24)  # a square: its own floor
-        for side in ("output", "reference"):
-            for moment in ("min", "max", "mean", "std"):
-                assert_close(f"{case} {name} {side}.{moment}", got[side][moment], want[side][moment])
-        if want["max_abs"] > 1e-9:  # where the max sits is only defined when there is an error
-            assert got["worst"] == want["worst"], f"{case} {name}"
+        assert_figures_equal(f"{case} {name}", got, numpy_stats(as_f64(output), reference, sees_key))
+        if sees_key.all():
+            assert "including_rows_without_a_key" not in got and "no_key_rows" not in got, name
+            continue
+        assert got["no_key_rows"] == int((~sees_key).sum())
+        assert_figures_equal(f"{case} {name} (every row)", got["including_rows_without_a_key"],
+                             numpy_stats(as_f64(output), reference))
 
 
 def test_fully_masked_row_is_reported(replayed):
@@ -204,32 +222,6 @@ def test_fully_masked_row_is_reported(replayed):
     heads = CASES[case]["hq"]
     # Mask (b, 1, s, s) broadcasts over heads: one masked row is a (batch, head, row) triple per head.
     assert any(n.startswith(f"{heads} (batch, head, row) triples") for n in masked_notes), json_call["notes"]
-
-
-def test_errors_without_the_rows_that_see_no_key_equal_numpy(replayed):
-    case, call, json_call, outs = replayed
-    reference = numpy_reference(call)
-    # A row sees no key when every score of it is masked: numpy's own bias says which.
-    sees_key = np.isfinite(numpy_scores_bias(call)).any(axis=-1)  # (b or 1, h or 1, sq)
-    sees_key = np.broadcast_to(sees_key, reference.shape[:3])
-    for kernel in ran_kernels(json_call):
-        got = kernel["error"]
-        if sees_key.all():
-            assert "rows_with_a_key" not in got and "no_key_rows" not in got, kernel["kernel"]
-            continue
-        assert got["no_key_rows"] == int((~sees_key).sum())
-        output = as_f64(load_pt(outs / f"call0_{kernel['kernel']}.pt")["out"])
-        o, r = output[sees_key], reference[sees_key]
-        finite = np.isfinite(o)
-        o, r = o[finite], r[finite]
-        e = np.abs(o - r)
-        subset = got["rows_with_a_key"]
-        assert subset["elements"] == o.size
-        assert_close(f"{case} {kernel['kernel']} max_abs", subset["max_abs"], e.max())
-        assert_close(f"{case} {kernel['kernel']} mean_abs", subset["mean_abs"], e.mean())
-        assert_close(f"{case} {kernel['kernel']} rel_l2", subset["rel_l2"], math.sqrt((e * e).sum() / (r * r).sum()))
-        cosine = (o * r).sum() / (math.sqrt((o * o).sum()) * math.sqrt((r * r).sum()))
-        assert_close(f"{case} {kernel['kernel']} cosine", subset["cosine"], cosine)
 
 
 def test_reference_has_zero_error_against_itself(replayed):

@@ -65,7 +65,7 @@ def test_every_extension_at_once_replays_to_an_independent_computation(every_ext
     kernels = {k["kernel"]: k for k in call["kernels"]}
     model = kernels["model-output"]["error"]
     assert model["max_abs"] < 1e-13, model
-    assert model["no_key_rows"] > 0 and model["rows_with_a_key"]["max_abs"] < 1e-13
+    assert model["no_key_rows"] > 0 and model["including_rows_without_a_key"]["max_abs"] < 1e-13
     assert kernels["torch-math"]["status"] == "not_supported"
     assert kernels["torch-math"]["reason"] == ("the call has a softcap of 2.5 and ALiBi slopes and attention sinks, "
                                                "which this kernel does not compute")

@@ -250,3 +250,42 @@ TEST_CASE("per-head errors: a head that is far off stands out where the whole te
   CHECK(compare_to_reference(f64({1, 4, 4, 2}, o), ref).rel_l2 < 0.2);
   CHECK_THROWS_AS(compare_per_head(f64({1, 4, 2, 4}, o), ref), InputError);
 }
+
+TEST_CASE("error stats: rows that see no key are left out of every judging figure; the whole call's stand beside") {
+  // b=1, h=2, sq=2, d=2; row 1 of head 0 sees no key, and the kernel wrote NaN and a large value there.
+  const ReferenceOutput plain = make_reference(1, 2, 2, 2, {1, 2, 0, 0, 3, 4, 5, 6});
+  ReferenceOutput ref = plain;
+  ref.no_key = {0, 1, 0, 0};
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const HostTensor out = f64({1, 2, 2, 2}, {1.5, 2, nan, 7, 3, 4, 5, 5});
+  const ErrorStats s = compare_to_reference(out, ref);
+  // Judged: (1.5, 2, 3, 4, 5, 5) against (1, 2, 3, 4, 5, 6): errors 0.5 and 1.
+  CHECK(s.no_key_rows == 1);
+  CHECK(s.elements == 6);
+  CHECK(s.nan_count == 0);
+  CHECK(s.max_abs == 1.0);
+  CHECK(s.worst_head == 1);
+  CHECK(s.worst_row == 1);
+  CHECK(s.worst_channel == 1);
+  CHECK_THAT(s.rel_l2, WithinAbs(std::sqrt(1.25 / (1 + 4 + 9 + 16 + 25 + 36)), kEps));
+  CHECK_THAT(s.mean_abs, WithinAbs(1.5 / 6, kEps));
+  // Beside them, every row: the NaN is counted and the 7 against 0 is the worst error.
+  REQUIRE(s.including_rows_without_a_key);
+  const ErrorFigures& whole = *s.including_rows_without_a_key;
+  CHECK(whole.nan_count == 1);
+  CHECK(whole.elements == 7);
+  CHECK(whole.max_abs == 7.0);
+  CHECK(whole.worst_head == 0);
+  CHECK(whole.worst_row == 1);
+  CHECK(whole.rel_l2 > s.rel_l2);
+  // Without marks, nothing is left out and nothing stands beside.
+  const ErrorStats unmarked = compare_to_reference(out, plain);
+  CHECK_FALSE(unmarked.including_rows_without_a_key);
+  CHECK(unmarked.max_abs == 7.0);
+  // Per head, the same rows are left out.
+  const auto heads = compare_per_head(out, ref);
+  REQUIRE(heads.size() == 2);
+  CHECK(heads[0].nonfinite_count == 0);
+  CHECK(heads[0].max_abs == 0.5);
+  CHECK(heads[1].max_abs == 1.0);
+}

@@ -185,7 +185,7 @@ TEST_CASE("report csv: quotes inside fields are doubled") {
 TEST_CASE("report json: schema, version, and null for non-finite numbers") {
   const nlohmann::json json = report_to_json(sample_report());
   CHECK(json.at("schema") == "attnreplay.results");
-  CHECK(json.at("schema_version") == 2);
+  CHECK(json.at("schema_version") == 3);
   CHECK(json.at("tool_version") == "0.1.0");
   CHECK(json.at("input_errors").size() == 1);
   REQUIRE(json.at("calls").size() == 1);

@@ -45,8 +45,8 @@ __global__ void __launch_bounds__(kThreads) error_sums_kernel(ErrorSumsProblem p
   ErrorSums s;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * kThreads;
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < p.elements; i += stride) {
-    const bool seen = p.no_key != nullptr && p.no_key[i / p.row_width] == 0;
-    fold(s, load(p.output, p.output_dtype, i), p.reference[i], i, seen, epsilon, tolerance);
+    if (p.skip_rows != nullptr && p.skip_rows[i / p.row_width] != 0) continue;
+    fold(s, load(p.output, p.output_dtype, i), p.reference[i], i, epsilon, tolerance);
   }
   for (int offset = 16; offset > 0; offset /= 2) merge(s, shuffle_down(s, offset));
   // Raw words: a __shared__ array may not have ErrorSums' initialisers.

@@ -18,7 +18,8 @@ struct ErrorSumsProblem {
   const double* reference = nullptr;  // contiguous fp64, the same shape
   std::int64_t elements = 0;
   std::int64_t row_width = 1;          // d: an element's (b, h, row) slot is its index / d
-  const std::uint8_t* no_key = nullptr;  // per slot, 1 where the row sees no key; null when none does
+  // Per slot, 1 where the row is left out (it sees no key); null: every row is folded.
+  const std::uint8_t* skip_rows = nullptr;
 };
 
 // Device memory the pass needs for its per-block sums.

@@ -341,7 +341,8 @@
   function callsView() {
     const section = el("section", { id: "view-calls" }, [el("h2", { text: "Every call and kernel" }),
       el("p", { className: "about", text: "Click a column to sort. \"call ms\" is the whole call as users make it (with " +
-        "the input preparation, where the kernel has one); \"kernel ms\" the kernel alone. Each row's command reruns it." })]);
+        "the input preparation, where the kernel has one); \"kernel ms\" the kernel alone. Each row's command reruns it. " +
+        "Errors are over the rows that see a key: a row whose keys are all masked has no defined output." })]);
     const rows = pages.flatMap((page) => page.rows.map((r) => Object.assign({ file: page.name }, r)));
     const columns = [
       { label: "call", value: (r) => r.call },
@@ -356,6 +357,8 @@
       { label: "rel_l2", value: (r) => r.rel_l2, cell: (r) => g(r.rel_l2), numeric: true },
       { label: "cosine", value: (r) => r.cosine, cell: (r) => cosineText(r.cosine), numeric: true },
       { label: "max_abs", value: (r) => r.max_abs, cell: (r) => g(r.max_abs), numeric: true },
+      ...(rows.some((r) => isNumber(r.rel_l2_every_row)) ? [{ label: "rel_l2 with undefined rows",
+        value: (r) => r.rel_l2_every_row, cell: (r) => g(r.rel_l2_every_row), numeric: true }] : []),
       { label: "reason or rerun", value: (r) => r.reason || r.rerun,
         cell: (r) => (r.reason ? r.reason : el("code", { text: r.rerun })) },
     ];
