@@ -43,11 +43,11 @@ bool changed(const ComparedRow& row) {
 }
 
 Table kernel_table(const RunComparison& comparison) {
-  Table table{{"kernel", "calls", "timed", "faster", "slower", "same", "new/base", "worse",
+  Table table{{"kernel", "calls", "timed", "faster", "slower", "same", "noisy", "new/base", "worse",
                "worst rel_l2 base -> new"}};
   for (const KernelComparison& k : comparison.kernels) {
     table.push_back({k.kernel, std::to_string(k.calls), std::to_string(k.timed), std::to_string(k.faster),
-                     std::to_string(k.slower), std::to_string(k.same),
+                     std::to_string(k.slower), std::to_string(k.same), std::to_string(k.noisy),
                      k.timed ? ratio_text(k.geomean_ratio) : "-",
                      std::to_string(k.less_accurate + k.status_worse),
                      error_change(k.worst_base_rel_l2, k.worst_change_rel_l2)});
@@ -76,7 +76,9 @@ std::vector<const ComparedRow*> listed_rows(const RunComparison& comparison, con
 Table row_table(const std::vector<const ComparedRow*>& rows, const ComparisonView& view) {
   Table table{{"call", "kernel", "base ms", "new ms", "new/base", "noise %", "rel_l2 base -> new", "verdict"}};
   for (const ComparedRow* row : rows) {
-    table.push_back({row->call, row->kernel, milliseconds(row->base), milliseconds(row->change),
+    const std::string call =
+        row->calls > 1 ? fmt::format("{} (+{} sharing its timing)", row->call, row->calls - 1) : row->call;
+    table.push_back({call, row->kernel, milliseconds(row->base), milliseconds(row->change),
                      row->ratio > 0 ? ratio_text(row->ratio) : "-",
                      row->ratio > 0 ? fmt::format("{:.1f}", row->noise * 100) : "-",
                      error_change(row->base_rel_l2, row->change_rel_l2), verdict(*row, view)});
@@ -128,19 +130,31 @@ int regressions(const RunComparison& comparison, const ComparisonView& view) {
                                         [&](const ComparedRow& row) { return regresses(row, view.fail_percent); }));
 }
 
+// How many timed rows were too noisy to judge, and what to do about it; empty when none.
+std::string noisy_rows(const RunComparison& comparison) {
+  const auto noisy = std::count_if(comparison.rows.begin(), comparison.rows.end(),
+                                   [](const ComparedRow& row) { return row.speed == SpeedVerdict::noisy; });
+  if (noisy == 0) return {};
+  return fmt::format("{} row{} too noisy to judge (noise at or above the {}% minimum difference): neither faster nor "
+                     "slower, whatever the ratio; time both on a quiet machine (-v lists them)\n",
+                     noisy, noisy == 1 ? "" : "s", g(comparison.threshold * 100, 3));
+}
+
 }  // namespace
 
 std::string comparison_text(const RunComparison& comparison, const ComparisonView& view) {
   std::string out = fmt::format("base: {}\nnew:  {}\n", comparison.base_name, comparison.change_name);
   for (const std::string& difference : comparison.differences) out += "the runs differ, " + difference + "\n";
-  out += "\nper kernel (new/base: geometric mean of the time ratios of the calls timed in both runs;\n"
-         "faster or slower only beyond both runs' noise; worse: less accurate, or failing where it ran)\n";
+  out += fmt::format("\nper kernel (new/base: geometric mean of the time ratios of the timings in both runs;\n"
+                     "faster or slower only beyond both runs' noise and by over {}%; noisy: a run's noise reaches that;\n"
+                     "worse: less accurate, or failing where it ran)\n", g(comparison.threshold * 100, 3));
   out += text_table(kernel_table(comparison));
   std::size_t left_out = 0;
   const auto rows = listed_rows(comparison, view, left_out);
   out += fmt::format("\n{} ({} listed)\n", view.every_row ? "every row" : "rows that changed", rows.size());
   if (!rows.empty()) out += text_table(row_table(rows, view));
   if (left_out) out += fmt::format("... and {} more (-v lists every row)\n", left_out);
+  out += noisy_rows(comparison);
   out += unpaired(comparison);
   if (view.fail_percent >= 0) {
     out += fmt::format("{} regression{} (slower by over {}% beyond the noise, less accurate, or failing)\n",
@@ -154,12 +168,14 @@ std::string comparison_markdown(const RunComparison& comparison, const Compariso
   for (const std::string& difference : comparison.differences) out += "- the runs differ, " + difference + "\n";
   if (!comparison.differences.empty()) out += "\n";
   out += markdown_table(kernel_table(comparison));
-  out += "\nTime new/base: geometric mean over the calls timed in both runs; a row is faster or slower only "
-         "beyond the noise of both runs; worse: less accurate or failing.\n";
+  out += fmt::format("\nTime new/base: geometric mean over the timings in both runs; a row is faster or slower only "
+                     "beyond the noise of both runs and by over {}%, and too noisy to judge where a run's noise "
+                     "reaches that; worse: less accurate or failing.\n", g(comparison.threshold * 100, 3));
   std::size_t left_out = 0;
   const auto rows = listed_rows(comparison, view, left_out);
   if (!rows.empty()) out += "\n" + markdown_table(row_table(rows, view));
   if (left_out) out += fmt::format("\n... and {} more rows (`-v` lists every row)\n", left_out);
+  if (const std::string text = noisy_rows(comparison); !text.empty()) out += "\n" + text;
   if (const std::string text = unpaired(comparison); !text.empty()) out += "\n" + text;
   if (view.fail_percent >= 0) out += fmt::format("\n**{} regressions**\n", regressions(comparison, view));
   return out;

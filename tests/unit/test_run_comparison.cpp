@@ -38,20 +38,36 @@ const ComparedRow& row_of(const RunComparison& c, const std::string& kernel) {
 
 }  // namespace
 
-TEST_CASE("compare: faster or slower only where the intervals are apart and beyond both spreads") {
+TEST_CASE("compare: faster or slower only where the intervals are apart, beyond both spreads and the minimum difference") {
   const json base = record({call(0, {kernel_row("a", 1.0, 0.005, 0.01, 1e-3), kernel_row("b", 1.0, 0.005, 0.01, 1e-3),
-                                     kernel_row("c", 1.0, 0.005, 0.10, 1e-3), kernel_row("d", 1.0, 0.005, 0.01, 1e-3)})});
-  // a: 5 % slower, apart, beyond 1 % spread; b: 0.5 % slower, intervals overlap; c: 5 % slower
-  // but within c's 10 % spread; d: 5 % faster.
+                                     kernel_row("c", 1.0, 0.005, 0.10, 1e-3), kernel_row("d", 1.0, 0.005, 0.01, 1e-3),
+                                     kernel_row("e", 1.0, 0.002, 0.005, 1e-3), kernel_row("f", 1.0, 0.005, 0.03, 1e-3),
+                                     kernel_row("g", 1.0, 0.005, 0.10, 1e-3)})});
+  // a: 5 % slower, apart, beyond 3x its 1 % spread and 3 %; b: 0.5 % slower, intervals overlap; c:
+  // 5 % slower, but c's spread is 10 %; d: 5 % faster; e: 2 % slower, apart, but under 3 %; f: 8 %
+  // slower with a spread of exactly 3 %; g: 40 % slower, but with a spread of 10 %.
   const json change = record({call(0, {kernel_row("a", 1.05, 0.005, 0.01, 1e-3), kernel_row("b", 1.005, 0.005, 0.01, 1e-3),
-                                       kernel_row("c", 1.05, 0.005, 0.01, 1e-3), kernel_row("d", 0.95, 0.005, 0.01, 1e-3)})});
+                                       kernel_row("c", 1.05, 0.005, 0.01, 1e-3), kernel_row("d", 0.95, 0.005, 0.01, 1e-3),
+                                       kernel_row("e", 1.02, 0.002, 0.005, 1e-3), kernel_row("f", 1.08, 0.005, 0.01, 1e-3),
+                                       kernel_row("g", 1.4, 0.005, 0.01, 1e-3)})});
   const RunComparison c = compare_runs(base, "base.json", change, "new.json");
   CHECK(row_of(c, "a").speed == SpeedVerdict::slower);
   CHECK(row_of(c, "a").ratio == Catch::Approx(1.05));
   CHECK(row_of(c, "b").speed == SpeedVerdict::same);
-  CHECK(row_of(c, "c").speed == SpeedVerdict::same);
+  CHECK(row_of(c, "c").speed == SpeedVerdict::noisy);
   CHECK(row_of(c, "c").noise == Catch::Approx(0.10));
   CHECK(row_of(c, "d").speed == SpeedVerdict::faster);
+  CHECK(row_of(c, "e").speed == SpeedVerdict::same);
+  CHECK(row_of(c, "f").speed == SpeedVerdict::noisy);
+  CHECK(row_of(c, "g").speed == SpeedVerdict::noisy);
+  CHECK(row_of(c, "g").ratio == Catch::Approx(1.4));
+  CHECK_FALSE(regresses(row_of(c, "c"), 0));  // too noisy to judge is never a regression
+  CHECK_FALSE(regresses(row_of(c, "f"), 5));
+  CHECK_FALSE(regresses(row_of(c, "g"), 25));
+  // A smaller minimum difference judges e; a larger one leaves a's 5 % the same.
+  CHECK(row_of(compare_runs(base, "base.json", change, "new.json", 0.01), "e").speed == SpeedVerdict::slower);
+  CHECK(row_of(compare_runs(base, "base.json", change, "new.json", 0.06), "a").speed == SpeedVerdict::same);
+  CHECK(c.kernels.size() == 7);
   CHECK(regresses(row_of(c, "a"), 2));
   CHECK_FALSE(regresses(row_of(c, "a"), 10));
   CHECK_FALSE(regresses(row_of(c, "d"), 0));
@@ -72,11 +88,11 @@ TEST_CASE("compare: a kernel less accurate, or failing where it ran, regresses e
   CHECK(row_of(c, "c").status_worse);
 }
 
-TEST_CASE("compare: the geometric mean counts a shared timing once; rows pair by file name, call, shape, kernel") {
+TEST_CASE("compare: calls that share a timing are one row with their count; rows pair by file name, call, shape, kernel") {
   json shared = kernel_row("a", 2.0, 0.005, 0.01, 1e-3);
-  shared["timing_shared_from"] = "cap.h5 call 0";
-  json shared_change = kernel_row("a", 1.0, 0.005, 0.01, 1e-3);
-  shared_change["timing_shared_from"] = "cap.h5 call 0";
+  shared["timing_shared_from"] = "/data/cap.h5: call 0";  // as AttentionCall::where() names it
+  json shared_change = kernel_row("a", 1.0, 0.005, 0.01, 1.5e-3);
+  shared_change["timing_shared_from"] = "/elsewhere/cap.h5: call 0";
   const json base = record({call(0, {kernel_row("a", 2.0, 0.005, 0.01, 1e-3)}), call(1, {shared}),
                             call(2, {kernel_row("a", 1.0, 0.005, 0.01, 1e-3)})});
   json moved = record({call(0, {kernel_row("a", 1.0, 0.005, 0.01, 1e-3)}), call(1, {shared_change}),
@@ -88,6 +104,13 @@ TEST_CASE("compare: the geometric mean counts a shared timing once; rows pair by
   CHECK(c.kernels[0].calls == 2);                       // call 2's shape differs: not the same call
   CHECK(c.kernels[0].timed == 1);                       // call 1 shares call 0's timing
   CHECK(c.kernels[0].geomean_ratio == Catch::Approx(0.5));
+  // Calls 0 and 1 are one row (call 1 less accurate), then each of call 2's shapes alone.
+  REQUIRE(c.rows.size() == 3);
+  CHECK(c.rows[0].call == "cap.h5 call 0");
+  CHECK(c.rows[0].calls == 2);
+  CHECK(c.rows[0].speed == SpeedVerdict::faster);
+  CHECK(c.rows[0].less_accurate);
+  CHECK(*c.rows[0].change_rel_l2 == Catch::Approx(1.5e-3));
   CHECK(c.only_in_base == 1);
   CHECK(c.only_in_change == 1);
   REQUIRE(c.differences.size() == 1);
@@ -109,4 +132,20 @@ TEST_CASE("compare: a kernel whose headline covers other work in the two runs is
   // The same coverage in both: nothing to say.
   const RunComparison same = compare_runs(record({call(0, {new_row})}), "a.json", record({call(0, {new_row})}), "b.json");
   CHECK(same.differences.empty());
+}
+
+TEST_CASE("compare: repeated runs of each side: their medians' median, and the spread between them as noise") {
+  // Two base runs 1.00 and 1.10 ms apart (10 %): a change at 1.06 ms is too noisy to judge, however
+  // tight each run's own samples are; two base runs that agree make the same change slower.
+  const auto one = [](double ms) { return record({call(0, {kernel_row("a", ms, 0.002, 0.005, 1e-3)})}); };
+  const ComparedRuns change{"new", {one(1.06), one(1.061)}};
+  const RunComparison apart = compare_runs(ComparedRuns{"base", {one(1.0), one(1.10)}}, change);
+  REQUIRE(apart.rows.size() == 1);
+  CHECK(apart.rows[0].base->runs == 2);
+  CHECK(apart.rows[0].base->median_s == Catch::Approx(1.05e-3));
+  CHECK(apart.rows[0].noise == Catch::Approx(0.1 / 1.05));
+  CHECK(apart.rows[0].speed == SpeedVerdict::noisy);
+  const RunComparison agreeing = compare_runs(ComparedRuns{"base", {one(1.0), one(1.001)}}, change);
+  CHECK(agreeing.rows[0].speed == SpeedVerdict::slower);
+  CHECK(agreeing.rows[0].ratio == Catch::Approx(1.0605 / 1.0005));
 }

@@ -1,6 +1,7 @@
 """Two plug-in kernels for `attnreplay compare`'s test: plain SDPA as 'steady', and 'probe', whose
 change between runs the environment sets: ATTNREPLAY_TEST_PROBE=slow sleeps 30 ms a run,
-=noisy adds noise of 1e-2 of the output's scale, anything else is plain SDPA too."""
+=noisy adds noise of 1e-2 of the output's scale, =sleep:MS sleeps MS milliseconds a run (a kernel of
+a known time), anything else is plain SDPA too."""
 import os
 import time
 
@@ -35,6 +36,8 @@ class Probe(Steady):
         change = os.environ.get("ATTNREPLAY_TEST_PROBE", "")
         if change == "slow":
             time.sleep(0.03)
+        if change.startswith("sleep:"):
+            time.sleep(float(change.split(":")[1]) / 1e3)
         if change == "noisy":
             generator = torch.Generator().manual_seed(0)
             out = out + 1e-2 * out.abs().mean() * torch.randn(out.shape, generator=generator, dtype=out.dtype)
