@@ -67,12 +67,14 @@ class Dom(HTMLParser):
         return [attrs for tag, attrs in self.elements if tag == "svg" and "chart" in attrs.get("class", "").split()]
 
 
-def rendered(path):
-    """The DOM after the page's script ran in headless Chromium, offline, and the browser's log."""
+def rendered(path, view=""):
+    """The DOM after the page's script ran in headless Chromium, offline, and the browser's log;
+    `view` opens that view (the page's #fragment), laid out."""
     browser = shutil.which(BROWSER)
     assert browser, f"{BROWSER} is not installed: scripts/setup.sh installs it (Debian's package)"
     result = subprocess.run([browser, "--no-sandbox", "--disable-gpu", "--host-resolver-rules=MAP * ~NOTFOUND",
-                             "--enable-logging=stderr", "--v=0", "--dump-dom", path.as_uri()],
+                             "--enable-logging=stderr", "--v=0", "--window-size=1280,860", "--dump-dom",
+                             path.as_uri() + (f"#{view}" if view else "")],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     dom = Dom()
@@ -132,6 +134,27 @@ def test_the_roofline_draws_the_gpus_measured_ceilings(pages, tmp_path):
     _, _, dom = rendered(tmp_path / "gpu.html")
     roofline = next(attrs for attrs in dom.charts() if attrs.get("id") == "chart-roofline")
     assert roofline["data-lines"] == "2" and int(roofline["data-marks"]) > 0
+
+
+def test_the_roofline_labels_do_not_overlap(pages, tmp_path):
+    """Hopper's fp8 and int8 ceilings are nearly equal, and each record brings its own: the labels at
+    the lines' ends are laid out apart, as headless Chromium lays them out (each label's box, read
+    by the page), and the view renders to a screenshot."""
+    record = load_json(pages["run"][0].with_suffix(".json"))
+    record["environment"].update(ceiling_bf16_tflops="794", ceiling_fp8_tflops="1465", ceiling_int8_tops="1465",
+                                 ceiling_copy_gbps="4200")
+    for name in ("h200-a.json", "h200-b.json"):
+        (tmp_path / name).write_text(json.dumps(record))
+    run_attnreplay("report", tmp_path / "h200-a.json", tmp_path / "h200-b.json", "-o", tmp_path / "two.html", check=0)
+    _, _, dom = rendered(tmp_path / "two.html", "roofline")
+    roofline = next(attrs for attrs in dom.charts() if attrs.get("id") == "chart-roofline")
+    assert roofline["data-lines"] == "6" and roofline.get("data-labels") == "6", roofline
+    assert roofline["data-label-overlaps"] == "0"
+    shot = tmp_path / "roofline.png"
+    subprocess.run([shutil.which(BROWSER), "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--window-size=1280,860",
+                    f"--screenshot={shot}", (tmp_path / "two.html").as_uri() + "#roofline"], capture_output=True,
+                   timeout=120, check=True)
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_a_report_of_records_of_other_kinds_is_refused_naming_the_file(tmp_path, pages):

@@ -116,13 +116,25 @@
     chart.append(svg("text", { x: 14, y: (top + H - bottom) / 2, transform: `rotate(-90 14 ${(top + H - bottom) / 2})`,
                                "text-anchor": "middle" }, yLabel));
     const clip = (v, axis) => Math.min(Math.max(v, axis.lo), axis.hi);
+    const labels = [];
     for (const line of lines || []) {
       const path = line.points.map((q, i) => `${i ? "L" : "M"}${X.map(clip(q[0], X))},${Y.map(clip(q[1], Y))}`).join(" ");
       chart.append(svg("path", { d: path, stroke: line.color, "stroke-width": 1.5, fill: "none",
                                  "stroke-dasharray": line.dash || "" }));
       const end = line.points[line.points.length - 1];
-      chart.append(svg("text", { x: X.map(clip(end[0], X)) - 4, y: Y.map(clip(end[1], Y)) - 5, "text-anchor": "end",
-                                 fill: line.color }, line.label));
+      labels.push({ line, x: X.map(clip(end[0], X)) - 4, y: Y.map(clip(end[1], Y)) - 5 });
+    }
+    // Each label over its line's right end, moved down where it would sit on the one above (close
+    // ceilings: Hopper's fp8 and int8 rates; one set per record), and all moved up together if that
+    // takes the last below the plot.
+    labels.sort((a, b) => a.y - b.y);
+    const lineHeight = 13;  // the 11 px labels' height, with a gap
+    labels.forEach((label, i) => { if (i) label.y = Math.max(label.y, labels[i - 1].y + lineHeight); });
+    const below = labels.length ? labels[labels.length - 1].y - (H - bottom - 4) : 0;
+    for (const label of labels) {
+      label.y -= Math.max(below, 0);
+      chart.append(svg("text", { class: "line-label", x: label.x, y: label.y, "text-anchor": "end", fill: label.line.color },
+                       label.line.label));
     }
     for (const p of points) chart.append(marker(p.shape, X.map(p.x), Y.map(p.y), p.color, p.title));
     chart.dataset.marks = String(points.length);
@@ -423,6 +435,22 @@
     };
     window.addEventListener("hashchange", show);
     show();
+    markLabelOverlaps();
+  }
+
+  // On each chart shown, how many pairs of its line labels overlap as laid out (data-label-overlaps),
+  // with how many labels it has: what the browser test reads of the layout.
+  function markLabelOverlaps() {
+    for (const chart of document.querySelectorAll("svg.chart")) {
+      const boxes = [...chart.querySelectorAll("text.line-label")].map((t) => t.getBBox());
+      if (!boxes.length || boxes.every((b) => b.width === 0)) continue;  // a hidden view: nothing laid out
+      let overlaps = 0;
+      boxes.forEach((a, i) => boxes.slice(i + 1).forEach((b) => {
+        overlaps += a.x < b.x + b.width && b.x < a.x + a.width && a.y < b.y + b.height && b.y < a.y + a.height;
+      }));
+      chart.dataset.labels = String(boxes.length);
+      chart.dataset.labelOverlaps = String(overlaps);
+    }
   }
 
   try {
