@@ -8,6 +8,11 @@ to (batch, heads_q, seq_q, seq_kv); causal keeps key j for query i when j <= i +
 offset is 0 for top_left (torch SDPA) and seq_kv - seq_q for bottom_right (flash-attn).
 """
 
+import contextlib
+import fcntl
+import hashlib
+import os
+
 import torch
 
 
@@ -84,3 +89,21 @@ def version_tuple(text: str) -> tuple:
         if digits != field:
             break
     return tuple(numbers)
+
+
+@contextlib.contextmanager
+def compile_lock(kind: str):
+    """One process at a time on this machine compiles a kind of call (torch.compile'd adapters): under
+    --gpus or a launcher, the first rank compiles and the others, waiting, then find torch's on-disk
+    caches (inductor's, Triton's) warm, so that a compilation is paid once per run, not per rank."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    folder = os.path.join(cache_dir(), "attnreplay-compile-locks")
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, hashlib.sha1(kind.encode()).hexdigest() + ".lock")
+    with open(path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
