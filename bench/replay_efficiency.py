@@ -8,7 +8,13 @@ Generates captures as folders of .pt calls (attnreplay's, bench/pt_calls.py; ait
 - flux: long calls, Flux's attention (1x24x(4096+128..512)x64 or 128, bf16), 12 calls of 6 shapes,
   replayed with --time-every-call (each call timed: the long calls' figure of wall against timing);
 - aiter: for the CPU, 12 small calls in aiter's folder format (<kernel>_input_<n>.pt: sequences of
-  200 to 607, 3 heads, head dim 64, bf16), as a video model's captured attention scaled down.
+  200 to 607, 3 heads, head dim 64, bf16), as a video model's captured attention scaled down;
+- decoder: a real capture: a transformers Llama (8 layers, GQA 32/8, head dim 128, bf16) generating
+  24 tokens for 4 left-padded prompts on the GPU (tests/e2e/jobs/decoder_job.py), captured under
+  the preload ($ATTNREPLAY_ATTNCAP_LIB) as users capture, to HDF5: 200 calls in 25 shapes, a padding
+  mask in every call; replayed with the default kernels (flex-attention among them) first with
+  empty compile caches (torch's inductor and Triton caches in a new folder: "cold"), then again
+  with the caches that run left ("warm").
 
 Replays each through `--kernels` on 1 GPU, and on each count of `--gpus` (`attnreplay run --gpus
 N`, or torchrun with --launcher torchrun), and reports per run: the wall time of the process(es),
@@ -111,10 +117,21 @@ def write_aiter_folder(folder, seed, calls=12):
     return calls, calls
 
 
-def replay(binary, capture, kernels, gpus, work, extra, launcher):
+def capture_decoder(folder):
+    """The decoder job captured on the GPU under the preload, as a user captures a model: (None,
+    None), its calls and shapes counted from its replays' records."""
+    job = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "e2e", "jobs", "decoder_job.py")
+    env = dict(os.environ, LD_PRELOAD=os.environ["ATTNREPLAY_ATTNCAP_LIB"], ATTNCAP_OUT=folder)
+    subprocess.run([sys.executable, job, "--device", "cuda", "--dtype", "bfloat16", "--layers", "8", "--heads", "32",
+                    "--kv-heads", "8", "--head-dim", "128", "--batch", "4", "--prompt", "1024", "--pad-step", "96",
+                    "--new-tokens", "24", "--no-logits"], env=env, check=True)
+    return None, None
+
+
+def replay(binary, capture, kernels, gpus, work, extra, launcher, env=None, name=""):
     """One replay on `gpus` GPUs; returns its figures."""
-    out = os.path.join(work, f"{os.path.basename(capture)}-{gpus}gpu.json")
-    flags = ["run", capture, "--kernels", kernels, "--json", out, "-q", *extra]
+    out = os.path.join(work, f"{os.path.basename(capture)}{name}-{gpus}gpu.json")
+    flags = ["run", capture, *(["--kernels", kernels] if kernels else []), "--json", out, "-q", *extra]
     if gpus == 1:
         command = [binary, *flags]
     elif launcher == "torchrun":
@@ -122,7 +139,7 @@ def replay(binary, capture, kernels, gpus, work, extra, launcher):
     else:
         command = [binary, *flags, "--gpus", str(gpus)]
     start, start_epoch = time.perf_counter(), time.time()
-    result = subprocess.run(command, capture_output=True, text=True)
+    result = subprocess.run(command, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - start
     ended_epoch = time.time()
     if not os.path.exists(out):
@@ -174,16 +191,24 @@ def replay(binary, capture, kernels, gpus, work, extra, launcher):
             "wall_less_start_up_per_timing_s": (wall - start_up) / timing_s if start_up is not None and timing_s else None,
             "wall_parts_s": wall_parts, "sampled_s": sampled_s, "timings": timings,
             "calls": len(record["calls"]), "input_errors": len(record["input_errors"]), "statuses": statuses,
-            "phases_s": phases, "per_timing": per_timing, "exit": result.returncode}
+            "phases_s": phases, "per_timing": per_timing, "exit": result.returncode,
+            "shapes": len({json.dumps(call.get("shape"), sort_keys=True) for call in record["calls"]}),
+            "compile_s": sum(k.get("compile_s") or 0 for call in record["calls"] for k in call["kernels"]),
+            "compilations_ahead": record.get("compilations_ahead", [])}
 
 
 def print_run(run):
-    print(f"{run['trace']:<8} {run['calls']:>5} {run['shapes']:>6} {run['gpus']:>4} {run['wall_s']:>8.1f} "
+    print(f"{run['trace'] + run.get('cache', ''):<8} {run['calls']:>5} {run['shapes']:>6} {run['gpus']:>4} {run['wall_s']:>8.1f} "
           f"{run['timing_s']:>9.1f} {run['timing_share']:>11.2f} {run['sampled_s']:>9.2f} {run['timings']:>7} "
           f"{run['outside_s']:>9.2f} {(run['speed_up'] or 0):>8.2f}", flush=True)
     if run["wall_parts_s"]:
         print("         wall outside timings (s): " + ", ".join(f"{k} {v:.2f}" for k, v in run["wall_parts_s"].items()) +
               f"; (wall - start-up) / timing s = {run['wall_less_start_up_per_timing_s']:.2f} (goal <= 1.25)", flush=True)
+    if run["compilations_ahead"] or run["compile_s"]:
+        ahead = run["compilations_ahead"]
+        print(f"         compiled ahead: {len(ahead)} kinds, {sum(c['seconds'] for c in ahead):.1f} s "
+              f"({'; '.join(c['kernel'] + ': ' + c['kind'] for c in ahead)}); compile_s in calls: "
+              f"{run['compile_s']:.2f} s", flush=True)
     print("         phases (s, summed over calls): " +
           ", ".join(f"{k} {v:.1f}" for k, v in sorted(run["phases_s"].items(), key=lambda kv: -kv[1])), flush=True)
     for name, row in sorted(run["per_timing"].items()):
@@ -208,10 +233,11 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--attnreplay", required=True)
     parser.add_argument("--out", required=True)
-    parser.add_argument("--kernels", default=KERNELS)
+    parser.add_argument("--kernels", default=KERNELS, help="the kernels of the generated traces; the decoder's are "
+                        "attnreplay's default")
     parser.add_argument("--calls", type=int, default=1000, help="calls of the serving trace")
     parser.add_argument("--gpus", default="1", help="GPU counts to replay on, comma-separated")
-    parser.add_argument("--traces", default="serving,flux", help="serving, flux, aiter (the CPU's)")
+    parser.add_argument("--traces", default="serving,flux", help="serving, flux, decoder, aiter (the CPU's)")
     parser.add_argument("--extra", default="", help="more attnreplay run flags, e.g. '--stopping stdrel'")
     parser.add_argument("--launcher", choices=("gpus", "torchrun"), default="gpus",
                         help="how several GPUs' processes start: attnreplay run --gpus N, or torchrun")
@@ -225,7 +251,8 @@ def main():
     results = {"kernels": args.kernels, "extra": args.extra, "launcher": args.launcher, "runs": []}
     writers = {"serving": lambda folder: write_serving_trace(folder, args.calls, seed=1),
                "flux": lambda folder: write_flux_capture(folder, seed=2),
-               "aiter": lambda folder: write_aiter_folder(folder, seed=3)}
+               "aiter": lambda folder: write_aiter_folder(folder, seed=3),
+               "decoder": capture_decoder}
     # timing/wall: the share of the GPUs' wall time spent in timings (timing s over wall s x GPUs).
     print(f"{'trace':<8} {'calls':>5} {'shapes':>6} {'gpus':>4} {'wall s':>8} {'timing s':>9} {'timing/wall':>11} "
           f"{'sampled s':>9} {'timings':>7} {'outside s':>9} {'speed-up':>8}", flush=True)
@@ -234,14 +261,28 @@ def main():
         start = time.perf_counter()
         calls, shapes = writers[trace](folder)
         written_s = time.perf_counter() - start
-        print(f"{trace}: {calls} calls, {shapes} shapes written in {written_s:.1f} s", flush=True)
+        print(f"{trace}: {calls if calls is not None else 'captured'} calls, {shapes} shapes written in "
+              f"{written_s:.1f} s", flush=True)
         flags = args.extra.split() + (["--time-every-call"] if trace == "flux" else [])
+        # The real capture replays as users replay it, with the default kernels; and first with
+        # empty compile caches, then with those the cold run left.
+        kernels = "" if trace == "decoder" else args.kernels
+        caches = ("cold", "warm") if trace == "decoder" else ("",)
         for round_ in range(args.repeats):
             one_gpu_wall = None
-            for gpus in (int(g) for g in args.gpus.split(",")):
-                run = replay(args.attnreplay, folder, args.kernels, gpus, work, flags, args.launcher)
-                run.update({"trace": trace, "shapes": shapes, "written_s": written_s, "round": round_})
-                one_gpu_wall = one_gpu_wall or (run["wall_s"] if gpus == 1 else None)
+            for gpus, cache in ((int(g), c) for g in args.gpus.split(",") for c in caches):
+                env = None
+                if cache:
+                    folder_of_caches = os.path.join(work, f"compile-caches-{round_}-{gpus}")
+                    if cache == "cold":
+                        shutil.rmtree(folder_of_caches, ignore_errors=True)
+                    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=os.path.join(folder_of_caches, "inductor"),
+                               TRITON_CACHE_DIR=os.path.join(folder_of_caches, "triton"))
+                run = replay(args.attnreplay, folder, kernels, gpus, work, flags, args.launcher, env, "-" + cache)
+                run.update({"trace": trace, "written_s": written_s, "round": round_, "cache": cache})
+                if shapes is not None:
+                    run["shapes"] = shapes
+                one_gpu_wall = one_gpu_wall or (run["wall_s"] if gpus == 1 and cache != "warm" else None)
                 run["speed_up"] = one_gpu_wall / run["wall_s"] if one_gpu_wall else None
                 results["runs"].append(run)
                 print_run(run)

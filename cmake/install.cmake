@@ -2,7 +2,7 @@
 #   bin/attnreplay, lib/libattncap.so and its torch part (LD_PRELOAD=PREFIX/lib/libattncap.so),
 #   bin/attnreplay-capture-build and share/attnreplay/capture-source (parts for other torches),
 #   include/attnreplay/ and lib/cmake/attnreplay/ for plug-in kernel libraries (find_package),
-#   share/attnreplay/python (attnreplay_plugin.py, attnreplay_h5.py), share/attnreplay/adapters,
+#   share/attnreplay/python (attnreplay_plugin.py, attnreplay_adapters.py, attnreplay_h5.py), share/attnreplay/adapters,
 #   share/doc/attnreplay.
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
@@ -30,7 +30,7 @@ write_basic_package_version_file(${CMAKE_CURRENT_BINARY_DIR}/attnreplayConfigVer
 install(FILES ${CMAKE_CURRENT_BINARY_DIR}/attnreplayConfigVersion.cmake
         DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/attnreplay)
 
-install(FILES kernels/python/attnreplay_plugin.py formats/python/attnreplay_h5.py scripts/plot_audit.py
+install(FILES kernels/python/attnreplay_plugin.py kernels/python/attnreplay_adapters.py formats/python/attnreplay_h5.py scripts/plot_audit.py
         DESTINATION ${CMAKE_INSTALL_DATADIR}/attnreplay/python)
 install(DIRECTORY kernels/adapters/ DESTINATION ${CMAKE_INSTALL_DATADIR}/attnreplay/adapters
         FILES_MATCHING PATTERN "*.py" PATTERN "__pycache__" EXCLUDE)

@@ -111,6 +111,14 @@ class KernelFailure : public std::runtime_error {
   std::string detail_;
 };
 
+// A compilation a kernel did ahead of the calls that need it, beside the replay of other kernels:
+// reported apart, in no figure.
+struct AheadCompilation {
+  std::string kernel;
+  std::string kind;  // the kind of call it serves, in the kernel's words
+  double seconds = 0;
+};
+
 class Kernel {
  public:
   virtual ~Kernel() = default;
@@ -119,6 +127,20 @@ class Kernel {
   virtual std::optional<std::string> unsupported_reason(const AttentionCall& call) const = 0;
   virtual std::unique_ptr<PreparedKernel> prepare(const AttentionCall& call, const KernelOptions& options) const = 0;
   const std::string& name() const { return description().name; }
+
+  // Work a kernel does beside the replay, on a thread of its own (a library's import, compiling
+  // ahead): ready() says whether it is done, so that a replay neither waits for it while other
+  // kernels have work, nor times the kernel while that work runs (replay/run/replay_capture.cpp);
+  // wait_until_ready() waits. prepare() itself waits where it must.
+  virtual bool ready() const { return true; }
+  virtual void wait_until_ready() const {}
+  // The calls a replay will bring (headers: shapes and arguments, no tensors), before the first,
+  // for a kernel that compiles per kind of call and wants them: it starts those compilations
+  // beside the replay.
+  virtual bool compiles_ahead() const { return false; }
+  virtual void expect_calls(const std::vector<AttentionCall>& /*headers*/, const KernelOptions& /*options*/) const {}
+  // What it compiled ahead so far.
+  virtual std::vector<AheadCompilation> ahead_compilations() const { return {}; }
 };
 
 // Kernels register themselves from their own file: adding one touches no central list. Plug-ins

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "formats/attention_call.h"
+#include "kernels/kernel.h"
 #include "kernels/quant_options.h"
 #include "replay/judge/attention_work.h"
 #include "replay/judge/error_stats.h"
@@ -162,6 +163,8 @@ struct Report {
   // Seconds since the process started when the record was made: with the calls' replay_began_s and
   // replay_ended_s, where the run's wall time went outside its calls.
   double recorded_s = 0;
+  // What kernels compiled ahead of their calls, beside the others' timings (Kernel::expect_calls).
+  std::vector<AheadCompilation> compilations_ahead;
 
   bool any_failed() const;
 };

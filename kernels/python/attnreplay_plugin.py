@@ -167,6 +167,12 @@ class Kernel:
         as the call's compile_s, apart from every figure; return False when nothing was compiled."""
         return False
 
+    # Optional, for a kernel that compiles per kind of call: `precompile(spec) -> Optional[str]`
+    # compiles ahead for calls like `spec` on inputs of its own, and returns the kind it compiled
+    # for, in words, or None where that kind is compiled already. A replay calls it for every call
+    # it will bring, on a thread of its own beside the other kernels' timings, before the kernel's
+    # part of the first call; warm_up() then finds the compilation done.
+
     # -- what attnreplay calls --------------------------------------------------------------
 
     def decline_reason(self, spec: CallSpec) -> Optional[str]:
@@ -223,6 +229,7 @@ class _Entry:
 
 _registered: list = []
 _unavailable: dict = {}    # name -> reason its package did not import
+_loaded_files: set = set()  # plug-in and adapter files imported
 _loading_source = "<python>"
 
 
@@ -275,13 +282,17 @@ def _check_capabilities(k: Kernel) -> None:
 
 
 def _load(target: str) -> list:
-    """Imports a plug-in file or module; returns the names it registered."""
+    """Imports a plug-in file or module, once; returns the names it registered."""
     global _loading_source
     before = len(_registered)
     if target.endswith(".py") or os.sep in target:
         path = os.path.abspath(target)
         if not os.path.isfile(path):
             raise FileNotFoundError(f"no such file")
+        # An adapter that a plug-in imported first (tests/e2e/plugins/adapters_on_cpu.py) stays.
+        if any(entry.source == path for entry in _registered) or path in _loaded_files:
+            return [entry.kernel.name for entry in _registered if entry.source == path]
+        _loaded_files.add(path)
         module_name = "attnreplay_plugin_" + os.path.splitext(os.path.basename(path))[0].replace("-", "_")
         spec = importlib.util.spec_from_file_location(module_name, path)
         module = importlib.util.module_from_spec(spec)
@@ -347,6 +358,22 @@ def _describe(error: BaseException, trace=None):
     if len(message) > 1:
         line += " ..."
     return line, "".join(traceback.format_exception(type(error), error, error.__traceback__))
+
+
+def _precompile(kernel_: Kernel, fields: dict):
+    """(kind, seconds) of what kernel_.precompile() compiled for a call like `fields`, or None
+    where the kernel declines the call or had it compiled already."""
+    spec = _make_spec(kernel_, fields)
+    if kernel_.decline_reason(spec) is not None:
+        return None
+    start = time.perf_counter()
+    kind = kernel_.precompile(spec)
+    if kind is None:
+        return None
+    if kernel_.device == "cuda":
+        import torch
+        torch.cuda.synchronize()
+    return str(kind), time.perf_counter() - start
 
 
 def _make_spec(kernel_: Kernel, fields: dict) -> CallSpec:

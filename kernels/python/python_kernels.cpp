@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
@@ -23,21 +24,15 @@
 #include "formats/errors.h"
 #include "formats/torch_tensor.h"
 #include "kernels/device_output.h"
-#include "kernels/resident_kernel.h"
 #include "kernels/kernel.h"
+#include "kernels/python/python_host.h"
 #include "kernels/quantized_attention.h"
 #include "kernels/torch_inputs.h"
 
 namespace attnreplay {
+namespace python_host __attribute__((visibility("hidden"))) {
 namespace {
 namespace fs = std::filesystem;
-namespace py = pybind11;
-
-// Where attnreplay_plugin.py and the adapters are: beside an installed binary, else the source tree
-// it was built from.
-struct PythonDirs {
-  std::string api, adapters;
-};
 
 PythonDirs python_dirs() {
   std::error_code error;
@@ -56,22 +51,9 @@ std::string python_executable() {
   return chosen && *chosen ? chosen : ATTNREPLAY_PYTHON_EXECUTABLE;
 }
 
-struct Interpreter {
-  std::string error;    // why Python is not running; empty when it is
-  py::object plugin;    // the attnreplay_plugin module
-  PythonDirs dirs;
-  bool adapters_loaded = false;
-  bool ours = false;    // started by this process, not a Python job's own (kernel substitution)
-  // Adapters that broke for a reason other than their package's absence (which the plug-in API
-  // records itself), or Python not starting: (name, reason).
-  std::vector<std::pair<std::string, std::string>> broken_adapters;
-  std::set<std::string> registered;  // Python kernels already in the registry
-};
-
-// attnreplay_plugin, imported with the GIL held.
+// attnreplay_plugin, imported with the GIL held; torch waits for ensure_torch().
 void import_plugin_api(Interpreter& it) {
   py::module_::import("sys").attr("path").attr("insert")(0, it.dirs.api);
-  py::module_::import("torch");
   it.plugin = py::module_::import("attnreplay_plugin");
 }
 
@@ -127,7 +109,8 @@ void start(Interpreter& it) {
 
 std::atomic<Interpreter*> started_interpreter{nullptr};
 
-// Never finalized: kernels in the registry hold Python objects until the process ends.
+}  // namespace
+
 Interpreter& interpreter() {
   static Interpreter* it = [] {
     auto* started = new Interpreter;
@@ -138,8 +121,13 @@ Interpreter& interpreter() {
   return *it;
 }
 
-// A Python exception as a failed row: one line for the table, the traceback for the JSON; or, for
-// attnreplay_plugin.NotSupported, the kernel's no.
+void ensure_torch() {
+  Interpreter& it = interpreter();
+  if (it.torch_imported) return;
+  py::module_::import("torch");
+  it.torch_imported = true;
+}
+
 [[noreturn]] void throw_failure(py::error_already_set& error, std::string_view during) {
   if (error.matches(interpreter().plugin.attr("NotSupported"))) {
     throw KernelNotSupported(py::str(error.value()).cast<std::string>());
@@ -155,6 +143,8 @@ Interpreter& interpreter() {
 }
 
 bool have_cuda() { return at::detail::getCUDAHooks().hasCUDA(); }
+
+namespace {
 
 // A ragged call's q, k and v as stored, (total, heads, dim) or pages, the plug-in's own copies; and
 // its offsets, counts and block table as the varlen libraries take them (int32, on the device). A
@@ -233,54 +223,6 @@ py::object accepted_spec(const py::object& kernel, const AttentionCall& call, co
   return spec;
 }
 
-class PythonKernel final : public Kernel, public ResidentKernel {
- public:
-  PythonKernel(py::object kernel, const std::string& source) : kernel_(std::move(kernel)) {
-    description_.name = kernel_.attr("name").cast<std::string>();
-    const std::string summary = py::str(kernel_.attr("summary")).cast<std::string>();
-    description_.summary = summary.empty() ? "Python plug-in kernel" : summary;
-    description_.device = kernel_.attr("device").cast<std::string>();
-    // A kernel of layout "thd" takes ragged batches as one, paged ones too: one that reads no block
-    // table gets the pages gathered (ragged_inputs). The others get them sequence by sequence.
-    description_.ragged = description_.paged = kernel_.attr("layout").cast<std::string>() == "thd";
-    const std::string headline = py::getattr(kernel_, "headline", py::str("kernel")).cast<std::string>();
-    using Headline = KernelDescription::Headline;
-    if (headline == "call") description_.headline = Headline::whole_call;
-    else if (headline == "run") description_.headline = Headline::run_is_call;
-    else if (headline != "kernel") {
-      throw InputError(fmt::format("{}: kernel '{}': headline '{}' is not \"kernel\", \"call\" or \"run\"", source,
-                                   description_.name, headline));
-    }
-    const py::object reduced = kernel_.attr("reduced_precision");
-    if (!reduced.is_none()) {
-      const std::string name = reduced.cast<std::string>();
-      description_.reduced_precision = parse_dtype(name);
-      if (!description_.reduced_precision) {
-        throw InputError(fmt::format("{}: kernel '{}': reduced_precision '{}' is not a dtype", source,
-                                     description_.name, name));
-      }
-    }
-  }
-  // The interpreter outlives static destruction unfinalized; the reference is left to it.
-  ~PythonKernel() override { kernel_.release(); }
-
-  const KernelDescription& description() const override { return description_; }
-  std::optional<std::string> unsupported_reason(const AttentionCall&) const override {
-    // The kernel's own checks run in prepare(): they may raise, which is a failure, not a no.
-    if (description_.device == "cuda" && !have_cuda()) return "no CUDA device";
-    return std::nullopt;
-  }
-  std::unique_ptr<PreparedKernel> prepare(const AttentionCall& call, const KernelOptions& options) const override;
-  const py::object& object() const { return kernel_; }
-
-  at::Tensor run_resident(const AttentionCall& call, const ModelInputs& inputs,
-                          const KernelOptions& options) const override;
-
- private:
-  py::object kernel_;
-  KernelDescription description_;
-};
-
 class PythonPrepared final : public PreparedKernel, public DeviceOutput {
  public:
   PythonPrepared(const PythonKernel& kernel, const AttentionCall& call, const KernelOptions& options)
@@ -337,6 +279,7 @@ class PythonPrepared final : public PreparedKernel, public DeviceOutput {
 
  private:
   void bind(const PythonKernel& kernel, const AttentionCall& call, const KernelOptions& options) {
+    ensure_torch();
     const py::object& plugin = interpreter().plugin;
     const py::object spec = accepted_spec(kernel.object(), call, options.quant);
     has_preparation_ = kernel.object().attr("has_preparation")().cast<bool>();
@@ -387,14 +330,84 @@ class PythonPrepared final : public PreparedKernel, public DeviceOutput {
   py::object run_;  // prepared_.run, looked up once
 };
 
+}  // namespace
+
+PythonKernel::PythonKernel(py::object kernel, const std::string& source) : kernel_(std::move(kernel)) {
+  description_.name = kernel_.attr("name").cast<std::string>();
+  const std::string summary = py::str(kernel_.attr("summary")).cast<std::string>();
+  description_.summary = summary.empty() ? "Python plug-in kernel" : summary;
+  description_.device = kernel_.attr("device").cast<std::string>();
+  // A kernel of layout "thd" takes ragged batches as one, paged ones too: one that reads no block
+  // table gets the pages gathered (ragged_inputs). The others get them sequence by sequence.
+  description_.ragged = description_.paged = kernel_.attr("layout").cast<std::string>() == "thd";
+  compiles_ahead_ = py::hasattr(kernel_, "precompile");
+  const std::string headline = py::getattr(kernel_, "headline", py::str("kernel")).cast<std::string>();
+  using Headline = KernelDescription::Headline;
+  if (headline == "call") description_.headline = Headline::whole_call;
+  else if (headline == "run") description_.headline = Headline::run_is_call;
+  else if (headline != "kernel") {
+    throw InputError(fmt::format("{}: kernel '{}': headline '{}' is not \"kernel\", \"call\" or \"run\"", source,
+                                 description_.name, headline));
+  }
+  const py::object reduced = kernel_.attr("reduced_precision");
+  if (!reduced.is_none()) {
+    const std::string name = reduced.cast<std::string>();
+    description_.reduced_precision = parse_dtype(name);
+    if (!description_.reduced_precision) {
+      throw InputError(fmt::format("{}: kernel '{}': reduced_precision '{}' is not a dtype", source,
+                                   description_.name, name));
+    }
+  }
+}
+
+// The interpreter outlives static destruction unfinalized; the reference is left to it.
+PythonKernel::~PythonKernel() { kernel_.release(); }
+
+std::optional<std::string> PythonKernel::unsupported_reason(const AttentionCall&) const {
+  // The kernel's own checks run in prepare(): they may raise, which is a failure, not a no.
+  if (description_.device == "cuda" && !have_cuda()) return "no CUDA device";
+  return std::nullopt;
+}
+
 std::unique_ptr<PreparedKernel> PythonKernel::prepare(const AttentionCall& call, const KernelOptions& options) const {
   return std::make_unique<PythonPrepared>(*this, call, options);
+}
+
+// One task for the whole list: the kernel's precompile() decides, per header, whether its kind is
+// compiled already. Ragged headers are left to their calls (their sequences are data).
+void PythonKernel::expect_calls(const std::vector<AttentionCall>& headers, const KernelOptions& options) const {
+  if (headers.empty() || !compiles_ahead_ || (description_.device == "cuda" && !have_cuda())) return;
+  BackgroundPython::instance().post([this, headers, quant = options.quant] {
+    ensure_torch();
+    const py::object& plugin = interpreter().plugin;
+    for (const AttentionCall& header : headers) {
+      if (header.is_ragged()) continue;
+      try {
+        const py::object done = plugin.attr("_precompile")(kernel_, spec_fields(header, quant));
+        if (done.is_none()) continue;
+        const auto [kind, seconds] = done.cast<std::pair<std::string, double>>();
+        const std::lock_guard lock(compilations_mutex_);
+        compilations_.push_back({description_.name, kind, seconds});
+      } catch (py::error_already_set& error) {
+        // The call itself compiles, and fails, where it is replayed; here it only did not go ahead.
+        std::cerr << fmt::format("attnreplay: warning: {}: compiling ahead for {}: {}\n", description_.name,
+                                 header.where(), error.what());
+        return;
+      }
+    }
+  });
+}
+
+std::vector<AheadCompilation> PythonKernel::ahead_compilations() const {
+  const std::lock_guard lock(compilations_mutex_);
+  return compilations_;
 }
 
 at::Tensor PythonKernel::run_resident(const AttentionCall& call, const ModelInputs& inputs,
                                       const KernelOptions& options) const {
   c10::AutoGradMode no_grad(false);
   py::gil_scoped_acquire gil;
+  ensure_torch();
   const py::object spec = accepted_spec(kernel_, call, options.quant);
   try {
     return interpreter().plugin.attr("_run_resident")(kernel_, spec, inputs.q, inputs.k, inputs.v,
@@ -405,7 +418,9 @@ at::Tensor PythonKernel::run_resident(const AttentionCall& call, const ModelInpu
   }
 }
 
-}  // namespace
+}  // namespace python_host
+
+using namespace python_host;
 
 PythonKernelsLoaded load_python_kernels(const std::vector<std::string>& modules, bool with_adapters) {
   PythonKernelsLoaded loaded;
@@ -418,14 +433,31 @@ PythonKernelsLoaded load_python_kernels(const std::vector<std::string>& modules,
   py::gil_scoped_acquire gil;
   if (with_adapters && !it.adapters_loaded) {
     it.adapters_loaded = true;
-    // An adapter whose package is absent says so itself; one that breaks otherwise is listed too.
-    try {
-      for (const auto& failure : it.plugin.attr("_load_adapters")(it.dirs.adapters)) {
-        const auto pair = failure.cast<std::pair<std::string, std::string>>();
-        it.broken_adapters.emplace_back(fs::path(pair.first).stem().string(), pair.first + ": " + pair.second);
+    if (it.ours) {
+      // attnreplay's own process: read, not imported; each imports when a run needs it.
+      register_adapter_kernels(it, loaded.errors);
+    } else {
+      // A Python job substituting a kernel: its one kernel is wanted now, on the job's thread. An
+      // adapter whose package is absent says so itself; one that breaks otherwise is listed too.
+      try {
+        ensure_torch();
+        for (const auto& failure : it.plugin.attr("_load_adapters")(it.dirs.adapters)) {
+          const auto pair = failure.cast<std::pair<std::string, std::string>>();
+          it.broken_adapters.emplace_back(fs::path(pair.first).stem().string(), pair.first + ": " + pair.second);
+        }
+      } catch (py::error_already_set& error) {
+        it.broken_adapters.emplace_back("(library adapters)", error.what());
       }
+    }
+  }
+  if (!modules.empty()) {
+    try {
+      ensure_torch();
     } catch (py::error_already_set& error) {
-      it.broken_adapters.emplace_back("(library adapters)", error.what());
+      for (const std::string& module : modules) {
+        loaded.errors.push_back(fmt::format("{}: not loaded: torch does not import: {}", module, error.what()));
+      }
+      return loaded;
     }
   }
   for (const std::string& module : modules) {
@@ -446,7 +478,8 @@ PythonKernelsLoaded load_python_kernels(const std::vector<std::string>& modules,
     const py::object kernel = pair[0];
     const std::string source = pair[1].cast<std::string>();
     const std::string name = kernel.attr("name").cast<std::string>();
-    if (!it.registered.insert(name).second) continue;
+    // An adapter's kernels are in the registry already, as AdapterKernels.
+    if (it.adapter_files.count(source) || !it.registered.insert(name).second) continue;
     try {
       KernelRegistry::SourceScope scope(source);
       KernelRegistry::instance().add(std::make_unique<PythonKernel>(kernel, source));
@@ -477,7 +510,9 @@ std::vector<std::pair<std::string, std::string>> unavailable_python_kernels() {
   Interpreter& it = interpreter();
   std::vector<std::pair<std::string, std::string>> unavailable = it.broken_adapters;
   if (!it.error.empty()) return unavailable;
-  // The plug-in API's own list: a kernel registered after all is no longer on it.
+  unavailable.insert(unavailable.end(), it.not_installed.begin(), it.not_installed.end());
+  // The plug-in API's own list (libraries installed that did not import): a kernel registered after
+  // all is no longer on it.
   py::gil_scoped_acquire gil;
   for (const auto& item : it.plugin.attr("_unavailable_kernels")()) {
     unavailable.push_back(item.cast<std::pair<std::string, std::string>>());

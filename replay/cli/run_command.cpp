@@ -311,6 +311,11 @@ class RunCommand final : public Command {
       }
     }
     for (const std::string& error : report.input_errors) std::cerr << "error: " << error << '\n';
+    for (const auto& kernel : KernelRegistry::instance().kernels()) {
+      for (AheadCompilation& compilation : kernel->ahead_compilations()) {
+        report.compilations_ahead.push_back(std::move(compilation));
+      }
+    }
     report.recorded_s = seconds_since_process_start();
     nlohmann::json record = report_to_json(report);
     record["options"] = options_.to_json();

@@ -168,6 +168,11 @@ nlohmann::json report_to_json(const Report& report) {
           {"calls", calls},
           {"input_errors", report.input_errors},
           {"recorded_at_s", number(report.recorded_s)}};
+  nlohmann::json compilations = nlohmann::json::array();
+  for (const AheadCompilation& c : report.compilations_ahead) {
+    compilations.push_back({{"kernel", c.kernel}, {"kind", c.kind}, {"seconds", number(c.seconds)}});
+  }
+  json["compilations_ahead"] = compilations;
   if (const auto& part = report.shard_part) {
     json["shard"] = {{"rank", part->shard.rank},
                      {"world_size", part->shard.world_size},

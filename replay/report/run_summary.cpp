@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <map>
 #include <vector>
 
 #include "replay/judge/kernel_summary.h"
@@ -60,6 +61,17 @@ std::string run_summary_text(const nlohmann::json& record, const std::string& ba
                             : fmt::format("{} ({} call{})", name, count, count == 1 ? "" : "s"));
     }
     out += wrapped(fmt::format("not run, {}: {}", refusal.reason, fmt::join(kernels, ", ")));
+  }
+  // Compilations ahead, per kernel: their time is in no figure, and went beside the others' timings.
+  std::map<std::string, std::pair<int, double>> compiled;
+  for (const auto& c : record.value("compilations_ahead", nlohmann::json::array())) {
+    auto& [count, seconds] = compiled[c.value("kernel", "")];
+    ++count, seconds += c.value("seconds", 0.0);
+  }
+  for (const auto& [kernel, figures] : compiled) {
+    out += wrapped(fmt::format("{} compiled {} kind{} of call ahead, {:.1f} s beside the other kernels' timings (in no "
+                               "figure; compilations_ahead in the JSON)",
+                               kernel, figures.first, figures.first == 1 ? "" : "s", figures.second));
   }
   out += "  statuses: not_verified ran (no --refcheck), passed within --refcheck, incorrect beyond it (exit 3),\n"
          "  failed raised an error (exit 1), not_supported refused the call (above)\n";

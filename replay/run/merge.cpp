@@ -118,7 +118,7 @@ nlohmann::json merge_parts(const std::vector<std::string>& part_paths) {
   std::map<std::int64_t, std::pair<const Part*, const nlohmann::json*>> calls;
   nlohmann::json errors = nlohmann::json::array();
   std::set<std::string> seen_errors;
-  nlohmann::json shards = nlohmann::json::array();
+  nlohmann::json shards = nlohmann::json::array(), compilations = nlohmann::json::array();
   std::string started = parts.front().record.value("started_utc", "");
   for (const auto& [rank, part] : by_rank) {
     const nlohmann::json& r = part->record;
@@ -132,6 +132,10 @@ nlohmann::json merge_parts(const std::vector<std::string>& part_paths) {
                                      found->second.first->path, part->path, call.value("call_index", -1),
                                      call.value("source", "?")));
       }
+    }
+    for (nlohmann::json compilation : r.value("compilations_ahead", nlohmann::json::array())) {
+      compilation["rank"] = rank;
+      compilations.push_back(std::move(compilation));
     }
     // A capture every process failed to open is reported by each: once is enough.
     for (const auto& error : r.value("input_errors", nlohmann::json::array())) {
@@ -155,6 +159,7 @@ nlohmann::json merge_parts(const std::vector<std::string>& part_paths) {
   merged["calls"] = nlohmann::json::array();
   for (const auto& [place, call] : calls) merged["calls"].push_back(*call.second);
   merged["input_errors"] = errors;
+  merged["compilations_ahead"] = compilations;
   merged["sharded"] = {{"world_size", shard["world_size"]},
                        {"launcher", shard.value("launcher", "")},
                        {"launch_id", shard.value("launch_id", "")},

@@ -25,6 +25,7 @@
 #include "replay/measure/gpu.h"
 #include "replay/measure/measure.h"
 #include "replay/run/kernel_selection.h"
+#include "replay/run/prefetch.h"
 #include "replay/run/rerun.h"
 
 namespace attnreplay {
@@ -374,24 +375,103 @@ std::optional<std::string> untimed_note(const KernelResult& k) {
   return note;
 }
 
-CallResult replay_call(const AttentionCall& captured, const ReplayOptions& options, const std::string& rerun_input) {
-  CallResult result = describe_call(captured, options);
-  if (refuse_unreplayable(captured, options, result)) return result;
-  const AttentionCall call = replayable_call(captured, result);
-  // Q, K, V, the mask and the model's output go to the GPU once, for the reference, every kernel
-  // and every comparison.
-  const SharedUploads uploads;
-  const ReferenceOutput reference = compute_reference(call, options, result);
-  for (const char* phase : {"prepare", "measure", "judge", "compare"}) result.replay_seconds[phase] = 0;
-  CallReplay replay{call, options, reference, result, rerun_input,
-                    options.timing_groups ? timing_key(call) : std::string(), {}};
-  for (const Kernel* kernel : select_kernels(options.kernels)) result.kernels.push_back(replay_kernel(*kernel, replay));
-  if (!replay.shared_from.empty()) {
-    result.notes.push_back(fmt::format("timings measured on {}, which has the same shape, dtypes, layout, strides, "
-                                       "mask and causality (--time-every-call times each call)", replay.shared_from));
+struct CallInReplay::State {
+  const ReplayOptions& options;
+  std::string rerun_input;
+  CallResult result;
+  bool refused = false;
+  AttentionCall call;  // as replayed: the captured call without dropout
+  std::optional<ReferenceOutput> reference;
+  std::vector<const Kernel*> kernels;
+  std::vector<std::optional<KernelResult>> done;  // per kernel, in --kernels' order
+  bool model_output_judged = false;
+  std::string timing_group, shared_from;
+
+  State(const ReplayOptions& o, std::string rerun) : options(o), rerun_input(std::move(rerun)) {}
+
+  // Each within one SharedUploads scope of the caller's: Q, K, V, the mask and the model's output
+  // go to the GPU once for the reference and the kernels replayed together.
+  void compute_reference_once() {
+    if (reference) return;
+    reference = compute_reference(call, options, result);
+    for (const char* phase : {"prepare", "measure", "judge", "compare"}) result.replay_seconds[phase] = 0;
   }
-  if (call.out) result.kernels.push_back(judge_model_output(replay));
-  return result;
+  void replay(std::size_t i) {
+    CallReplay replay{call, options, *reference, result, rerun_input, timing_group, shared_from};
+    done[i] = replay_kernel(*kernels[i], replay);
+    shared_from = replay.shared_from;
+  }
+  // Once every kernel has run: the results in --kernels' order, then the model's output.
+  void complete() {
+    for (auto& kernel : done) result.kernels.push_back(std::move(*kernel));
+    if (!shared_from.empty()) {
+      result.notes.push_back(fmt::format("timings measured on {}, which has the same shape, dtypes, layout, strides, "
+                                         "mask and causality (--time-every-call times each call)", shared_from));
+    }
+    if (call.out) {
+      CallReplay replay{call, options, *reference, result, rerun_input, timing_group, shared_from};
+      result.kernels.push_back(judge_model_output(replay));
+    }
+    model_output_judged = true;
+  }
+};
+
+CallInReplay::CallInReplay(const AttentionCall& captured, const ReplayOptions& options, std::string rerun_input)
+    : state_(std::make_unique<State>(options, std::move(rerun_input))) {
+  State& s = *state_;
+  s.result = describe_call(captured, options);
+  s.refused = refuse_unreplayable(captured, options, s.result);
+  if (s.refused) return;
+  s.call = replayable_call(captured, s.result);
+  s.kernels = select_kernels(options.kernels);
+  s.done.resize(s.kernels.size());
+  if (options.timing_groups) s.timing_group = timing_key(s.call);
+}
+
+CallInReplay::~CallInReplay() = default;
+
+bool CallInReplay::replay_ready_kernels() {
+  State& s = *state_;
+  if (s.refused || s.model_output_judged) return true;
+  const SharedUploads uploads;
+  s.compute_reference_once();
+  bool left = false;
+  for (std::size_t i = 0; i < s.kernels.size(); ++i) {
+    if (s.done[i]) continue;
+    if (s.kernels[i]->ready()) s.replay(i);
+    else left = true;
+  }
+  if (!left) s.complete();
+  return !left;
+}
+
+CallResult CallInReplay::finish() {
+  State& s = *state_;
+  if (!s.refused && !s.model_output_judged) {
+    const SharedUploads uploads;
+    s.compute_reference_once();
+    for (std::size_t i = 0; i < s.kernels.size(); ++i) {
+      if (s.done[i]) continue;
+      s.kernels[i]->wait_until_ready();
+      s.replay(i);
+    }
+    s.complete();
+  }
+  return std::move(s.result);
+}
+
+std::uint64_t CallInReplay::bytes_held() const {
+  const State& s = *state_;
+  std::uint64_t bytes = s.refused ? 0 : call_bytes(s.call);
+  if (s.reference) {
+    bytes += s.reference->values.size() * sizeof(double);
+    if (s.reference->device_values) bytes += static_cast<std::uint64_t>(s.reference->device_values->nbytes());
+  }
+  return bytes;
+}
+
+CallResult replay_call(const AttentionCall& call, const ReplayOptions& options, const std::string& rerun_input) {
+  return CallInReplay(call, options, rerun_input).finish();
 }
 
 }  // namespace attnreplay

@@ -2,6 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <deque>
+#include <memory>
+
 #include <unistd.h>
 
 #include "formats/errors.h"
@@ -43,6 +47,34 @@ std::vector<std::size_t> wanted_positions(CaptureSource& source, const std::func
   return positions;
 }
 
+namespace {
+
+// A call whose kernels are not all replayed yet, with when it was read and how long that took.
+struct WaitingCall {
+  std::unique_ptr<CallInReplay> replay;
+  double began_s = 0, read_s = 0;
+};
+
+// Tells the selected kernels which calls will come, so that those that compile per kind of call
+// can start ahead (Kernel::expect_calls). Headers only: no tensor is read.
+void announce_calls(CaptureSource& source, const std::vector<std::size_t>& positions, const ReplayOptions& options) {
+  const std::vector<const Kernel*> kernels = select_kernels(options.kernels);
+  if (std::none_of(kernels.begin(), kernels.end(), [](const Kernel* k) { return k->compiles_ahead(); })) return;
+  std::vector<AttentionCall> headers;
+  for (const std::size_t position : positions) {
+    try {
+      headers.push_back(source.load(position, /*with_data=*/false));
+    } catch (const InputError&) {
+      // Said where the call is read for its replay.
+    }
+  }
+  for (const Kernel* kernel : kernels) {
+    if (kernel->compiles_ahead()) kernel->expect_calls(headers, options.kernel_options);
+  }
+}
+
+}  // namespace
+
 void replay_capture(CaptureSource& source, const std::function<bool(std::int64_t)>& wanted,
                     const ReplayOptions& options, Report& report,
                     const std::function<void(const CallResult&)>& on_call,
@@ -50,7 +82,31 @@ void replay_capture(CaptureSource& source, const std::function<bool(std::int64_t
   for (const std::string& error : source.open_errors()) report.input_errors.push_back(error);
   const std::vector<std::size_t> positions = wanted_positions(source, wanted, report.input_errors);
   if (options.progress) options.progress->add_calls(static_cast<std::int64_t>(positions.size()));
+  announce_calls(source, positions, options);
   CallPrefetcher calls(source, positions, options.prefetch_bytes, read_ahead_memory(options));
+  // Kernels not ready yet (kernels/kernel.h: a library importing, a compilation ahead) have their
+  // part of each call deferred while the others go on; calls are finished, and reported, in order.
+  // The calls held meanwhile stay within the read-ahead budget, past which the replay waits.
+  std::deque<WaitingCall> waiting;
+  std::uint64_t held = 0;
+  const auto finish_front = [&] {
+    WaitingCall front = std::move(waiting.front());
+    waiting.pop_front();
+    held -= front.replay->bytes_held();
+    CallResult result;
+    try {
+      result = front.replay->finish();
+    } catch (const InputError& error) {
+      report.input_errors.push_back(error.what());
+      return;
+    }
+    result.replay_seconds["read"] = front.read_s;
+    if (options.progress) options.progress->call_finished();
+    if (on_call) on_call(result);
+    result.replay_began_s = front.began_s;
+    result.replay_ended_s = seconds_since_process_start();
+    report.calls.push_back(std::move(result));
+  };
   for (;;) {
     try {
       const double began_s = seconds_since_process_start();
@@ -58,18 +114,19 @@ void replay_capture(CaptureSource& source, const std::function<bool(std::int64_t
       if (!call) break;
       const double read_s = seconds_since_process_start() - began_s;
       if (on_loaded) on_loaded(*call);
-      CallResult result =
-          replay_call(*call, options, fmt::format("{} --calls {}", shell_quote(source.path()), call->call_index));
-      result.replay_seconds["read"] = read_s;
-      if (options.progress) options.progress->call_finished();
-      if (on_call) on_call(result);
-      result.replay_began_s = began_s;
-      result.replay_ended_s = seconds_since_process_start();
-      report.calls.push_back(std::move(result));
+      auto replay = std::make_unique<CallInReplay>(*call, options,
+                                                   fmt::format("{} --calls {}", shell_quote(source.path()), call->call_index));
+      replay->replay_ready_kernels();
+      held += replay->bytes_held();
+      waiting.push_back({std::move(replay), began_s, read_s});
     } catch (const InputError& error) {
       report.input_errors.push_back(error.what());
     }
+    while (!waiting.empty() && (waiting.front().replay->replay_ready_kernels() || held > options.prefetch_bytes)) {
+      finish_front();
+    }
   }
+  while (!waiting.empty()) finish_front();
 }
 
 }  // namespace attnreplay

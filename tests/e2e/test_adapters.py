@@ -351,16 +351,84 @@ def test_flex_attention_builds_its_block_mask_in_prepare(plugin, kernels):
 
 def test_flex_attention_compiles_once_per_kind_of_call(plugin, kernels):
     kernel = type(kernels["flex-attention"])()
+    kernel.device = "cpu"
     assert kernel.compile and kernel._compiled == {}  # nothing compiled at registration
-    spec, *_ , mask = make_call(plugin, kernel)
-    first = kernel._functions(spec, mask)
+    spec, *_ = make_call(plugin, kernel)
+    first = kernel._flex_attention(spec)
     # Another length is the same kind of call: dynamic shapes, one compilation.
     longer, *_ = make_call(plugin, kernel, seq_q=100, seq_kv=300)
-    assert kernel._functions(longer, None) is first
-    # Causality (or a mask, a dtype, head dims) makes another kind.
+    assert kernel._flex_attention(longer) is first
+    # Causality (or a mask, a dtype, head dims, GQA) makes another kind.
     causal, *_ = make_call(plugin, kernel, causal="top_left")
-    assert kernel._functions(causal, None) is not first
-    assert len(kernel._compiled) == 2
+    assert kernel._flex_attention(causal) is not first
+    grouped, *_ = make_call(plugin, kernel, heads_kv=2)
+    assert kernel._flex_attention(grouped) is not first
+    assert len(kernel._compiled) == 3
+    assert kernel.kind_text(grouped) == "float32 d64/64, no mask, GQA 4/2, batch 2, seq_q <128, seq_kv <128"
+    # Compiling ahead is for the GPU's compiled kernel; on the CPU there is nothing to do ahead.
+    assert kernel.precompile(spec) is None
+
+
+@pytest.mark.parametrize("seq_q, seq_kv, causal, mask_dims", [
+    (200, 200, None, (2, 1)), (40, 300, "bottom_right", (2, 4)), (300, 140, "top_left", (1, 1)),
+    (256, 384, "bottom_right", None), (130, 257, "top_left", None), (1, 300, "bottom_right", (2, 1)),
+    (128, 128, None, (1, 4))])
+def test_flex_attention_block_mask_is_create_block_masks(plugin, kernels, seq_q, seq_kv, causal, mask_dims):
+    """The block mask prepare() builds from the call's mask with tensor operations is the one
+    create_block_mask builds by evaluating the mask_mod: the same full and partial blocks."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    kernel = kernels["flex-attention"]
+    mask = None
+    if mask_dims is not None:
+        generator = torch.Generator().manual_seed(seq_q + seq_kv)
+        mask = torch.rand(*mask_dims, seq_q, seq_kv, generator=generator) > 0.4
+        mask[..., : seq_kv // 3, :] &= torch.rand(*mask_dims, 1, seq_kv, generator=generator) > 0.5  # whole blocks go
+        mask[..., 5:9] = True
+    spec, q, k, v, mask = make_call(plugin, kernel, batch=2, heads_q=4, seq_q=seq_q, seq_kv=seq_kv, causal=causal,
+                                    mask=mask)
+    prepared = plugin._Prepared(kernel, spec, q, k, v, mask).prepared
+    offset = (seq_kv - seq_q if causal == "bottom_right" else 0) if causal else None
+    # create_block_mask's batch and head dims: only where the mask varies over them.
+    dims = (2 if mask_dims and mask_dims[0] > 1 else None, 4 if mask_dims and mask_dims[1] > 1 else None)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        keep = mask[b % mask.shape[0], h % mask.shape[1], q_idx, kv_idx] if mask is not None else q_idx >= 0
+        return keep & (kv_idx <= q_idx + offset) if offset is not None else keep
+
+    want = create_block_mask(mask_mod, dims[0], dims[1], seq_q, seq_kv, device="cpu")
+    got = prepared.block_mask
+    assert got.seq_lengths == (seq_q, seq_kv)
+
+    def listed(counts, indices):
+        """(..., key blocks) 1 where a BlockMask lists the block (indices are a permutation)."""
+        first = (torch.arange(indices.shape[-1]) < counts[..., None]).int()
+        return torch.zeros(indices.shape, dtype=torch.int32).scatter_(-1, indices.long(), first)
+
+    for counts, indices in (("kv_num_blocks", "kv_indices"), ("full_kv_num_blocks", "full_kv_indices")):
+        g = listed(getattr(got, counts), getattr(got, indices))
+        w = listed(getattr(want, counts), getattr(want, indices))
+        assert torch.equal(g.expand_as(w), w), counts
+
+
+def test_adapters_are_read_without_importing_them_as_their_classes_say(plugin, kernels):
+    """attnreplay_adapters.py reads each adapter's kernels from its source: the same names and
+    capabilities as the imported objects, and with the stand-ins on the path, every library found
+    installed, without importing any."""
+    import attnreplay_adapters
+
+    described, problems = attnreplay_adapters.describe_adapters(str(ADAPTERS))
+    assert problems == []
+    assert sorted(d["name"] for d in described) == ALL
+    for d in described:
+        kernel = type(kernels[d["name"]])  # the class: the fixture set instances' device to cpu
+        for field in ("summary", "device", "layout", "headline", "reduced_precision"):
+            assert d[field] == getattr(kernel, field), (d["name"], field)
+        assert d["missing"] == [], d
+        assert d["file"].endswith(kernel.__module__.replace("attnreplay_plugin_", "") + ".py")
+    assert attnreplay_adapters.module_present("flash_attn.cute.interface")  # a stand-in's submodule
+    assert not attnreplay_adapters.module_present("flash_attn.nowhere")
+    assert not attnreplay_adapters.module_present("not_a_library_here")
 
 
 def test_sageattn_triton_maps_granularity_and_smoothing(plugin, kernels):
