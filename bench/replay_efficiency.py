@@ -9,10 +9,10 @@ Generates captures as folders of .pt calls (attnreplay's, bench/pt_calls.py; ait
   replayed with --time-every-call (each call timed: the long calls' figure of wall against timing);
 - aiter: for the CPU, 12 small calls in aiter's folder format (<kernel>_input_<n>.pt: sequences of
   200 to 607, 3 heads, head dim 64, bf16), as a video model's captured attention scaled down;
-- decoder: a real capture: a transformers Llama (8 layers, GQA 32/8, head dim 128, bf16) generating
-  24 tokens for 4 left-padded prompts on the GPU (tests/e2e/jobs/decoder_job.py), captured under
-  the preload ($ATTNREPLAY_ATTNCAP_LIB) as users capture, to HDF5: 200 calls in 25 shapes, a padding
-  mask in every call; replayed with the default kernels (flex-attention among them) first with
+- decoder: a real capture: a transformers Llama (8 layers, GQA 32/8, head dim 128, bf16) computing
+  the logits of 4 left-padded prompts (1024 tokens and less) and generating 24 tokens on the GPU
+  (tests/e2e/jobs/decoder_job.py), captured under the preload ($ATTNREPLAY_ATTNCAP_LIB) as users
+  capture, to HDF5: 200 calls in 24 shapes, a padding mask in every call; replayed with the default kernels (flex-attention among them) first with
   empty compile caches (torch's inductor and Triton caches in a new folder: "cold"), then again
   with the caches that run left ("warm").
 
@@ -124,7 +124,7 @@ def capture_decoder(folder):
     env = dict(os.environ, LD_PRELOAD=os.environ["ATTNREPLAY_ATTNCAP_LIB"], ATTNCAP_OUT=folder)
     subprocess.run([sys.executable, job, "--device", "cuda", "--dtype", "bfloat16", "--layers", "8", "--heads", "32",
                     "--kv-heads", "8", "--head-dim", "128", "--batch", "4", "--prompt", "1024", "--pad-step", "96",
-                    "--new-tokens", "24", "--no-logits"], env=env, check=True)
+                    "--new-tokens", "24"], env=env, check=True)
     return None, None
 
 
