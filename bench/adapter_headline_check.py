@@ -2,8 +2,10 @@
 
 An adapter's headline is the library's function as users call it (KernelDescription::Headline):
 `sageattn(q, k, v, tensor_layout="HND", is_causal=..., sm_scale=...)` whole, K smoothing inside;
-`flex_attention(q, k, v, block_mask=...)` with its block mask built once, as a model does. On the
-same GPU, same inputs, both with a cold L2, the two medians must agree within 3 %. attnreplay is
+for flex-attention, the adapter's own compiled callable (torch.compile'd with dynamic sequence
+lengths, its block mask built once, as a model does): the adapter's run() on its prepare()'s inputs,
+which is what attnreplay times. On the same GPU, same inputs, both with a cold L2, the two medians
+must agree within 3 %. attnreplay is
 run with its default timer and with `--timing queued` (do_bench's own way of sampling: where a
 call's launches take longer on the host than its kernels on the GPU, do_bench counts the gaps,
 which the default timer's pipelined samples hide). Adapters whose library is not installed are
@@ -13,6 +15,7 @@ listed as such.
 """
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -38,21 +41,31 @@ def sageattn_call():
 
 
 def flex_call():
-    try:
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-    except ImportError as error:
-        return None, f"flex_attention does not import: {error}"
-    compiled = torch.compile(flex_attention, dynamic=False)
-    masks = {}
+    """The adapter's compiled callable itself: its prepare() once per call, then its run()."""
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    for folder in ("kernels/python", "kernels/adapters"):
+        sys.path.insert(0, os.path.join(root, folder))
+    import attnreplay_plugin as ar
+    import flex_attention_adapter
+
+    if flex_attention_adapter.flex is None:
+        return None, "flex_attention does not import"
+    kernel = flex_attention_adapter.FlexAttention()
+    prepared = {}
 
     def call(q, k, v, causal, scale):
-        block_mask = None
-        if causal:
-            key = (q.shape[2], k.shape[2])
-            if key not in masks:  # built once per shape, as a model builds it once per forward
-                masks[key] = create_block_mask(lambda b, h, qi, ki: ki <= qi, None, None, *key, device="cuda")
-            block_mask = masks[key]
-        return compiled(q, k, v, block_mask=block_mask, scale=scale)
+        key = (q.data_ptr(), k.data_ptr(), causal)
+        if key not in prepared:  # prepared once per call, as attnreplay prepares it
+            batch, heads, seq, dim = q.shape
+            fields = {"index": 0, "op": "bench", "dtype": str(q.dtype).replace("torch.", ""), "model_layout": "bhsd",
+                      "batch": batch, "heads_q": heads, "heads_kv": k.shape[1], "seq_q": seq, "seq_kv": k.shape[2],
+                      "head_dim_qk": dim, "head_dim_vo": v.shape[3], "is_causal": causal,
+                      "causal_alignment": "top_left", "scale": scale, "mask_kind": None, "mask_shape": None,
+                      "metadata": {}, "quant": {}}
+            spec = ar._make_spec(kernel, fields)
+            prepared[key] = kernel.prepare(ar.Inputs(q, k, v, None, spec))
+            kernel.warm_up(prepared[key])
+        return kernel.run(prepared[key])
     return call, None
 
 
