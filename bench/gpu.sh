@@ -13,7 +13,8 @@ exec > >(tee -a "$LOG") 2>&1
 status=0
 step() { echo; echo "== $* ($(date -u +%H:%M:%S))"; }
 # GPU_STEPS picks a subset, e.g. GPU_STEPS="tests dobench" (the build always runs); "adapters", "peer",
-# "plugins", "groups", "pipeline", "shard", "reference", "batches", "short", "gap", "prep",
+# "plugins", "groups", "pipeline", "shard", "reference", "batches", "short", "gap", "prep" (ADAPTER_SHAPES picks
+# the adapters step's shapes),
 # "scaling" and "prepkernels" run only when asked for (PREP_TESTS=0 leaves out prep's GPU tests, PREP_BASE=0 the
 # base build's preparation where BASE_TREE is set for `same` alone, PREP_VARIANTS
 # and PREP_CASES pick its runs, PREP_KINDS its kinds; PEER_SHAPES picks the peer step's shapes; GPU_TESTS, pytest's
@@ -96,7 +97,8 @@ fi
 
 if wants adapters; then
 step "each library adapter's headline against do_bench of the library's own call (needs its wheel in .whl)"
-python3 "$ROOT/bench/adapter_headline_check.py" --attnreplay "$BIN" --out "$OUT/adapters.json" || status=1
+python3 "$ROOT/bench/adapter_headline_check.py" --attnreplay "$BIN" --out "$OUT/adapters.json" \
+  ${ADAPTER_SHAPES:+--shapes "$ADAPTER_SHAPES"} || status=1
 fi
 
 if wants short; then

@@ -10,9 +10,10 @@ Generates captures as folders of .pt calls (attnreplay's, bench/pt_calls.py; ait
 - aiter: for the CPU, 12 small calls in aiter's folder format (<kernel>_input_<n>.pt: sequences of
   200 to 607, 3 heads, head dim 64, bf16), as a video model's captured attention scaled down;
 - decoder: a real capture: a transformers Llama (8 layers, GQA 32/8, head dim 128, bf16) computing
-  the logits of 4 left-padded prompts (1024 tokens and less) and generating 24 tokens on the GPU
+  the logits of 4 left-padded prompts (256 tokens and less) and generating 24 tokens on the GPU
   (tests/e2e/jobs/decoder_job.py), captured under the preload ($ATTNREPLAY_ATTNCAP_LIB) as users
-  capture, to HDF5: 200 calls in 24 shapes, a padding mask in every call; replayed with the default kernels (flex-attention among them) first with
+  capture, to HDF5: 200 calls in 24 shapes, 3.7 GB (transformers hands SDPA K and V repeated to 32
+  heads), a padding mask in every call; replayed with the default kernels (flex-attention among them) first with
   empty compile caches (torch's inductor and Triton caches in a new folder: "cold"), then again
   with the caches that run left ("warm").
 
@@ -123,7 +124,7 @@ def capture_decoder(folder):
     job = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "e2e", "jobs", "decoder_job.py")
     env = dict(os.environ, LD_PRELOAD=os.environ["ATTNREPLAY_ATTNCAP_LIB"], ATTNCAP_OUT=folder)
     subprocess.run([sys.executable, job, "--device", "cuda", "--dtype", "bfloat16", "--layers", "8", "--heads", "32",
-                    "--kv-heads", "8", "--head-dim", "128", "--batch", "4", "--prompt", "1024", "--pad-step", "96",
+                    "--kv-heads", "8", "--head-dim", "128", "--batch", "4", "--prompt", "256", "--pad-step", "24",
                     "--new-tokens", "24"], env=env, check=True)
     return None, None
 
@@ -173,7 +174,14 @@ def replay(binary, capture, kernels, gpus, work, extra, launcher, env=None, name
     recorded = record.get("recorded_at_s") or 0
     wall_parts = {}
     if windows and recorded and gpus == 1:
-        in_calls = sum(w["ended"] - w["began"] for w in windows)
+        # Calls whose kernels waited (a library loading, compilations ahead) overlap later calls:
+        # the time in calls is the union of their windows.
+        in_calls, reach = 0.0, float("-inf")
+        for w in sorted(windows, key=lambda w: w["began"]):
+            start = max(w["began"], reach)
+            if w["ended"] > start:
+                in_calls += w["ended"] - start
+            reach = max(reach, w["ended"])
         wall_parts = {"start_up": min(w["began"] for w in windows),
                       "in_calls_outside_phases": in_calls - in_phases,
                       "between_calls": max(w["ended"] for w in windows) - min(w["began"] for w in windows) - in_calls,
@@ -194,7 +202,11 @@ def replay(binary, capture, kernels, gpus, work, extra, launcher, env=None, name
             "phases_s": phases, "per_timing": per_timing, "exit": result.returncode,
             "shapes": len({json.dumps(call.get("shape"), sort_keys=True) for call in record["calls"]}),
             "compile_s": sum(k.get("compile_s") or 0 for call in record["calls"] for k in call["kernels"]),
-            "compilations_ahead": record.get("compilations_ahead", [])}
+            "compilations_ahead": record.get("compilations_ahead", []),
+            "compile_s_by_call": {f"{call['call_index']} {k['kernel']}": k["compile_s"] for call in record["calls"]
+                                  for k in call["kernels"] if k.get("compile_s")},
+            # torch's word on any compilation it did again (TORCH_LOGS=recompiles, set for the decoder).
+            "recompiles": [line for line in result.stderr.splitlines() if "ecompil" in line or " - " in line][:40]}
 
 
 def print_run(run):
@@ -208,7 +220,9 @@ def print_run(run):
         ahead = run["compilations_ahead"]
         print(f"         compiled ahead: {len(ahead)} kinds, {sum(c['seconds'] for c in ahead):.1f} s "
               f"({'; '.join(c['kernel'] + ': ' + c['kind'] for c in ahead)}); compile_s in calls: "
-              f"{run['compile_s']:.2f} s", flush=True)
+              f"{run['compile_s']:.2f} s {run['compile_s_by_call']}", flush=True)
+        for line in run["recompiles"]:
+            print("         " + line[-300:], flush=True)
     print("         phases (s, summed over calls): " +
           ", ".join(f"{k} {v:.1f}" for k, v in sorted(run["phases_s"].items(), key=lambda kv: -kv[1])), flush=True)
     for name, row in sorted(run["per_timing"].items()):
@@ -277,7 +291,7 @@ def main():
                     if cache == "cold":
                         shutil.rmtree(folder_of_caches, ignore_errors=True)
                     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=os.path.join(folder_of_caches, "inductor"),
-                               TRITON_CACHE_DIR=os.path.join(folder_of_caches, "triton"))
+                               TRITON_CACHE_DIR=os.path.join(folder_of_caches, "triton"), TORCH_LOGS="recompiles")
                 run = replay(args.attnreplay, folder, kernels, gpus, work, flags, args.launcher, env, "-" + cache)
                 run.update({"trace": trace, "written_s": written_s, "round": round_, "cache": cache})
                 if shapes is not None:

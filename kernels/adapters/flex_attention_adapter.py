@@ -165,8 +165,10 @@ class FlexAttention(ar.Kernel):
         if mask is not None and mask.dtype == torch.bool:
             # The block mask has a batch or head dim only where the mask varies over it.
             varies_over_batch, varies_over_heads = leading_dims_vary(spec)
+            # Contiguous, as the inputs compiled ahead are: a captured view's strides would be a
+            # compilation of their own.
             visible = as_4d(mask).expand(spec.batch if varies_over_batch else 1,
-                                         spec.heads_q if varies_over_heads else 1, spec.seq_q, spec.seq_kv)
+                                         spec.heads_q if varies_over_heads else 1, spec.seq_q, spec.seq_kv).contiguous()
             every = visible.expand(spec.batch, spec.heads_q, spec.seq_q, spec.seq_kv)
             if spec.is_causal:
                 def mask_mod(b, h, q_idx, kv_idx):
