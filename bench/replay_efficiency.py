@@ -203,6 +203,9 @@ def replay(binary, capture, kernels, gpus, work, extra, launcher, env=None, name
             "shapes": len({json.dumps(call.get("shape"), sort_keys=True) for call in record["calls"]}),
             "compile_s": sum(k.get("compile_s") or 0 for call in record["calls"] for k in call["kernels"]),
             "compilations_ahead": record.get("compilations_ahead", []),
+            # Each call's replay window (seconds since the process started): deferred calls overlap.
+            "windows": [[call["call_index"], round(call["replay_at_s"]["began"], 3), round(call["replay_at_s"]["ended"], 3)]
+                        for call in record["calls"] if call.get("replay_at_s", {}).get("ended")],
             "compile_s_by_call": {f"{call['call_index']} {k['kernel']}": k["compile_s"] for call in record["calls"]
                                   for k in call["kernels"] if k.get("compile_s")},
             # torch's word on any compilation it did again (TORCH_LOGS=recompiles, set for the decoder).

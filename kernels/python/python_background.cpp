@@ -1,5 +1,6 @@
 // The thread that does Python work beside the replay (python_host.h: BackgroundPython).
 #include <ATen/detail/CUDAHooksInterface.h>
+#include <c10/core/GradMode.h>
 #include <fmt/format.h>
 
 #include <sys/resource.h>
@@ -52,6 +53,9 @@ void BackgroundPython::wait_idle() const {
 
 void BackgroundPython::loop() {
   setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), kNiceness);
+  // Without autograd, as the replay runs Python kernels (python_kernels.cpp): torch.compile guards
+  // on it, and a compilation ahead under the other mode would be compiled again in the call.
+  const c10::AutoGradMode no_grad(false);
   if (gpu_ >= 0) {
     py::gil_scoped_acquire gil;
     try {

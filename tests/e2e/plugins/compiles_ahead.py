@@ -1,6 +1,7 @@
 """A CPU kernel that compiles per kind of call, as flex-attention does on the GPU: precompile(spec)
 takes COMPILE_S per kind (a sleep, standing for a compiler), warm_up() compiles only a kind not
-compiled ahead and says so, and each run is plain SDPA. tests/e2e/test_compile_ahead.py."""
+compiled ahead and says so, and each run is plain SDPA. Its kinds include autograd's mode, as
+torch.compile's guards do. tests/e2e/test_compile_ahead.py."""
 import time
 
 import torch
@@ -21,7 +22,9 @@ class CompilesAhead(ar.Kernel):
 
     @staticmethod
     def kind(spec):
-        return spec.head_dim_qk, spec.is_causal
+        # As torch.compile guards on it: a kind compiled under autograd is not the kind a call
+        # without it runs.
+        return spec.head_dim_qk, spec.is_causal, torch.is_grad_enabled()
 
     def precompile(self, spec):
         if self.kind(spec) in self.compiled:
