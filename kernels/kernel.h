@@ -131,7 +131,8 @@ class Kernel {
   // Work a kernel does beside the replay, on a thread of its own (a library's import, compiling
   // ahead): ready() says whether it is done, so that a replay neither waits for it while other
   // kernels have work, nor times the kernel while that work runs (replay/run/replay_capture.cpp);
-  // wait_until_ready() waits. prepare() itself waits where it must.
+  // wait_until_ready() waits. prepare() itself waits where it must. ready() starts that work where
+  // it has not started: a run asks it of each kernel it selected as soon as it knows them.
   virtual bool ready() const { return true; }
   virtual void wait_until_ready() const {}
   // The calls a replay will bring (headers: shapes and arguments, no tensors), before the first,

@@ -29,6 +29,7 @@
 #include "replay/report/records.h"
 #include "replay/report/run_summary.h"
 #include "replay/run/call_share.h"
+#include "replay/run/kernel_selection.h"
 #include "replay/run/replay_call.h"
 #include "replay/run/local_ranks.h"
 #include "replay/run/replay_capture.h"
@@ -297,6 +298,13 @@ class RunCommand final : public Command {
     describe_run(report, argv);
     RunContext run{report, quiet, {}, plugins, sharded ? &sharded->share() : nullptr, options_.flag("--verbose"),
                    options_.text("--baseline").value_or("")};
+    // The selected kernels start what they do beside the replay (a library's import) now, while the
+    // GPU's ceilings are measured and the first calls read. A name that is no kernel's is said where
+    // the calls are replayed.
+    try {
+      for (const Kernel* kernel : select_kernels(options_.list("--kernels"))) kernel->ready();
+    } catch (const InputError&) {
+    }
     if (!options_.flag("--no-ceilings") && gpu_present()) run.ceilings = measure_gpu_ceilings(report.environment, quiet);
     check_flags(report);
     if (const auto testlist = options_.text("--testlist")) replay_testlist(*testlist, run);

@@ -20,10 +20,18 @@
 
 namespace attnreplay {
 
-std::uint64_t default_prefetch_bytes() {
+namespace {
+
+std::uint64_t quarter_of_memory() {
   const long pages = sysconf(_SC_PHYS_PAGES), page_size = sysconf(_SC_PAGESIZE);
-  const std::uint64_t quarter = pages > 0 && page_size > 0 ? static_cast<std::uint64_t>(pages) * page_size / 4 : 0;
+  return pages > 0 && page_size > 0 ? static_cast<std::uint64_t>(pages) * page_size / 4 : 0;
+}
+
+}  // namespace
+
+std::uint64_t default_prefetch_bytes() {
   constexpr std::uint64_t kFourGiB = 4ull << 30;
+  const std::uint64_t quarter = quarter_of_memory();
   return quarter > 0 ? std::min(quarter, kFourGiB) : kFourGiB;
 }
 
@@ -86,9 +94,11 @@ void replay_capture(CaptureSource& source, const std::function<bool(std::int64_t
   CallPrefetcher calls(source, positions, options.prefetch_bytes, read_ahead_memory(options));
   // Kernels not ready yet (kernels/kernel.h: a library importing, a compilation ahead) have their
   // part of each call deferred while the others go on; calls are finished, and reported, in order.
-  // The calls held meanwhile stay within the read-ahead budget, past which the replay waits.
+  // The calls held meanwhile (their tensors and references) stay within a quarter of the memory,
+  // or the read-ahead budget where that is more, past which the replay waits.
   std::deque<WaitingCall> waiting;
   std::uint64_t held = 0;
+  const std::uint64_t hold_at_most = std::max(options.prefetch_bytes, quarter_of_memory());
   const auto finish_front = [&] {
     WaitingCall front = std::move(waiting.front());
     waiting.pop_front();
@@ -122,7 +132,7 @@ void replay_capture(CaptureSource& source, const std::function<bool(std::int64_t
     } catch (const InputError& error) {
       report.input_errors.push_back(error.what());
     }
-    while (!waiting.empty() && (waiting.front().replay->replay_ready_kernels() || held > options.prefetch_bytes)) {
+    while (!waiting.empty() && (waiting.front().replay->replay_ready_kernels() || held > hold_at_most)) {
       finish_front();
     }
   }
