@@ -95,7 +95,7 @@ def version_tuple(text: str) -> tuple:
 def compile_lock(kind: str):
     """One process at a time on this machine compiles a kind of call (torch.compile'd adapters): under
     --gpus or a launcher, the first rank compiles and the others, waiting, then find torch's on-disk
-    caches (inductor's, Triton's) warm, so that a compilation is paid once per run, not per rank."""
+    caches (inductor's, Triton's) warm: no kind is compiled cold twice in a run."""
     from torch._inductor.runtime.cache_dir_utils import cache_dir
 
     folder = os.path.join(cache_dir(), "attnreplay-compile-locks")

@@ -20,8 +20,8 @@ sequence of one block) or picks its decoding kernel (fewer than 128 query rows).
 built from the call's mask with tensor operations (preparation), as create_block_mask would build it
 but without compiling a function of its own. A replay compiles each kind ahead on inputs of its own
 (precompile(), on attnreplay's thread beside the other kernels' timings), and processes on one
-machine (--gpus, launchers) take turns to compile a kind, so that the others find torch's on-disk
-caches warm. The first run of each call is warm_up(), whose time attnreplay reports apart as
+machine (--gpus, launchers) take turns to compile a kind, so that those after the first find
+torch's on-disk caches warm. The first run of each call is warm_up(), whose time attnreplay reports apart as
 compile_s. `compile=False` (constructor argument or attribute) runs uncompiled: the tests do, on
 the CPU.
 
