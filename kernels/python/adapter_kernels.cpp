@@ -53,7 +53,7 @@ class AdapterKernel final : public Kernel, public ResidentKernel {
 
   const KernelDescription& description() const override { return description_; }
   std::optional<std::string> unsupported_reason(const AttentionCall&) const override {
-    if (description_.device == "cuda" && !have_cuda()) return "no CUDA device";
+    if (!runs_here()) return "no CUDA device";
     return std::nullopt;
   }
   std::unique_ptr<PreparedKernel> prepare(const AttentionCall& call, const KernelOptions& options) const override {
@@ -63,18 +63,21 @@ class AdapterKernel final : public Kernel, public ResidentKernel {
                           const KernelOptions& options) const override {
     return target().run_resident(call, inputs, options);
   }
+  // A GPU kernel where there is no GPU refuses every call: nothing to import for it.
   bool ready() const override {
+    if (!runs_here()) return true;
     file_->request();
     return file_->imported && BackgroundPython::instance().idle();
   }
   void wait_until_ready() const override {
+    if (!runs_here()) return;
     file_->request();
     BackgroundPython::instance().wait_idle();
   }
   bool compiles_ahead() const override { return compiles_ahead_; }
   // After the import, which the same thread runs first: the kernel's own compilations ahead.
   void expect_calls(const std::vector<AttentionCall>& headers, const KernelOptions& options) const override {
-    if (description_.device == "cuda" && !have_cuda()) return;
+    if (!runs_here()) return;
     file_->request();
     BackgroundPython::instance().post([this, headers, options] {
       if (const PythonKernel* kernel = find_target()) kernel->expect_calls(headers, options);
@@ -85,6 +88,8 @@ class AdapterKernel final : public Kernel, public ResidentKernel {
   }
 
  private:
+  bool runs_here() const { return description_.device != "cuda" || have_cuda(); }
+
   // The kernel the imported adapter registered; null, with `unavailable_` set, where it did not.
   // The GIL is held.
   const PythonKernel* find_target() const {

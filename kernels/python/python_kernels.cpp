@@ -494,6 +494,9 @@ PythonKernelsLoaded load_python_kernels(const std::vector<std::string>& modules,
 void run_python_exit_handlers() {
   const Interpreter* it = started_interpreter;
   if (!it || !it->ours || !it->error.empty()) return;
+  // Nothing of Python runs beside the process's end: an import or a compilation ahead that no call
+  // waited for is waited for here.
+  BackgroundPython::instance().wait_idle();
   py::gil_scoped_acquire gil;
   try {
     py::module_::import("atexit").attr("_run_exitfuncs")();
