@@ -36,6 +36,7 @@
 #include "capture/host_copy.h"
 #include "capture/op_hooks.h"
 #include "capture/python_entry_points.h"
+#include "capture/ragged_map.h"
 #include "capture/recorder.h"
 #include "capture/substituter.h"
 #include "formats/torch_tensor.h"
@@ -76,6 +77,10 @@ thread_local struct PendingCall* outermost = nullptr;
 // Host copies under way for one call; the writer thread finishes them into the record.
 struct TensorCopies {
   std::optional<HostCopy> q, k, v, mask, out, alibi_slopes, sinks, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table;
+  // A ragged call's copies are as ragged_map.h plans them (seqused_k and block_table holding the
+  // call's own), made into the record's fields when finished.
+  std::optional<RaggedLayout> ragged;
+  std::optional<HostCopy> page_starts, last_page_lengths;
   // A dense (b, s, h, d) query of a paged or length-limited call is stored as its (b * s, h, d)
   // rows, and so is the output.
   bool flatten_batch = false;
@@ -83,7 +88,7 @@ struct TensorCopies {
   std::uint64_t nbytes() const {
     std::uint64_t total = finished_bytes;
     for (const auto* copy : {&q, &k, &v, &mask, &out, &alibi_slopes, &sinks, &cu_seqlens_q, &cu_seqlens_k, &seqused_k,
-                             &block_table}) {
+                             &block_table, &page_starts, &last_page_lengths}) {
       total += *copy ? (*copy)->nbytes() : 0;
     }
     return total;
@@ -96,6 +101,7 @@ struct TensorCopies {
       field = copy->finish();
       copy.reset();
     };
+    if (ragged) finish_ragged_into(call);
     finish(q, call.q);
     finish(k, call.k);
     finish(v, call.v);
@@ -114,6 +120,26 @@ struct TensorCopies {
         rows->captured_strides.clear();
       }
     }
+  }
+
+ private:
+  // The record's thd fields from the ragged call's copies, here, off the job's thread.
+  void finish_ragged_into(AttentionCall& call) {
+    RaggedHostCopies host;
+    auto take = [this](std::optional<HostCopy>& copy) {
+      std::optional<HostTensor> finished;
+      if (copy) finished_bytes += copy->nbytes(), finished = copy->finish(), copy.reset();
+      return finished;
+    };
+    host.q = *take(q), host.k = *take(k), host.v = *take(v);
+    host.cu_seqlens_q = take(cu_seqlens_q), host.cu_seqlens_k = take(cu_seqlens_k), host.used = take(seqused_k);
+    host.table = take(block_table), host.page_starts = take(page_starts);
+    host.last_page_lengths = take(last_page_lengths);
+    RaggedFields fields = ragged_fields(*ragged, std::move(host));
+    ragged.reset();
+    call.q = std::move(fields.q), call.k = std::move(fields.k), call.v = std::move(fields.v);
+    call.cu_seqlens_q = std::move(fields.cu_seqlens_q), call.cu_seqlens_k = std::move(fields.cu_seqlens_k);
+    call.seqused_k = std::move(fields.seqused_k), call.block_table = std::move(fields.block_table);
   }
 };
 
@@ -243,85 +269,42 @@ const at::Tensor* defined_tensor(const c10::IValue* value) {
   return value && value->isTensor() && value->toTensor().defined() ? &value->toTensor() : nullptr;
 }
 
-// Ragged and paged batches (flash-attn's varlen ops, FlashAttention-3's, vLLM's): the record's
-// thd form, with a paged KV cache cut down to the pages the call reads (renumbered in the block
-// table) and a dense cache to the keys each sequence uses. Returns false, mapping nothing, for a
-// call that is dense or in a form not recognised (its arguments are then kept, and refused).
+// Ragged and paged batches (flash-attn's varlen ops, FlashAttention-3's, vLLM's, FlashInfer's):
+// their copies as ragged_map.h plans them, reading no value on the job's thread; the writer makes
+// the record's thd form of them. Returns false, mapping nothing, for a call that is dense or in a
+// form not recognised (its arguments are then kept, and refused).
 bool map_ragged(const std::vector<NamedInput>& inputs, const std::array<const c10::IValue*, 3>& qkv,
                 AttentionCall& call, TensorCopies& copies, std::set<std::string>& mapped) {
-  const at::Tensor* cu_q = defined_tensor(find_input(inputs, {"cu_seqlens_q"}));
-  const at::Tensor* cu_k = defined_tensor(find_input(inputs, {"cu_seqlens_k"}));
   const char* used_name = find_input(inputs, {"seqused_k"})   ? "seqused_k"
                           : find_input(inputs, {"seqlens_k"}) ? "seqlens_k"
                                                               : "cache_seqlens";
-  const at::Tensor* used = defined_tensor(find_input(inputs, {used_name}));
   const char* table_name = find_input(inputs, {"block_table"}) ? "block_table" : "page_table";
-  const at::Tensor* table = defined_tensor(find_input(inputs, {table_name}));
-  const at::Tensor* page_starts = defined_tensor(find_input(inputs, {"paged_kv_indptr"}));
-  if (!cu_q && !used && !table && !page_starts) return false;
-  const at::Tensor& q = qkv[0]->toTensor();
-  const at::Tensor& k = qkv[1]->toTensor();
-  const at::Tensor& v = qkv[2]->toTensor();
-  const auto index = at::TensorOptions().dtype(at::kLong).device(q.device());
-  // FlashInfer's paged form: sequence b reads pages paged_kv_indices[indptr[b] .. indptr[b+1]], of
-  // which the last holds paged_kv_last_page_len[b] keys. As a block table and key counts.
-  at::Tensor flashinfer_table, flashinfer_lengths;
-  if (page_starts) {
-    const at::Tensor* indices = defined_tensor(find_input(inputs, {"paged_kv_indices"}));
-    const at::Tensor* last_lengths = defined_tensor(find_input(inputs, {"paged_kv_last_page_len"}));
-    if (!indices || !last_lengths || k.dim() != 4) return false;
-    const at::Tensor starts = page_starts->to(q.device(), at::kLong);
-    const at::Tensor counts = starts.slice(0, 1) - starts.slice(0, 0, -1);
-    const std::int64_t width = std::max<std::int64_t>(1, counts.max().item<std::int64_t>());
-    const at::Tensor column = at::arange(width, index).unsqueeze(0);
-    const at::Tensor listed = column < counts.unsqueeze(1);
-    const at::Tensor positions = (starts.slice(0, 0, -1).unsqueeze(1) + column).masked_select(listed);
-    flashinfer_table = at::zeros({counts.size(0), width}, index);
-    flashinfer_table.masked_scatter_(listed, indices->to(q.device(), at::kLong).index_select(0, positions));
-    flashinfer_lengths = at::where(counts > 0, (counts - 1) * k.size(1) + last_lengths->to(q.device(), at::kLong),
-                                   at::zeros_like(counts));
-    table = &flashinfer_table;
-    used = &flashinfer_lengths;
-  }
-  if (cu_q ? q.dim() != 3 : q.dim() != 4) return false;
-  if (table ? (k.dim() != 4 || (!used && !cu_k)) : (cu_k ? k.dim() != 3 : (!used || k.dim() != 4))) return false;
-  at::Tensor q_offsets;
-  if (cu_q) {
-    q_offsets = *cu_q;
-  } else {
-    q_offsets = at::arange(0, (q.size(0) + 1) * q.size(1), q.size(1), index).to(at::kInt);
-    copies.flatten_batch = true;
-  }
-  const std::int64_t batch = q_offsets.size(0) - 1;
-  copies.q = HostCopy::start(cu_q ? q : q.flatten(0, 1));
-  copies.cu_seqlens_q = HostCopy::start(q_offsets);
-  if (table) {
-    const at::Tensor lengths = (used ? *used : (*cu_k).slice(0, 1) - (*cu_k).slice(0, 0, -1)).to(at::kLong);
-    const std::int64_t page_size = k.size(1);
-    const at::Tensor pages_needed = (lengths + (page_size - 1)).div(page_size, "floor");
-    const std::int64_t width = std::max<std::int64_t>(1, pages_needed.max().item<std::int64_t>());
-    const at::Tensor read = at::arange(width, index).unsqueeze(0) < pages_needed.unsqueeze(1);
-    const at::Tensor listed = table->slice(1, 0, width).to(at::kLong).masked_select(read);
-    const auto [pages, renumbered] = at::_unique(listed, /*sorted=*/true, /*return_inverse=*/true);
-    at::Tensor new_table = at::full({batch, width}, -1, index);
-    new_table.masked_scatter_(read, renumbered);
-    copies.k = HostCopy::start(k.index_select(0, pages));
-    copies.v = HostCopy::start(v.index_select(0, pages));
-    copies.block_table = HostCopy::start(new_table.to(at::kInt));
-    copies.seqused_k = HostCopy::start(lengths.to(at::kInt));
-  } else if (cu_k) {
-    copies.k = HostCopy::start(k);
-    copies.v = HostCopy::start(v);
-    copies.cu_seqlens_k = HostCopy::start(*cu_k);
-    if (used) copies.seqused_k = HostCopy::start(*used);
-  } else {
-    // A dense cache (b, s_cache, h, d) of which sequence b uses its first used[b] keys.
-    const at::Tensor lengths = used->to(at::kLong);
-    const at::Tensor kept = at::arange(k.size(1), index).unsqueeze(0) < lengths.unsqueeze(1);
-    copies.k = HostCopy::start(k.index({kept}));
-    copies.v = HostCopy::start(v.index({kept}));
-    copies.cu_seqlens_k = HostCopy::start(at::cat({at::zeros({1}, index), lengths.cumsum(0)}).to(at::kInt));
-  }
+  RaggedArguments arguments;
+  arguments.q = &qkv[0]->toTensor(), arguments.k = &qkv[1]->toTensor(), arguments.v = &qkv[2]->toTensor();
+  arguments.cu_seqlens_q = defined_tensor(find_input(inputs, {"cu_seqlens_q"}));
+  arguments.cu_seqlens_k = defined_tensor(find_input(inputs, {"cu_seqlens_k"}));
+  arguments.used = defined_tensor(find_input(inputs, {used_name}));
+  arguments.table = defined_tensor(find_input(inputs, {table_name}));
+  arguments.page_starts = defined_tensor(find_input(inputs, {"paged_kv_indptr"}));
+  arguments.page_indices = defined_tensor(find_input(inputs, {"paged_kv_indices"}));
+  arguments.last_page_lengths = defined_tensor(find_input(inputs, {"paged_kv_last_page_len"}));
+  const std::optional<RaggedCopies> planned = plan_ragged_copies(arguments);
+  if (!planned) return false;
+  auto start = [](const at::Tensor& tensor, std::optional<HostCopy>& copy) {
+    if (tensor.defined()) copy = HostCopy::start(tensor);
+  };
+  start(planned->q, copies.q);
+  start(planned->k, copies.k);
+  start(planned->v, copies.v);
+  start(planned->cu_seqlens_q, copies.cu_seqlens_q);
+  start(planned->cu_seqlens_k, copies.cu_seqlens_k);
+  start(planned->used, copies.seqused_k);
+  start(planned->table, copies.block_table);
+  start(planned->page_starts, copies.page_starts);
+  start(planned->last_page_lengths, copies.last_page_lengths);
+  copies.ragged = planned->layout;
+  // A dense query's output is stored as its rows, as the query is.
+  copies.flatten_batch = planned->layout.dense_query;
   call.layout = Layout::thd;
   // Every varlen and paged op of flash-attn's family aligns causality bottom-right.
   call.causal_alignment = CausalAlignment::bottom_right;
