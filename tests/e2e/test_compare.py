@@ -1,5 +1,5 @@
 """`attnreplay compare` (replay/judge/run_comparison.h): two runs of the same calls call nothing a
-regression, also under a concurrent CPU load; a kernel slowed by 30 % and one made less accurate are
+regression, also under a concurrent CPU load; a kernel slowed twofold and one made less accurate are
 flagged, exactly those, and --fail-on-regression exits 4; Markdown for a pull request; clear errors
 on files that are not run records."""
 import contextlib
@@ -77,11 +77,14 @@ def test_two_runs_under_a_concurrent_cpu_load_call_nothing_a_regression(tmp_path
             assert ("too noisy to judge" in line) == (noise >= 3.0), line
 
 
-@pytest.mark.parametrize("probe, flag", [("sleep:13", "slower"), ("noisy", "LESS ACCURATE")])
+@pytest.mark.parametrize("probe, flag", [("sleep:20", "slower"), ("noisy", "LESS ACCURATE")])
 def test_a_slowed_or_less_accurate_kernel_is_flagged_alone(base, tmp_path, probe, flag):
-    """A kernel slowed by 30 % (a sleep of 10 ms made 13) exits 4 at --fail-on-regression 25."""
+    """A kernel slowed twofold (a sleep of 10 ms made 20) exits 4 at --fail-on-regression 25. Rows
+    are judged up to 20 % noise: under ctest -j2 on two cores a sleep's runs can spread past the
+    default 3 %, and the verdict, not the machine, is tested here."""
     changed = replay(tmp_path / "changed.json", probe)
-    out = compare(base, changed, "--fail-on-regression", "25", "--markdown", tmp_path / "c.md", expected=4)
+    out = compare(base, changed, "--fail-on-regression", "25", "--threshold-diff", "20", "--markdown",
+                  tmp_path / "c.md", expected=4)
     flagged = [line for line in out.splitlines() if "REGRESSION" in line]
     assert len(flagged) == 1 and " probe " in flagged[0] and flag in flagged[0], out
     assert "1 regression " in out
@@ -91,7 +94,7 @@ def test_a_slowed_or_less_accurate_kernel_is_flagged_alone(base, tmp_path, probe
     summary = {line.split()[0]: line for line in out.splitlines() if line.split() and line.split()[0] in
                ("steady", "probe")}
     if probe.startswith("sleep"):
-        assert 1.25 < float(summary["probe"].split()[7].rstrip("x")) < 1.35
+        assert 1.8 < float(summary["probe"].split()[7].rstrip("x")) < 2.2
     # Without the gate the comparison is a report, exit 0.
     compare(base, changed)
 
