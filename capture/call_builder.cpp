@@ -45,8 +45,13 @@ bool map_ragged(const std::vector<NamedInput>& inputs, const std::array<const c1
     if (tensor.defined()) copy = HostCopy::start(tensor);
   };
   start(planned->q, copies.q);
-  start(planned->k, copies.k);
-  start(planned->v, copies.v);
+  if (planned->kv_gathered) {
+    copies.k = HostCopy::take(planned->k);
+    copies.v = HostCopy::take(planned->v);
+  } else {
+    start(planned->k, copies.k);
+    start(planned->v, copies.v);
+  }
   start(planned->cu_seqlens_q, copies.cu_seqlens_q);
   start(planned->cu_seqlens_k, copies.cu_seqlens_k);
   start(planned->used, copies.seqused_k);

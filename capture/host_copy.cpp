@@ -85,7 +85,19 @@ void HostCopy::prepare_device(const at::Tensor& tensor) {
 #endif
 }
 
-HostCopy HostCopy::start(const at::Tensor& tensor) {
+namespace {
+
+// A device tensor's snapshot: `owned` when nothing else holds it; else a copy on the producer's
+// current stream, ordered after whatever produced the tensor and before anything the model does to
+// it next (one copy: a strided tensor's contiguous() is already one).
+at::Tensor snapshot_of(const at::Tensor& tensor, bool owned) {
+  if (owned && tensor.is_contiguous()) return tensor;
+  return tensor.is_contiguous() ? tensor.clone() : tensor.contiguous();
+}
+
+}  // namespace
+
+HostCopy HostCopy::start_copy(const at::Tensor& tensor, bool owned) {
   HostCopy copy;
   copy.nbytes_ = static_cast<std::uint64_t>(tensor.numel()) * tensor.element_size();
 #ifdef ATTNCAP_WITH_CUDA
@@ -93,18 +105,21 @@ HostCopy HostCopy::start(const at::Tensor& tensor) {
     const c10::DeviceIndex device = tensor.device().index();
     c10::cuda::CUDAGuard device_guard(device);
     auto pending = std::make_shared<Pending>();
-    // On the producer's current stream: ordered after whatever produced the tensor, and before
-    // anything the model does to it next.
-    pending->snapshot = tensor.contiguous().clone();
+    pending->snapshot = snapshot_of(tensor, owned);
     pending->produced.record(c10::cuda::getCurrentCUDAStream(device));
     pending->shape_only = tensor_description(tensor);
     copy.pending_ = std::move(pending);
     return copy;
   }
 #endif
+  (void)owned;
   copy.ready_ = host_tensor_from_torch(tensor);
   return copy;
 }
+
+HostCopy HostCopy::start(const at::Tensor& tensor) { return start_copy(tensor, /*owned=*/false); }
+
+HostCopy HostCopy::take(at::Tensor made_for_capture) { return start_copy(made_for_capture, /*owned=*/true); }
 
 HostTensor HostCopy::finish() {
   if (ready_) return std::move(*ready_);

@@ -16,6 +16,9 @@ namespace attnreplay::capture {
 class HostCopy {
  public:
   static HostCopy start(const at::Tensor& tensor);
+  // For a tensor capture made itself on the job's stream (a paged cache's gathered pages), which
+  // nothing else holds or writes: kept as it is, where start() would clone it again.
+  static HostCopy take(at::Tensor made_for_capture);
   // Creates, once, what copying from this tensor's device needs (call before the first start()).
   static void prepare_device(const at::Tensor& tensor);
   // True while the current stream of the tensor's device records a CUDA graph: a copy made now
@@ -30,6 +33,7 @@ class HostCopy {
   std::uint64_t nbytes() const { return nbytes_; }
 
  private:
+  static HostCopy start_copy(const at::Tensor& tensor, bool owned);
   struct Pending;
   std::optional<HostTensor> ready_;
   std::shared_ptr<Pending> pending_;

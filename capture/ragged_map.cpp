@@ -42,6 +42,7 @@ std::optional<RaggedCopies> plan_ragged_copies(const RaggedArguments& a) {
     const at::Tensor slots = page_slots(*a.page_indices, k.size(0));
     copies.k = k.index({slots});
     copies.v = v.index({slots});
+    copies.kv_gathered = true;
     copies.page_starts = *a.page_starts;
     copies.table = *a.page_indices;  // the page ids, beside the pages they gathered
     copies.last_page_lengths = *a.last_page_lengths;
@@ -51,6 +52,7 @@ std::optional<RaggedCopies> plan_ragged_copies(const RaggedArguments& a) {
     const at::Tensor slots = page_slots(*a.table, k.size(0));
     copies.k = k.index({slots});
     copies.v = v.index({slots});
+    copies.kv_gathered = true;
     copies.table = *a.table;
     if (a.used) copies.used = *a.used;
     else copies.cu_seqlens_k = *a.cu_seqlens_k;

@@ -54,6 +54,7 @@ struct RaggedLayout {
 struct RaggedCopies {
   RaggedLayout layout;
   at::Tensor q, k, v, cu_seqlens_q, cu_seqlens_k, used, table, page_starts, last_page_lengths;
+  bool kv_gathered = false;  // k and v are pages gathered here, held by nothing else
 };
 
 // Nullopt for a dense call, or one in a form not recognised (its arguments are then kept, and

@@ -45,6 +45,7 @@ TEST_CASE("ragged map: the job's thread plans every form's copies from shapes al
   CHECK(a->k.sizes().vec() == std::vector<std::int64_t>{18, 4, 2, 16});  // every slot of the table: the bound
   CHECK(a->layout.page_size == 4);
   CHECK(a->layout.cache_pages == 10);
+  CHECK(a->kv_gathered);  // pages gathered for capture alone: copied to the host as they are
   RaggedArguments packed_keys{&q, &packed, &packed, &offsets, &offsets, nullptr, nullptr};
   CHECK(plan_ragged_copies(packed_keys)->layout.keys == RaggedLayout::Keys::packed);
   RaggedArguments dense_cache{&q_dense, &cache, &cache, nullptr, nullptr, &lengths, nullptr};
@@ -54,6 +55,7 @@ TEST_CASE("ragged map: the job's thread plans every form's copies from shapes al
   CHECK(c->layout.dense_query);
   CHECK(c->q.sizes().vec() == std::vector<std::int64_t>{3, 4, 16});
   CHECK(c->k.sizes().vec() == cache.sizes().vec());  // the cache whole: its keys used are values
+  CHECK_FALSE(c->kv_gathered);  // the job's own cache, which it writes next: cloned
   const at::Tensor starts = meta({4}, at::kInt), indices = meta({7}, at::kInt), last = meta({3}, at::kInt);
   RaggedArguments flashinfer{&q, &pages, &pages, &offsets};
   flashinfer.page_starts = &starts, flashinfer.page_indices = &indices, flashinfer.last_page_lengths = &last;
@@ -61,6 +63,7 @@ TEST_CASE("ragged map: the job's thread plans every form's copies from shapes al
   REQUIRE(d);
   CHECK(d->layout.keys == RaggedLayout::Keys::page_list);
   CHECK(d->k.size(0) == 7);
+  CHECK(d->kv_gathered);
   // A dense call, and forms not recognised, are not ragged.
   RaggedArguments dense{&q_dense, &cache, &cache};
   CHECK_FALSE(plan_ragged_copies(dense));
