@@ -9,6 +9,10 @@ the same machine:
    (ATTNCAP_CALLS past the end); per-step medians are compared.
 2. The stall on the model's thread per captured GB, against the usual alternative (x.cpu() and
    torch.save inline): CPU, a loop of SDPA calls; GPU, the Flux block with every call captured.
+3. A serving engine's paged decode loop (bench/jobs/paged_decode.py: vLLM's varlen_fwd over a
+   paged cache in every layer of every step; on the GPU batch 32, 32 layers, GQA 32/8, d128, page
+   16, 2k-token caches): step time without the preload, with it selecting no call, and with every
+   call of one step captured, against the time its copies take on the job's stream.
 
     python bench/capture_overhead.py --attncap build/capture/libattncap.so --out results.json
 """
@@ -130,6 +134,44 @@ def gpu_figures(attncap, rounds, steps):
                           "goal_ratio": 10.0}}
 
 
+# The paged decode loop's sizes: the issue's on the GPU, a small one on the CPU (a smoke run).
+PAGED_DECODE_SIZES = {"cuda": [], "cpu": ["--batch", "4", "--layers", "4", "--heads", "4", "--kv-heads", "2",
+                                          "--dim", "32", "--cache", "256"]}
+
+
+def paged_decode_figures(attncap, device, rounds, steps):
+    job = [str(HERE / "jobs/paged_decode.py"), "--device", device, "--steps", str(steps), *PAGED_DECODE_SIZES[device]]
+    plain = run_job(job)  # the job's sizes, and a first sample of the step without the preload
+    calls, warmup = plain["calls_per_step"], plain["warmup_steps"]
+    configs = {"without preload": (None, {}, []),
+               "preload, attention ops hooked, no call selected": (attncap, NOTHING_SELECTED, [])}
+    samples = alternate(job, rounds, configs, "step_s")
+    samples["without preload"] += plain["step_s"]
+    off = statistics.median(samples["without preload"])
+    # Every call of one step captured (the third timed one), into memory where there is a
+    # /dev/shm, so that a disk does not set the run's length: a step's copies must fit capture's
+    # queue, so that the job never waits for the writer. That step's time against a step's without
+    # capture plus what its copies cost on the job's stream.
+    first = (warmup + 2) * calls
+    queue = max(4 << 30, 2 * calls * plain["bytes_per_call"])
+    captured = []
+    for _ in range(rounds):
+        with tempfile.TemporaryDirectory(dir="/dev/shm" if Path("/dev/shm").is_dir() else None) as folder:
+            result = run_job(job, attncap, {"ATTNCAP_OUT": folder, "ATTNCAP_CALLS": f"{first}-{first + calls - 1}",
+                                            "ATTNCAP_QUEUE_BYTES": str(queue)})
+            captured.append(result["step_s"][2])
+    copies_s = calls * plain["bytes_per_call"] / (plain["clone_gb_per_s"] * 1e9)
+    on = statistics.median(captured)
+    nothing = statistics.median(samples["preload, attention ops hooked, no call selected"])
+    return {"job": f"paged decode loop, {calls} varlen_fwd calls a step, {plain['device']}",
+            "bytes_per_call": plain["bytes_per_call"], "clone_gb_per_s": plain["clone_gb_per_s"],
+            "median_step_s_off": off, "median_step_s_nothing_selected": nothing,
+            "step_s_captured": captured, "copies_s_per_step": copies_s,
+            "ratio_nothing_selected": nothing / off, "goal_ratio_nothing_selected": 1.02,
+            "ratio_captured_to_off_plus_copies": on / (off + copies_s), "goal_ratio_captured": 1.1,
+            "configurations": overheads(samples, "without preload")}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--attncap", required=True, help="path of libattncap.so")
@@ -138,12 +180,15 @@ def main():
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--calls", type=int, default=64)
     parser.add_argument("--shape", default="1,8,1024,64")
+    parser.add_argument("--paged-decode-only", action="store_true", help="only the paged decode loop's figures")
     parser.add_argument("--out", help="write the results here as JSON")
     args = parser.parse_args()
     attncap = str(Path(args.attncap).resolve())
     results = {"machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
                            "python": platform.python_version()}}
-    if args.device == "cuda":
+    if args.paged_decode_only:
+        pass
+    elif args.device == "cuda":
         import torch
         results["machine"]["gpu"] = torch.cuda.get_device_name()
         results.update(gpu_figures(attncap, args.rounds, args.steps))
@@ -151,6 +196,7 @@ def main():
         results["preload_cost"] = preload_cost(attncap, args.rounds, args.steps)
         results["per_op_cost"] = per_op_cost(attncap, args.rounds)
         results["capture_stall"] = capture_stall(attncap, args.calls, args.shape)
+    results["paged_decode"] = paged_decode_figures(attncap, args.device, args.rounds, min(args.steps, 20))
     text = json.dumps(results, indent=2)
     print(text)
     if args.out:

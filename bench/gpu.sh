@@ -28,7 +28,8 @@ step() { echo; echo "== $* ($(date -u +%H:%M:%S))"; }
 # dependencies where the machine lacks them); "e2e" runs a bf16 decoder's generate() as is and with
 # each of E2E_KERNELS substituted for its attention, then a Flux-sized transformer with each of
 # E2E_FLUX_KERNELS (attnreplay e2e); "steptime" times both jobs' steps as is and substituted, with
-# nothing captured (STEP_ROUNDS alternating rounds).
+# nothing captured (STEP_ROUNDS alternating rounds); "paged" times capture's cost on a paged decode
+# loop alone (the "capture" step includes it).
 STEPS="${GPU_STEPS:-tests dobench suite quant capture}"
 wants() { [[ " $STEPS " == *" $1 "* ]]; }
 
@@ -311,6 +312,12 @@ if wants capture; then
 step "capture overhead on the GPU"
 python3 "$ROOT/bench/capture_overhead.py" --device cuda --attncap "$ATTNREPLAY_ATTNCAP_LIB" --rounds 3 --steps 30 \
   --out "$OUT/capture_gpu.json" | tail -30 || status=1
+fi
+
+if wants paged && ! wants capture; then
+step "capture overhead on a paged decode loop"
+python3 "$ROOT/bench/capture_overhead.py" --device cuda --attncap "$ATTNREPLAY_ATTNCAP_LIB" --rounds 3 --steps 20 \
+  --paged-decode-only --out "$OUT/capture_paged.json" | tail -30 || status=1
 fi
 
 step "done: status $status"
