@@ -16,6 +16,15 @@ at::Tensor page_slots(const at::Tensor& listed, std::int64_t cache_pages) {
   return listed.flatten().to(at::kLong).clamp(0, std::max<std::int64_t>(cache_pages - 1, 0));
 }
 
+// K and V as the pages `listed` names, every slot of it, gathered on the job's stream for capture
+// alone.
+void gather_pages(RaggedCopies& copies, const at::Tensor& k, const at::Tensor& v, const at::Tensor& listed) {
+  const at::Tensor slots = page_slots(listed, k.size(0));
+  copies.k = k.index({slots});
+  copies.v = v.index({slots});
+  copies.kv_gathered = true;
+}
+
 // A host copy as a CPU tensor (no copy of its bytes).
 at::Tensor cpu(const HostTensor& tensor) { return torch_view_of_host_tensor(tensor); }
 
@@ -39,20 +48,14 @@ std::optional<RaggedCopies> plan_ragged_copies(const RaggedArguments& a) {
   if (a.page_starts) {
     if (!a.page_indices || !a.last_page_lengths || k.dim() != 4) return std::nullopt;
     layout.keys = RaggedLayout::Keys::page_list;
-    const at::Tensor slots = page_slots(*a.page_indices, k.size(0));
-    copies.k = k.index({slots});
-    copies.v = v.index({slots});
-    copies.kv_gathered = true;
+    gather_pages(copies, k, v, *a.page_indices);
     copies.page_starts = *a.page_starts;
     copies.table = *a.page_indices;  // the page ids, beside the pages they gathered
     copies.last_page_lengths = *a.last_page_lengths;
   } else if (a.table) {
     if (k.dim() != 4 || (!a.used && !a.cu_seqlens_k)) return std::nullopt;
     layout.keys = RaggedLayout::Keys::paged;
-    const at::Tensor slots = page_slots(*a.table, k.size(0));
-    copies.k = k.index({slots});
-    copies.v = v.index({slots});
-    copies.kv_gathered = true;
+    gather_pages(copies, k, v, *a.table);
     copies.table = *a.table;
     if (a.used) copies.used = *a.used;
     else copies.cu_seqlens_k = *a.cu_seqlens_k;
