@@ -10,6 +10,7 @@
 #include <tuple>
 
 #include "formats/errors.h"
+#include "replay/judge/distribution.h"
 #include "replay/report/json_values.h"
 
 namespace attnreplay {
@@ -70,10 +71,9 @@ std::optional<TimedFigure> timed_figure(const std::vector<const nlohmann::json*>
     joined.spread_rel = std::max(joined.spread_rel, f.spread_rel);
   }
   std::sort(medians.begin(), medians.end());
-  const std::size_t n = medians.size();
-  joined.median_s = n % 2 ? medians[n / 2] : (medians[n / 2 - 1] + medians[n / 2]) / 2;
+  joined.median_s = percentile(medians, 0.5);
   joined.between_runs_rel = (medians.back() - medians.front()) / joined.median_s;
-  joined.runs = static_cast<int>(n);
+  joined.runs = static_cast<int>(medians.size());
   return joined;
 }
 
