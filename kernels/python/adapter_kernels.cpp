@@ -130,11 +130,6 @@ class AdapterKernel final : public Kernel, public ResidentKernel {
   mutable std::string unavailable_;
 };
 
-KernelDescription::Headline headline_of(const std::string& text) {
-  using Headline = KernelDescription::Headline;
-  return text == "call" ? Headline::whole_call : text == "run" ? Headline::run_is_call : Headline::kernel;
-}
-
 }  // namespace
 
 void register_adapter_kernels(Interpreter& it, std::vector<std::string>& errors) {
@@ -165,7 +160,7 @@ void register_adapter_kernels(Interpreter& it, std::vector<std::string>& errors)
     d.summary = kernel["summary"].cast<std::string>();
     d.device = kernel["device"].cast<std::string>();
     d.ragged = d.paged = kernel["layout"].cast<std::string>() == "thd";
-    d.headline = headline_of(kernel["headline"].cast<std::string>());
+    d.headline = headline_named(kernel["headline"].cast<std::string>()).value_or(KernelDescription::Headline::kernel);
     if (!kernel["reduced_precision"].is_none()) d.reduced_precision = parse_dtype(kernel["reduced_precision"].cast<std::string>());
     it.adapter_files.insert(path);
     it.registered.insert(name);

@@ -10,6 +10,7 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
@@ -58,6 +59,10 @@ void ensure_torch();
 [[noreturn]] void throw_failure(py::error_already_set& error, std::string_view during);
 
 bool have_cuda();
+
+// A kernel's `headline` attribute ("kernel", "call" or "run") as the description holds it;
+// nullopt for any other text.
+std::optional<KernelDescription::Headline> headline_named(const std::string& text);
 
 // Python work on a thread of attnreplay's own, beside the replay of other kernels: importing the
 // libraries a run selected and compiling ahead. Its thread runs at a lower priority, so that the

@@ -144,6 +144,14 @@ void ensure_torch() {
 
 bool have_cuda() { return at::detail::getCUDAHooks().hasCUDA(); }
 
+std::optional<KernelDescription::Headline> headline_named(const std::string& text) {
+  using Headline = KernelDescription::Headline;
+  if (text == "kernel") return Headline::kernel;
+  if (text == "call") return Headline::whole_call;
+  if (text == "run") return Headline::run_is_call;
+  return std::nullopt;
+}
+
 namespace {
 
 // A ragged call's q, k and v as stored, (total, heads, dim) or pages, the plug-in's own copies; and
@@ -342,13 +350,12 @@ PythonKernel::PythonKernel(py::object kernel, const std::string& source) : kerne
   description_.ragged = description_.paged = kernel_.attr("layout").cast<std::string>() == "thd";
   compiles_ahead_ = py::hasattr(kernel_, "precompile");
   const std::string headline = py::getattr(kernel_, "headline", py::str("kernel")).cast<std::string>();
-  using Headline = KernelDescription::Headline;
-  if (headline == "call") description_.headline = Headline::whole_call;
-  else if (headline == "run") description_.headline = Headline::run_is_call;
-  else if (headline != "kernel") {
+  const auto named = headline_named(headline);
+  if (!named) {
     throw InputError(fmt::format("{}: kernel '{}': headline '{}' is not \"kernel\", \"call\" or \"run\"", source,
                                  description_.name, headline));
   }
+  description_.headline = *named;
   const py::object reduced = kernel_.attr("reduced_precision");
   if (!reduced.is_none()) {
     const std::string name = reduced.cast<std::string>();
