@@ -7,7 +7,8 @@ An adapter is read as Python source (ast): each class with a literal `name` is a
 its literal class attributes its capabilities; each `ar.optional_import("module", kernels=[...])` is
 a library those kernels need. A library is installed when its module's files are on the path: found
 the way the import system finds them, without running any of them (importing flash_attn, say, would
-load torch and CUDA libraries). Imports nothing beyond the standard library.
+load torch and CUDA libraries). Imports nothing beyond the standard library and the plug-in API
+(which imports no more).
 """
 
 from __future__ import annotations
@@ -17,8 +18,11 @@ import importlib.machinery
 import os
 from typing import Optional
 
-# What ar.Kernel gives a kernel that does not say (kernels/python/attnreplay_plugin.py).
-DEFAULTS = {"summary": "", "device": "cuda", "layout": "bhsd", "headline": "kernel", "reduced_precision": None}
+import attnreplay_plugin
+
+# The capabilities read, each as ar.Kernel gives it to a kernel that does not say.
+DEFAULTS = {key: getattr(attnreplay_plugin.Kernel, key)
+            for key in ("summary", "device", "layout", "headline", "reduced_precision")}
 
 
 def module_present(dotted: str) -> bool:
