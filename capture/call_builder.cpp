@@ -125,10 +125,9 @@ void fill_call(PendingCall& pending, const std::string& op, const c10::FunctionS
   };
   const bool dense = !map_ragged(inputs, qkv, call, copies, mapped);
   // Kernels take ALiBi slopes and sinks from the host: such calls go there.
-  bool host_extensions = false;
-  for (const char* name : {"alibi_slopes", "sinks", "learnable_sink", "s_aux"}) {
-    host_extensions = host_extensions || defined_tensor(find_input(inputs, {name}));
-  }
+  constexpr const char* kSinkNames[] = {"sinks", "learnable_sink", "s_aux"};
+  bool host_extensions = defined_tensor(find_input(inputs, {"alibi_slopes"})) != nullptr;
+  for (const char* name : kSinkNames) host_extensions = host_extensions || defined_tensor(find_input(inputs, {name}));
   if (dense && pending.resident_wanted && !host_extensions) {
     pending.resident = PendingCall::Resident{qkv[0]->toTensor(), qkv[1]->toTensor(), qkv[2]->toTensor(), std::nullopt};
   }
@@ -181,7 +180,7 @@ void fill_call(PendingCall& pending, const std::string& op, const c10::FunctionS
     mapped.insert(name);
   };
   optional_tensor("alibi_slopes", copies.alibi_slopes);
-  for (const char* name : {"sinks", "learnable_sink", "s_aux"}) optional_tensor(name, copies.sinks);
+  for (const char* name : kSinkNames) optional_tensor(name, copies.sinks);
   // Every other argument, as given, so nothing about the call is lost.
   for (const auto& input : inputs) {
     if (mapped.count(input.name) || (input.value == qkv[0] || input.value == qkv[1] || input.value == qkv[2])) continue;
