@@ -23,9 +23,11 @@ BASE_PROBE = "sleep:10"
 def replay(path, probe=BASE_PROBE):
     # One thread: under ctest -j2 on two cores, torch's thread pools of two processes spin against
     # each other and a 0.07 ms call read 8 ms in one run; the verdicts, not the machine, are tested.
+    # Only the plug-in's kernels, whose times are mostly sleeps: a bare 0.16 ms torch-math moved by
+    # half between two runs on CI's machine.
     env = dict(os.environ, ATTNREPLAY_TEST_PROBE=probe, OMP_NUM_THREADS="1")
     result = subprocess.run([binary(), "run", *SHAPES, "--kernel-module", str(PLUGIN), "--kernels",
-                             "steady,probe,torch-math", "--json", str(path), "-q", *SAMPLING],
+                             "steady,probe", "--json", str(path), "-q", *SAMPLING],
                             env=env, capture_output=True, text=True, timeout=300)
     assert path.exists(), result.stdout + result.stderr
     return path

@@ -1,4 +1,6 @@
-"""Two plug-in kernels for `attnreplay compare`'s test: plain SDPA as 'steady', and 'probe', whose
+"""Two plug-in kernels for `attnreplay compare`'s test: 'steady', SDPA and a sleep of 5 ms a run (a
+time that a loaded 2-core machine does not move by a third between runs, as it moves a bare 0.06 ms
+SDPA), and 'probe', whose
 change between runs the environment sets: ATTNREPLAY_TEST_PROBE=slow sleeps 30 ms a run,
 =noisy adds noise of 1e-2 of the output's scale, =sleep:MS sleeps MS milliseconds a run (a kernel of
 a known time), anything else is plain SDPA too."""
@@ -18,13 +20,15 @@ def sdpa(inputs):
 
 class Steady(ar.Kernel):
     name = "steady"
-    summary = "torch SDPA, the same in every run (tests/e2e/plugins/changed_kernels.py)"
+    summary = "torch SDPA and a 5 ms sleep, the same in every run (tests/e2e/plugins/changed_kernels.py)"
     device = "cpu"
     layout = "bhsd"
     dtypes = ("float32",)
 
     def run(self, inputs):
-        return sdpa(inputs)
+        out = sdpa(inputs)
+        time.sleep(0.005)
+        return out
 
 
 class Probe(Steady):
