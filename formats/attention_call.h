@@ -4,6 +4,7 @@
 #include <array>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -13,6 +14,8 @@
 #include "formats/host_tensor.h"
 
 namespace attnreplay {
+
+struct CallVisibility;  // formats/mask_structure.h
 
 // How the dims of Q, K, V and the output are ordered. SDPA takes BHSD; flash-attn's ops take BSHD.
 // THD is a ragged or paged batch as flash-attn's varlen ops take it (docs/format.md): q and out are
@@ -66,6 +69,10 @@ struct AttentionCall {
   std::map<std::string, std::string> metadata;  // model, step, layer, thread, call site, ...
   // Where the call was read from; used in messages and rerun commands, not stored.
   std::string source;
+  // Which keys its rows see, as structure (formats/mask_structure.h): read once by the replay for the
+  // kernels that take structure; not stored. Whoever changes the call's mask, shape or causality
+  // clears it.
+  std::shared_ptr<const CallVisibility> visibility;
 
   // "run.h5: call 17"
   std::string where() const;

@@ -147,6 +147,7 @@ AttentionCall AttentionCall::sequence_call(std::size_t b, const std::vector<Sequ
                                            bool with_data) const {
   const Sequence& sequence = sequences.at(b);
   AttentionCall one = *this;
+  one.visibility.reset();  // a sequence of its own: its keys are read anew
   one.layout = Layout::bshd;
   one.cu_seqlens_q.reset();
   one.cu_seqlens_k.reset();

@@ -1,0 +1,395 @@
+#include "formats/mask_structure.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "formats/attention_call.h"
+#include "formats/mask_view.h"
+
+namespace attnreplay {
+
+// ---- The structure ----
+
+MaskStructure MaskStructure::all_visible(const AttentionShape& shape) {
+  MaskStructure all;
+  all.batch = shape.batch;
+  all.seq_q = shape.seq_q;
+  all.seq_kv = shape.seq_kv;
+  all.key_begin.assign(static_cast<std::size_t>(shape.batch), 0);
+  all.key_end.assign(static_cast<std::size_t>(shape.batch), shape.seq_kv);
+  all.row_begin.assign(static_cast<std::size_t>(shape.batch), 0);
+  all.row_end.assign(static_cast<std::size_t>(shape.batch), shape.seq_q);
+  return all;
+}
+
+std::pair<std::int64_t, std::int64_t> MaskStructure::row_keys(std::int64_t b, std::int64_t h, std::int64_t i) const {
+  const std::size_t g = group(b, h);
+  if (i < row_begin[g] || i >= row_end[g]) return {0, 0};
+  std::int64_t first = key_begin[g], end = key_end[g];
+  if (!documents.empty()) {
+    const auto& docs = documents[g];
+    // The first document that ends after row i; the row is in it when it starts at or before i.
+    const auto doc = std::upper_bound(docs.begin(), docs.end(), i,
+                                      [](std::int64_t row, const Document& d) { return row < d.q_end; });
+    if (doc == docs.end() || doc->q_begin > i) return {0, 0};
+    first = std::max(first, doc->k_begin);
+    end = std::min(end, doc->k_end);
+  }
+  if (upper) end = std::min(end, i + *upper + 1);
+  if (lower) first = std::max(first, i + *lower);
+  first = std::clamp<std::int64_t>(first, 0, seq_kv);
+  end = std::clamp<std::int64_t>(end, 0, seq_kv);
+  return first < end ? std::pair{first, end} : std::pair<std::int64_t, std::int64_t>{0, 0};
+}
+
+bool MaskStructure::hides_keys() const {
+  if (!documents.empty()) return true;
+  if (upper && *upper < seq_kv - 1) return true;
+  if (lower && *lower > 1 - seq_q) return true;
+  for (std::size_t g = 0; g < key_begin.size(); ++g) {
+    if (key_begin[g] > 0 || key_end[g] < seq_kv || row_begin[g] > 0 || row_end[g] < seq_q) return true;
+  }
+  return false;
+}
+
+MaskStructure MaskStructure::with_diagonals(std::optional<std::int64_t> upper_bound,
+                                            std::optional<std::int64_t> lower_bound) const {
+  MaskStructure both = *this;
+  if (upper_bound) both.upper = upper ? std::min(*upper, *upper_bound) : *upper_bound;
+  if (lower_bound) both.lower = lower ? std::max(*lower, *lower_bound) : *lower_bound;
+  return both;
+}
+
+namespace {
+
+// "0/37/120/300", or the first eight then how many in all.
+std::string listed(const std::vector<std::string>& values) {
+  constexpr std::size_t kShown = 8;
+  if (values.size() <= kShown) return fmt::format("{}", fmt::join(values, "/"));
+  return fmt::format("{}/... ({} in all)", fmt::join(values.begin(), values.begin() + kShown, "/"), values.size());
+}
+
+
+// "left padding, keys from 0/37/120/300" for per-group ranges [begin, end) of `extent`; nullopt when
+// every group has all of it.
+std::optional<std::string> padding_words(const std::vector<std::int64_t>& begin, const std::vector<std::int64_t>& end,
+                                         std::int64_t extent, std::string_view what, std::string_view per_head) {
+  bool begins_zero = true, ends_full = true;
+  std::vector<std::string> begins, ends, ranges;
+  for (std::size_t g = 0; g < begin.size(); ++g) {
+    const bool none = begin[g] >= end[g];
+    begins_zero = begins_zero && (none || begin[g] == 0);
+    ends_full = ends_full && (none || end[g] == extent);
+    begins.push_back(none ? "none" : std::to_string(begin[g]));
+    ends.push_back(none ? "none" : std::to_string(end[g]));
+    ranges.push_back(none ? "none" : fmt::format("[{}, {})", begin[g], end[g]));
+  }
+  if (!begins_zero && ends_full) return fmt::format("left padding{}, {} from {}", per_head, what, listed(begins));
+  if (begins_zero && !ends_full) return fmt::format("right padding{}, {} up to {}", per_head, what, listed(ends));
+  if (!begins_zero) return fmt::format("{}{} {}", what, per_head, listed(ranges));
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::string MaskStructure::describe() const {
+  std::vector<std::string> parts;
+  if (upper) {
+    if (*upper == seq_kv - seq_q) parts.push_back(seq_q == seq_kv ? "causal" : "causal (bottom-right)");
+    else if (*upper == 0) parts.push_back("causal (top-left)");
+    else parts.push_back(fmt::format("causal (diagonal at key row{:+})", *upper));
+  }
+  if (lower) {
+    parts.push_back(upper ? fmt::format("a sliding window of {} keys", *upper - *lower + 1)
+                          : fmt::format("keys from row{:+} on", *lower));
+  }
+  const std::string per_head = heads > 1 ? " per head" : "";
+  if (!documents.empty()) {
+    std::vector<std::string> counts;
+    std::size_t most = 0;
+    for (const auto& docs : documents) counts.push_back(std::to_string(docs.size())), most = std::max(most, docs.size());
+    parts.push_back(counts.size() == 1 ? fmt::format("{} packed documents", most)
+                                       : fmt::format("packed documents ({} per sequence{})", listed(counts), per_head));
+  } else if (auto keys = padding_words(key_begin, key_end, seq_kv, "keys", per_head)) {
+    parts.push_back(*keys);
+  }
+  if (auto rows = padding_words(row_begin, row_end, seq_q, "query rows", per_head)) parts.push_back(*rows);
+  if (parts.empty()) return "no key hidden";
+  return fmt::format("{}", fmt::join(parts, " + "));
+}
+
+// ---- Reading a mask ----
+
+namespace {
+
+// The keys one row sees, [lo, hi); lo == hi == 0 when none.
+struct RowRange {
+  std::int64_t lo = 0, hi = 0;
+  bool empty() const { return lo >= hi; }
+  bool operator==(const RowRange&) const = default;
+};
+
+struct MaskRows {
+  std::int64_t groups = 0, heads = 1, seq_q = 0;
+  std::vector<RowRange> rows;  // (groups, seq_q)
+  const RowRange& at(std::int64_t g, std::int64_t i) const { return rows[static_cast<std::size_t>(g * seq_q + i)]; }
+};
+
+struct NotStructure {
+  std::string reason;
+};
+
+// Row i of group g (batch b, head h) as one range of keys, or why it is not one.
+RowRange read_row(const MaskView& mask, const AttentionShape& s, std::int64_t b, std::int64_t h, std::int64_t i,
+                  std::vector<double>& bias) {
+  mask.row(b, h, i, 0, s.seq_kv, bias.data());
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  std::int64_t lo = -1, hi = -1, seen = 0;
+  bool finite_hider = false;
+  for (std::int64_t j = 0; j < s.seq_kv; ++j) {
+    const double value = bias[static_cast<std::size_t>(j)];
+    if (value == 0) {
+      if (lo < 0) lo = j;
+      hi = j + 1;
+      ++seen;
+    } else if (value == -kInf) {
+      continue;
+    } else if (value <= kHidingAddend) {
+      finite_hider = true;
+    } else {
+      throw NotStructure{fmt::format("query row {} of batch {} adds {} to a score (a bias, not only 0 and values that hide a "
+                                     "key)", i, b, value)};
+    }
+  }
+  if (seen == 0) {
+    if (finite_hider) {
+      throw NotStructure{fmt::format("query row {} of batch {} hides every key by finite values (softmax makes that a "
+                                     "uniform average, not a row without keys)", i, b)};
+    }
+    return {};
+  }
+  if (seen != hi - lo) {
+    throw NotStructure{fmt::format("query row {} of batch {} sees keys that are not one range", i, b)};
+  }
+  return {lo, hi};
+}
+
+MaskRows read_rows(const HostTensor& mask_tensor, const AttentionShape& s) {
+  const MaskView mask(mask_tensor, s);
+  MaskRows out;
+  out.heads = mask.per_head() ? s.heads_q : 1;
+  out.groups = s.batch * out.heads;
+  out.seq_q = s.seq_q;
+  out.rows.resize(static_cast<std::size_t>(out.groups * s.seq_q));
+  // A mask without a row dim of its own (key padding, (b, 1, 1, s_kv)) is read once per group.
+  const bool rows_alike = mask_tensor.rank() < 2 || (mask_tensor.shape[mask_tensor.rank() - 2] == 1 && s.seq_q > 1);
+  std::vector<double> bias(static_cast<std::size_t>(s.seq_kv));
+  for (std::int64_t g = 0; g < out.groups; ++g) {
+    const std::int64_t b = g / out.heads, h = g % out.heads;
+    for (std::int64_t i = 0; i < s.seq_q; ++i) {
+      out.rows[static_cast<std::size_t>(g * s.seq_q + i)] =
+          rows_alike && i > 0 ? out.at(g, 0) : read_row(mask, s, b, h, i, bias);
+    }
+  }
+  return out;
+}
+
+// Whether the structure gives every row of group g the keys it has.
+bool rebuilds_group(const MaskStructure& structure, const MaskRows& rows, std::int64_t g) {
+  const std::int64_t b = g / rows.heads, h = g % rows.heads;
+  for (std::int64_t i = 0; i < rows.seq_q; ++i) {
+    const auto [first, end] = structure.row_keys(b, h, i);
+    const RowRange& actual = rows.at(g, i);
+    if (actual.empty() ? first < end : (first != actual.lo || end != actual.hi)) return false;
+  }
+  return true;
+}
+
+bool rebuilds(const MaskStructure& structure, const MaskRows& rows) {
+  for (std::int64_t g = 0; g < rows.groups; ++g) {
+    if (!rebuilds_group(structure, rows, g)) return false;
+  }
+  return true;
+}
+
+MaskStructure skeleton(const MaskRows& rows, const AttentionShape& s) {
+  MaskStructure structure;
+  structure.batch = s.batch;
+  structure.heads = rows.heads;
+  structure.seq_q = s.seq_q;
+  structure.seq_kv = s.seq_kv;
+  return structure;
+}
+
+// Per group, the keys its rows see as one span and the rows that see any; [0, 0) both without.
+struct GroupSpan {
+  RowRange keys, rows;
+};
+std::vector<GroupSpan> group_spans(const MaskRows& rows) {
+  std::vector<GroupSpan> spans(static_cast<std::size_t>(rows.groups));
+  for (std::int64_t g = 0; g < rows.groups; ++g) {
+    GroupSpan& span = spans[static_cast<std::size_t>(g)];
+    for (std::int64_t i = 0; i < rows.seq_q; ++i) {
+      const RowRange& r = rows.at(g, i);
+      if (r.empty()) continue;
+      const bool first = span.rows.empty();
+      span.keys = first ? r : RowRange{std::min(span.keys.lo, r.lo), std::max(span.keys.hi, r.hi)};
+      span.rows = {first ? i : span.rows.lo, i + 1};
+    }
+  }
+  return spans;
+}
+
+// A group's ranges widened to the whole call where the diagonals already give what they cut, so
+// that a causal mask does not also read as padding.
+void widen_where_implied(MaskStructure& structure, const MaskRows& rows) {
+  for (std::int64_t g = 0; g < rows.groups; ++g) {
+    const auto at = static_cast<std::size_t>(g);
+    if (structure.key_begin[at] >= structure.key_end[at]) continue;
+    for (auto [field, whole] : {std::pair{&structure.key_begin, std::int64_t{0}}, std::pair{&structure.key_end, structure.seq_kv},
+                                std::pair{&structure.row_begin, std::int64_t{0}}, std::pair{&structure.row_end, structure.seq_q}}) {
+      const std::int64_t kept = (*field)[at];
+      (*field)[at] = whole;
+      if (!rebuilds_group(structure, rows, g)) (*field)[at] = kept;
+    }
+  }
+}
+
+// One diagonal for every row it cuts, or none: `offset(row, range)` gives the row's candidate where
+// it cuts it (nullopt where it does not); candidates that differ mean no such diagonal.
+template <typename Offset>
+std::optional<std::int64_t> common_diagonal(const MaskRows& rows, const std::vector<GroupSpan>& spans, Offset offset,
+                                            bool& consistent) {
+  std::optional<std::int64_t> found;
+  for (std::int64_t g = 0; g < rows.groups; ++g) {
+    for (std::int64_t i = 0; i < rows.seq_q; ++i) {
+      const RowRange& r = rows.at(g, i);
+      if (r.empty()) continue;
+      const auto candidate = offset(i, r, spans[static_cast<std::size_t>(g)]);
+      if (!candidate) continue;
+      if (found && *found != *candidate) consistent = false;
+      found = candidate;
+    }
+  }
+  return found;
+}
+
+// Key ranges per group with diagonals: padding, causality, a sliding window.
+std::optional<MaskStructure> fit_ranges(const MaskRows& rows, const AttentionShape& s) {
+  const std::vector<GroupSpan> spans = group_spans(rows);
+  bool consistent = true;
+  MaskStructure structure = skeleton(rows, s);
+  structure.upper = common_diagonal(rows, spans, [](std::int64_t i, const RowRange& r, const GroupSpan& span) {
+    return r.hi < span.keys.hi ? std::optional<std::int64_t>(r.hi - 1 - i) : std::nullopt;
+  }, consistent);
+  structure.lower = common_diagonal(rows, spans, [](std::int64_t i, const RowRange& r, const GroupSpan& span) {
+    return r.lo > span.keys.lo ? std::optional<std::int64_t>(r.lo - i) : std::nullopt;
+  }, consistent);
+  if (!consistent) return std::nullopt;
+  for (const GroupSpan& span : spans) {
+    structure.key_begin.push_back(span.keys.lo), structure.key_end.push_back(span.keys.hi);
+    structure.row_begin.push_back(span.rows.lo), structure.row_end.push_back(span.rows.hi);
+  }
+  if (!rebuilds(structure, rows)) return std::nullopt;
+  widen_where_implied(structure, rows);
+  return structure;
+}
+
+// Packed documents (block-diagonal), with causality inside each where the rows say so.
+std::optional<MaskStructure> fit_documents(const MaskRows& rows, const AttentionShape& s) {
+  if (s.seq_q != s.seq_kv) return std::nullopt;
+  MaskStructure structure = skeleton(rows, s);
+  structure.documents.resize(static_cast<std::size_t>(rows.groups));
+  bool several = false;
+  for (std::int64_t g = 0; g < rows.groups; ++g) {
+    auto& docs = structure.documents[static_cast<std::size_t>(g)];
+    for (std::int64_t i = 0; i < rows.seq_q; ++i) {
+      const RowRange& r = rows.at(g, i);
+      if (r.empty()) continue;
+      if (docs.empty() || docs.back().k_begin != r.lo || docs.back().q_end != i) {
+        docs.push_back({i, i + 1, r.lo, r.hi});
+      } else {
+        docs.back().q_end = i + 1;
+        docs.back().k_end = std::max(docs.back().k_end, r.hi);
+      }
+    }
+    several = several || docs.size() > 1;
+    structure.key_begin.push_back(docs.empty() ? 0 : docs.front().k_begin);
+    structure.key_end.push_back(docs.empty() ? 0 : docs.back().k_end);
+    structure.row_begin.push_back(docs.empty() ? 0 : docs.front().q_begin);
+    structure.row_end.push_back(docs.empty() ? 0 : docs.back().q_end);
+  }
+  if (!several) return std::nullopt;
+  // Documents of a packed sequence sit on the diagonal: rows [s, e) and keys [s, e), one after another.
+  for (const auto& docs : structure.documents) {
+    for (const auto& doc : docs) {
+      if (doc.k_begin != doc.q_begin || doc.k_end != doc.q_end) return std::nullopt;
+    }
+  }
+  bool consistent = true;
+  for (std::int64_t g = 0; g < rows.groups; ++g) {
+    for (const auto& doc : structure.documents[static_cast<std::size_t>(g)]) {
+      for (std::int64_t i = doc.q_begin; i < doc.q_end; ++i) {
+        const RowRange& r = rows.at(g, i);
+        if (r.hi >= doc.k_end) continue;
+        const std::int64_t candidate = r.hi - 1 - i;
+        if (structure.upper && *structure.upper != candidate) consistent = false;
+        structure.upper = candidate;
+      }
+    }
+  }
+  if (!consistent || !rebuilds(structure, rows)) return std::nullopt;
+  widen_where_implied(structure, rows);
+  return structure;
+}
+
+}  // namespace
+
+MaskReading read_mask_structure(const HostTensor& mask, const AttentionShape& shape) {
+  MaskReading reading;
+  try {
+    const MaskRows rows = read_rows(mask, shape);
+    if ((reading.structure = fit_ranges(rows, shape))) return reading;
+    if ((reading.structure = fit_documents(rows, shape))) return reading;
+    reading.dense_reason = "its rows' key ranges follow no padding, diagonal or documents";
+  } catch (const NotStructure& dense) {
+    reading.dense_reason = dense.reason;
+  }
+  return reading;
+}
+
+// ---- A call's visibility ----
+
+CallVisibility read_call_visibility(const AttentionCall& call) {
+  const AttentionShape s = call.shape();
+  const std::int64_t diagonal = call.diagonal_offset(s);
+  std::optional<std::int64_t> upper, lower;
+  if (call.is_causal) upper = diagonal;
+  if (call.window_right) upper = std::min(upper.value_or(diagonal + *call.window_right), diagonal + *call.window_right);
+  if (call.window_left) lower = diagonal - *call.window_left;
+  CallVisibility visibility;
+  visibility.structure = MaskStructure::all_visible(s);
+  if (call.mask) {
+    MaskReading reading = read_mask_structure(*call.mask, s);
+    if (reading.structure) {
+      visibility.mask_found = reading.structure->describe();
+      visibility.structure = std::move(*reading.structure);
+    } else {
+      visibility.mask_found = "dense: " + reading.dense_reason;
+      visibility.dense_mask = true;
+    }
+  }
+  visibility.structure = visibility.structure.with_diagonals(upper, lower);
+  return visibility;
+}
+
+std::shared_ptr<const CallVisibility> visibility_of(const AttentionCall& call) {
+  if (call.visibility) return call.visibility;
+  return std::make_shared<const CallVisibility>(read_call_visibility(call));
+}
+
+}  // namespace attnreplay
