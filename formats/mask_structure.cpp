@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "formats/attention_call.h"
+#include "formats/errors.h"
 #include "formats/mask_view.h"
 
 namespace attnreplay {
@@ -365,6 +366,7 @@ MaskReading read_mask_structure(const HostTensor& mask, const AttentionShape& sh
 // ---- A call's visibility ----
 
 CallVisibility read_call_visibility(const AttentionCall& call) {
+  ATTNREPLAY_ASSERT(!call.is_ragged(), "a ragged call's visibility is its sequences'");
   const AttentionShape s = call.shape();
   const std::int64_t diagonal = call.diagonal_offset(s);
   std::optional<std::int64_t> upper, lower;

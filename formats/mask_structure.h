@@ -71,7 +71,7 @@ struct MaskReading {
 MaskReading read_mask_structure(const HostTensor& mask, const AttentionShape& shape);
 inline constexpr double kHidingAddend = -1e4;
 
-// What a call's rows see, as the kernels that take structure want it: the call's own causality and
+// What a dense call's rows see (a ragged call's sequences each are one), as the kernels that take structure want it: the call's own causality and
 // window, and its mask where the mask is structure; `dense_mask` says the mask must still be applied
 // element by element (it is not structure). Cached on the call (AttentionCall::visibility) when the
 // replay has read it; computed here otherwise.

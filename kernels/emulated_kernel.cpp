@@ -37,6 +37,8 @@ KernelDescription emulation_of(const QuantizedKindSpec& spec) {
                                 fmt::format("{} ({}) emulated on the CPU (docs/quantized.md)", spec.name, spec.definition),
                                 "cpu", false, spec.reduced_precision};
   description.emulation = true;
+  // Rows see the keys their structure gives (formats/mask_structure.h), a window's among them.
+  description.extensions.window = true;
   return description;
 }
 

@@ -365,10 +365,10 @@ PreparedAttentionInputs prepare_attention_inputs(const AttentionCall& call, Quan
   in.shape = call.shape();
   const AttentionShape& s = in.shape;
   in.input_dtype = call.q.dtype;
-  in.is_causal = call.is_causal;
-  in.diagonal_offset = call.causal_alignment == CausalAlignment::bottom_right ? s.seq_kv - s.seq_q : 0;
+  const std::shared_ptr<const CallVisibility> visibility = visibility_of(call);
+  in.visible = visibility->structure;
+  if (visibility->dense_mask) in.mask = call.mask;
   in.softmax_scale_log2 = static_cast<float>(call.softmax_scale()) * kLog2e;
-  in.mask = call.mask;
 
   const HostTensor q = to_bhsd(call.q, call.layout);
   const HostTensor k = to_bhsd(call.k, call.layout);
@@ -465,6 +465,7 @@ enum class PvPath { block_fp32, straight_fp32, block_fp16 };
 struct RowBlockState {
   std::vector<float> m, l, acc;  // acc: (rows, head_dim_vo)
   std::vector<float> dots, factors, scores, p_used, block_acc, chunk_acc, mask_terms;
+  std::vector<std::pair<std::int64_t, std::int64_t>> key_ranges;  // per row: the keys it sees
 };
 
 // Scores of one query row against one 128-key block: out[j] = sum_c q[c] * keys[c][j]. The
@@ -517,15 +518,23 @@ class HeadAttention {
     st.dots.resize(kBlockK), st.factors.resize(kBlockK), st.scores.resize(kBlockK), st.p_used.resize(kBlockK);
     st.mask_terms.resize(kBlockK);
     st.block_acc.resize(static_cast<std::size_t>(dv)), st.chunk_acc.resize(static_cast<std::size_t>(dv));
-    const std::int64_t last_end = key_end(row_end - 1);
+    st.key_ranges.resize(static_cast<std::size_t>(n_rows));
+    std::int64_t first_key = s_.seq_kv, last_end = 0;
+    for (std::int64_t r = 0; r < n_rows; ++r) {
+      const auto range = in_.visible.row_keys(b_, h_, row_begin + r);
+      st.key_ranges[r] = range;
+      if (range.first < range.second) first_key = std::min(first_key, range.first), last_end = std::max(last_end, range.second);
+    }
     // Key blocks outside, rows inside, so that a block's keys stay in cache; each row still sees
-    // its blocks in key order.
-    for (std::int64_t block_start = 0; block_start < last_end; block_start += kBlockK) {
+    // its blocks in key order. Blocks start at multiples of kBlockK, as the kernels' do.
+    for (std::int64_t block_start = first_key / kBlockK * kBlockK; block_start < last_end; block_start += kBlockK) {
       const float* keys = kv_.keys_by_block.data() + (block_start / kBlockK) * s_.head_dim_qk * kBlockK;
       for (std::int64_t r = 0; r < n_rows; ++r) {
-        const std::int64_t visible = std::min(key_end(row_begin + r), block_start + kBlockK) - block_start;
-        if (visible <= 0) continue;  // a block with every key hidden changes nothing
-        block(row_begin + r, block_start, visible, keys, st.m[r], st.l[r], st.acc.data() + r * dv, st);
+        const auto [first, end] = st.key_ranges[r];
+        const std::int64_t hidden_before = std::max<std::int64_t>(first - block_start, 0);
+        const std::int64_t visible = std::min(end, block_start + kBlockK) - block_start;
+        if (visible <= hidden_before) continue;  // a block with every key hidden changes nothing
+        block(row_begin + r, block_start, hidden_before, visible, keys, st.m[r], st.l[r], st.acc.data() + r * dv, st);
       }
     }
     for (std::int64_t r = 0; r < n_rows; ++r) {
@@ -540,12 +549,6 @@ class HeadAttention {
   }
 
  private:
-  // One past the last key row i may see.
-  std::int64_t key_end(std::int64_t i) const {
-    if (!in_.is_causal) return s_.seq_kv;
-    return std::clamp<std::int64_t>(i + in_.diagonal_offset + 1, 0, s_.seq_kv);
-  }
-
   float p_rounded(float p) const {
     if (!in_.stages.quantize_p) return p;
     switch (in_.kind) {
@@ -557,8 +560,10 @@ class HeadAttention {
     return p;
   }
 
-  void block(std::int64_t i, std::int64_t block_start, std::int64_t visible, const float* keys, float& m, float& l,
-             float* acc, RowBlockState& st) const {
+  // Keys [hidden_before, visible) of the block starting at block_start are row i's; those before
+  // are hidden (p = 0), as a kernel masks the start of a row's first block.
+  void block(std::int64_t i, std::int64_t block_start, std::int64_t hidden_before, std::int64_t visible,
+             const float* keys, float& m, float& l, float* acc, RowBlockState& st) const {
     const std::int64_t dv = s_.head_dim_vo;
     const float* q = query_.values.row(i);
     if (exact_in_float_) block_dots<float>(q, keys, s_.head_dim_qk, st.dots.data());
@@ -566,7 +571,7 @@ class HeadAttention {
     float block_max = -std::numeric_limits<float>::infinity();
     // A mask's term is added to the score in the log2 domain (times log2e); a bool mask hides keys.
     if (mask_) mask_.row(b_, h_, i, block_start, visible, st.mask_terms.data());
-    for (std::int64_t j = 0; j < visible; ++j) {
+    for (std::int64_t j = hidden_before; j < visible; ++j) {
       const float factor = per_key_scales_ ? query_.row_scale[static_cast<std::size_t>(i)] *
                                                  kv_.key_scale[static_cast<std::size_t>(block_start + j)]
                                            : score_factor_;
@@ -581,7 +586,8 @@ class HeadAttention {
     // Unmasked, the dot product is scaled and m subtracted in one fma, as the kernels do.
     const float offset = log2_p_scale_ - m_new;
     float row_sum = 0.0f;
-    for (std::int64_t j = 0; j < visible; ++j) {
+    std::fill(st.p_used.begin(), st.p_used.begin() + hidden_before, 0.0f);
+    for (std::int64_t j = hidden_before; j < visible; ++j) {
       const float p = m_new == -std::numeric_limits<float>::infinity() ? 0.0f
                       : mask_ ? std::exp2(st.scores[j] + offset)
                               : std::exp2(std::fma(st.dots[j], st.factors[j], offset));

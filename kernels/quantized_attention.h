@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "formats/attention_call.h"
+#include "formats/mask_structure.h"
 #include "kernels/quant_options.h"
 
 namespace attnreplay {
@@ -30,8 +31,9 @@ std::optional<Fp8Scale> parse_fp8_scale(std::string_view text);
 const std::vector<std::string>& quant_granularity_names();
 const std::vector<std::string>& pv_accum_names();
 const std::vector<std::string>& fp8_scale_names();
-// The inputs the definition takes (bf16/fp16 Q, K, V of one dtype, equal head dims): nullopt, or
-// why not. The CUDA kernels add their own limits (masks, head dims, devices).
+// The inputs the definition takes (bf16/fp16 Q, K, V of one dtype, equal head dims; a ragged call
+// one sequence at a time): nullopt, or why not. The CUDA kernels add their own limits (dense masks,
+// head dims, devices).
 std::optional<std::string> quantized_inputs_unsupported_reason(const AttentionCall& call);
 
 // ---- The definition's constants ----
@@ -159,13 +161,16 @@ struct PreparedAttentionInputs {
   EmulationStages stages;
   AttentionShape shape;
   DType input_dtype = DType::bfloat16;
-  bool is_causal = false;
-  std::int64_t diagonal_offset = 0;  // key j is visible to row i when j <= i + offset
+  // Which keys each row sees (formats/mask_structure.h): causality, a window, a mask read as
+  // structure. Keys outside a row's range are skipped, as the kernels skip them.
+  MaskStructure visible;
   float softmax_scale_log2 = 0.0f;   // scale * log2e
   std::vector<PreparedQueryHead> queries;      // batch * heads_q
   std::vector<PreparedKeyValueHead> key_values;  // batch * heads_kv
   std::vector<std::vector<float>> k_channel_means;  // batch * heads_kv, when K was smoothed
-  std::optional<HostTensor> mask;  // the call's (emulations only: the CUDA kernels decline masks)
+  // The call's mask where it is no structure, applied score by score (emulations only: the CUDA
+  // kernels decline a dense mask).
+  std::optional<HostTensor> mask;
 };
 
 // threads = 0: one per core.

@@ -87,6 +87,9 @@ struct CallResult {
   bool is_causal = false;
   CausalAlignment causal_alignment = CausalAlignment::top_left;
   std::string mask;  // "none", or "bool 1x1x16x16" / "float32 ..."
+  // What the mask was found to be (formats/mask_structure.h): "causal + left padding, keys from
+  // 0/37", or "dense: " and why it is no structure; empty without a mask.
+  std::string mask_structure;
   std::vector<std::string> extensions;  // "a sliding window (left 64)", "a softcap of 30", ...
   std::string batching;  // a ragged or paged batch, in words (AttentionCall::describe_batch); or empty
   // A ragged call's (queries, keys) per sequence.

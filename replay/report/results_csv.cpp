@@ -28,6 +28,7 @@ const std::vector<CsvColumn>& result_columns() {
       {"is_causal", "/is_causal", F::call},
       {"causal_alignment", "/causal_alignment", F::call},
       {"mask", "/mask", F::call},
+      {"mask_structure", "/mask_structure", F::call},
       {"batching", "/batching", F::call},
       {"scale", "/scale", F::call},
       {"flops", "/work/flops", F::call},

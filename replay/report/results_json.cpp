@@ -139,6 +139,7 @@ nlohmann::json call_to_json(const CallResult& c) {
           {"is_causal", c.is_causal},
           {"causal_alignment", causal_alignment_name(c.causal_alignment)},
           {"mask", c.mask},
+          {"mask_structure", c.mask_structure},
           {"extensions", c.extensions},
           {"batching", c.batching},
           {"sequences", sequences_json(c.sequence_lengths)},

@@ -29,7 +29,8 @@ void print_call_header(const nlohmann::json& call, std::ostream& out) {
   if (!op.empty()) fields.push_back(op);
   if (!backend.empty()) fields.push_back("(" + backend + ")");
   fields.push_back(fmt::format("{} {}  {}", text_at(call, "dtype"), text_at(call, "layout"), shape_text(call.at("shape"))));
-  fields.push_back("mask " + text_at(call, "mask"));
+  const std::string structure = text_at(call, "mask_structure");
+  fields.push_back("mask " + text_at(call, "mask") + (structure.empty() ? "" : " (" + structure + ")"));
   fields.push_back(fmt::format("scale {:.4g}", number_at(call, "scale")));
   // Lines after the first indented by four: the call's work line, below, is by two.
   out << wrap_fields(fields, "", "    ", "  ");

@@ -13,6 +13,7 @@
 #include <mutex>
 
 #include "formats/errors.h"
+#include "formats/mask_structure.h"
 #include "formats/pt_format.h"
 #include "kernels/device_output.h"
 #include "kernels/kernel.h"
@@ -423,6 +424,12 @@ CallInReplay::CallInReplay(const AttentionCall& captured, const ReplayOptions& o
   s.refused = refuse_unreplayable(captured, options, s.result);
   if (s.refused) return;
   s.call = replayable_call(captured, s.result);
+  // Read once here for every kernel that takes a mask as structure (a ragged call's sequences are
+  // read one by one where a kernel takes them so).
+  if (!s.call.is_ragged()) {
+    s.call.visibility = std::make_shared<const CallVisibility>(read_call_visibility(s.call));
+    s.result.mask_structure = s.call.visibility->mask_found;
+  }
   s.kernels = select_kernels(options.kernels);
   s.done.resize(s.kernels.size());
   if (options.timing_groups) s.timing_group = timing_key(s.call);

@@ -1,0 +1,164 @@
+// The emulations of our kernels on the calls of LLMs (kernels/quantized_attention.h): masks read as
+// structure (padding, causality, windows, packed documents), ragged and paged batches, decode. Each
+// kind's error against the fp64 reference, over the rows that see a key, is that of the same kind on
+// the same data unmasked; and a mask run as structure gives what the same mask run densely gives.
+#include <catch2/catch_test_macros.hpp>
+
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "formats/mask_structure.h"
+#include "kernels/kernel.h"
+#include "kernels/per_sequence.h"
+#include "kernels/quantized_attention.h"
+#include "kernels/quantized_kinds.h"
+#include "kernels/reference.h"
+#include "replay/judge/compare.h"
+#include "replay/run/generate.h"
+
+using namespace attnreplay;
+
+namespace {
+
+using Visible = std::function<bool(std::int64_t b, std::int64_t i, std::int64_t j)>;
+
+AttentionCall generated(const AttentionShape& shape, std::uint64_t seed = 11) {
+  GeneratedCallSpec spec;
+  spec.shape = shape;
+  spec.dtype = DType::bfloat16;
+  spec.seed = seed;
+  return generate_call(spec);
+}
+
+HostTensor bool_mask(const AttentionShape& s, const Visible& visible) {
+  std::vector<double> values;
+  for (std::int64_t b = 0; b < s.batch; ++b)
+    for (std::int64_t i = 0; i < s.seq_q; ++i)
+      for (std::int64_t j = 0; j < s.seq_kv; ++j) values.push_back(visible(b, i, j) ? 1.0 : 0.0);
+  return HostTensor::from_doubles(DType::boolean, {s.batch, 1, s.seq_q, s.seq_kv}, values);
+}
+
+double emulated_rel_l2(const AttentionCall& call, QuantizedKind kind) {
+  const HostTensor out = output_in_dtype(emulate_attention(call, kind, QuantOptions{}), call.q.dtype);
+  return compare_to_reference(out, reference_attention(call)).rel_l2;
+}
+
+// The same call with its visibility forced dense: its mask applied score by score.
+AttentionCall dense_twin(const AttentionCall& call) {
+  AttentionCall dense = call;
+  CallVisibility visibility = read_call_visibility(call);
+  std::optional<std::int64_t> upper;
+  if (call.is_causal) upper = call.diagonal_offset(call.shape());
+  visibility.structure = MaskStructure::all_visible(call.shape()).with_diagonals(upper, std::nullopt);
+  visibility.dense_mask = true;
+  dense.visibility = std::make_shared<const CallVisibility>(visibility);
+  return dense;
+}
+
+struct StructuredCase {
+  std::string name;
+  AttentionShape shape;
+  bool causal = false;
+  CausalAlignment alignment = CausalAlignment::top_left;
+  std::optional<std::int64_t> window_left;
+  Visible visible;  // empty: no mask
+  std::string found;  // what the mask reads as
+};
+
+std::vector<StructuredCase> structured_cases() {
+  const std::vector<std::int64_t> pads = {0, 37, 150};
+  return {
+      {"causal prefill, left-padded batch", {3, 4, 2, 200, 200, 64, 64}, false, CausalAlignment::top_left, {},
+       [pads](auto b, auto i, auto j) { return j <= i && j >= pads[b]; }, "causal + left padding, keys from 0/37/150"},
+      {"decode, 4 rows, left-padded keys", {3, 4, 2, 4, 300, 64, 64}, true, CausalAlignment::bottom_right, {},
+       [pads](auto b, auto, auto j) { return j >= pads[b]; }, "left padding, keys from 0/37/150"},
+      {"right padding, no causality", {2, 2, 2, 160, 260, 128, 128}, false, CausalAlignment::top_left, {},
+       [](auto b, auto, auto j) { return j < (b == 0 ? 260 : 131); }, "right padding, keys up to 260/131"},
+      {"causal packed documents", {1, 4, 4, 300, 300, 64, 64}, false, CausalAlignment::top_left, {},
+       [](auto, auto i, auto j) {
+         auto doc = [](std::int64_t t) { return t < 90 ? 0 : t < 230 ? 1 : 2; };
+         return j <= i && doc(i) == doc(j);
+       },
+       "causal + 3 packed documents"},
+      {"sliding window of 64 keys, causal (the call's own)", {1, 4, 2, 300, 300, 64, 64}, true,
+       CausalAlignment::top_left, 63, {}, ""},
+  };
+}
+
+constexpr QuantizedKind kKinds[] = {QuantizedKind::flash, QuantizedKind::sage1_int8, QuantizedKind::sage2_int8_fp8,
+                                    QuantizedKind::fa3_fp8};
+
+}  // namespace
+
+TEST_CASE("emulations on structured masks err as they do unmasked, and as the mask run densely", "[quant][mask]") {
+  for (const StructuredCase& c : structured_cases()) {
+    const AttentionCall plain = generated(c.shape);
+    AttentionCall call = plain;
+    call.is_causal = c.causal;
+    call.causal_alignment = c.alignment;
+    call.window_left = c.window_left;
+    if (c.visible) call.mask = bool_mask(c.shape, c.visible);
+    const CallVisibility visibility = read_call_visibility(call);
+    INFO(c.name << ": " << visibility.mask_found);
+    CHECK_FALSE(visibility.dense_mask);
+    CHECK(visibility.mask_found == c.found);
+    call.visibility = std::make_shared<const CallVisibility>(visibility);
+    for (const QuantizedKind kind : kKinds) {
+      INFO(to_string(kind));
+      const double unmasked = emulated_rel_l2(plain, kind);
+      const double structured = emulated_rel_l2(call, kind);
+      // Fewer keys per row make a row's error a little noisier, not larger in kind.
+      CHECK(structured < 1.5 * unmasked);
+      CHECK(structured > 0.5 * unmasked);
+      if (call.mask) {
+        // The mask run densely (a bias per score) differs only by where the scale is applied.
+        const double dense = emulated_rel_l2(dense_twin(call), kind);
+        CHECK(std::abs(dense - structured) < 0.05 * unmasked);
+      }
+    }
+  }
+}
+
+TEST_CASE("emulations on ragged and paged batches and decode err as on dense calls", "[quant][mask]") {
+  const Kernel* flash = KernelRegistry::instance().find("flash-cpu");
+  REQUIRE(flash);
+  struct BatchCase {
+    std::string name;
+    BatchRoutine routine;
+    AttentionShape shape;
+    std::int64_t page_size = 0;
+  };
+  const std::vector<BatchCase> cases = {
+      {"ragged prefill", BatchRoutine::prefill_ragged, {4, 4, 2, 150, 150, 64, 64}},
+      {"paged prefill, page 16", BatchRoutine::prefill_paged, {4, 4, 2, 150, 150, 64, 64}, 16},
+      {"paged decode, page 1", BatchRoutine::decode_paged, {6, 8, 2, 1, 300, 128, 128}, 1},
+      {"paged decode, page 64", BatchRoutine::decode_paged, {6, 8, 2, 1, 300, 128, 128}, 64},
+  };
+  const AttentionCall dense_baseline = generated({2, 4, 2, 150, 150, 64, 64});
+  for (const BatchCase& c : cases) {
+    GeneratedCallSpec spec;
+    spec.shape = c.shape;
+    spec.routine = c.routine;
+    spec.page_size = c.page_size;
+    spec.random_actual_seq_len = true;
+    spec.seed = 5;
+    const AttentionCall call = generate_call(spec);
+    REQUIRE(call.is_ragged());
+    const ReferenceOutput reference = reference_attention(call);
+    for (const QuantizedKind kind : kKinds) {
+      const Kernel* kernel = KernelRegistry::instance().find(std::string(to_string(kind)) + "-cpu");
+      REQUIRE(kernel);
+      INFO(c.name << ", " << kernel->name());
+      const PerSequenceKernel per_sequence(*kernel);
+      REQUIRE_FALSE(per_sequence.unsupported_reason(call));
+      auto prepared = per_sequence.prepare(call, KernelOptions{});
+      prepared->run();
+      const double ragged = compare_to_reference(prepared->output(), reference).rel_l2;
+      const double dense = emulated_rel_l2(dense_baseline, kind);
+      CHECK(ragged < 1.6 * dense);
+      CHECK(ragged > 0.4 * dense);
+    }
+  }
+}
