@@ -375,7 +375,9 @@ CallVisibility read_call_visibility(const AttentionCall& call) {
   if (call.window_left) lower = diagonal - *call.window_left;
   CallVisibility visibility;
   visibility.structure = MaskStructure::all_visible(s);
-  if (call.mask) {
+  if (call.mask && !call.mask->data()) {
+    visibility.dense_mask = true;  // a header without values (a call's shapes alone): nothing to read
+  } else if (call.mask) {
     MaskReading reading = read_mask_structure(*call.mask, s);
     if (reading.structure) {
       visibility.mask_found = reading.structure->describe();

@@ -78,7 +78,8 @@ inline constexpr double kHidingAddend = -1e4;
 struct CallVisibility {
   MaskStructure structure;
   bool dense_mask = false;
-  // What the mask was found to be, in words; empty without a mask.
+  // What the mask was found to be, in words; empty without a mask, or with one whose values are not
+  // at hand (a header), which counts as dense.
   std::string mask_found;
 };
 CallVisibility read_call_visibility(const AttentionCall& call);

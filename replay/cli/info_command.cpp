@@ -11,6 +11,7 @@
 
 #include "formats/byte_pool.h"
 #include "formats/capture_source.h"
+#include "formats/mask_structure.h"
 #include "replay/cli/command.h"
 #include "replay/report/record_files.h"
 #include "replay/report/text_wrap.h"
@@ -91,7 +92,13 @@ bool verify_capture(CaptureSource& source) {
   const auto start = std::chrono::steady_clock::now();
   for (std::size_t i = 0; i < source.size(); ++i) {
     try {
-      bytes += tensor_bytes(source.load(i, /*with_data=*/true));
+      const AttentionCall call = source.load(i, /*with_data=*/true);
+      bytes += tensor_bytes(call);
+      // What a mask is can be told only from its values, read here.
+      if (call.mask && !call.is_ragged()) {
+        std::cout << fmt::format("  call {}: mask {} {}: {}\n", call.call_index, dtype_name(call.mask->dtype),
+                                 shape_string(call.mask->shape), read_call_visibility(call).mask_found);
+      }
     } catch (const InputError& error) {
       std::cout << "  error: " << error.what() << '\n';
       all_read = false;

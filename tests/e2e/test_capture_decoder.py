@@ -78,3 +78,27 @@ def test_the_models_backend_reproduces_its_output_and_the_pads_are_reported_apar
         assert kernels["torch-flash-cpu"]["error"]["rel_l2"] < 1e-6
     # The two passes over the padded prompt (the logits' forward and generate's prefill), 2 layers each.
     assert padded_calls == 2 * LAYERS
+
+
+def test_a_padded_bf16_batch_runs_through_every_cpu_kernel_its_masks_read_as_structure(tmp_path):
+    """Issue 72's CPU acceptance: our kernels' emulations take every call of a padded generate(),
+    prefill and decode, their masks read as structure (formats/mask_structure.h)."""
+    run_python_job("decoder_job.py", "--dtype", "bfloat16", "--head-dim", "64", out=tmp_path / "caps")
+    capture = the_capture(tmp_path / "caps")
+    report = tmp_path / "replay.json"
+    run_attnreplay("run", capture, "--json", report, "-q", *FAST, check=0)
+    record = load_json(report)
+    assert len(record["calls"]) == LAYERS * 5
+    cpu_kernels = set()
+    for call in record["calls"]:
+        # Decode steps' masks have one row (transformers folds GQA's query heads into seq_q).
+        prefill = not call["mask"].split("x")[-2] == "1"
+        expected = "causal + left padding, keys from 0/4" if prefill else "left padding, keys from 0/4"
+        assert call["mask_structure"] == expected, call["mask_structure"]
+        for kernel in call["kernels"]:
+            if kernel["kernel"].endswith("-cpu") or kernel["kernel"] in ("torch-math", "reference"):
+                cpu_kernels.add(kernel["kernel"])
+                assert kernel["status"] not in ("not_supported", "failed"), kernel
+            if kernel["kernel"] in ("flash", "sage1-int8", "sage2-int8-fp8", "fa3-fp8"):
+                assert kernel["reason"] == "no CUDA device", kernel
+    assert {"flash-cpu", "sage1-int8-cpu", "sage2-int8-fp8-cpu", "fa3-fp8-cpu"} <= cpu_kernels
