@@ -15,7 +15,7 @@
 
 #include "formats/content_hash.h"
 #include "formats/errors.h"
-#include "formats/mask_view.h"
+#include "formats/mask_structure.h"
 #include "formats/safetensors_format.h"
 
 namespace attnreplay {
@@ -163,62 +163,23 @@ const std::byte* row_of(const HostTensor& tensor, Layout layout, std::int64_t ba
   return tensor.data() + static_cast<std::size_t>(index) * dtype_size(tensor.dtype);
 }
 
-// Row i of batch b as the keys it may see (MaskView's broadcast; a mask absent sees all), the same
-// for every head, else NotRepresentable. A float mask's 0 lets a key be seen and -inf, or any
-// addend whose exp() is 0 in every precision a kernel uses, hides it; any other value is a bias.
-std::vector<bool> allowed_keys(const MaskView& mask, const AttentionShape& s, std::int64_t b, std::int64_t i,
-                               const std::string& where) {
-  std::vector<bool> allowed(static_cast<std::size_t>(s.seq_kv), true);
-  if (!mask) return allowed;
-  std::vector<double> bias(static_cast<std::size_t>(s.seq_kv));
-  for (std::int64_t h = 0; h < (mask.per_head() ? s.heads_q : 1); ++h) {
-    mask.row(b, h, i, 0, s.seq_kv, bias.data());
-    for (std::size_t j = 0; j < bias.size(); ++j) {
-      if (!(bias[j] == 0 || bias[j] <= -1e4)) {
-        throw NotRepresentable(fmt::format("{}: an additive mask holding {} (a bias, not only 0 and -inf): FlashInfer's "
-                                           "definitions take none",
-                                           where, bias[j]));
-      }
-      const bool sees = bias[j] == 0;
-      if (h == 0) allowed[j] = sees;
-      else if (allowed[j] != sees) {
-        throw NotRepresentable(fmt::format("{}: a mask that differs between heads: FlashInfer's definitions take none", where));
-      }
-    }
-  }
-  return allowed;
-}
-
-// The keys row i sees, [first, end), or NotRepresentable when they are not one range.
-std::pair<std::int64_t, std::int64_t> key_range(const std::vector<bool>& allowed, const std::string& where, std::int64_t row) {
-  std::int64_t first = -1, end = -1;
-  for (std::int64_t j = 0; j < static_cast<std::int64_t>(allowed.size()); ++j) {
-    if (!allowed[static_cast<std::size_t>(j)]) continue;
-    if (first < 0) first = j;
-    else if (end != j) {
-      throw NotRepresentable(fmt::format("{}: query row {} sees keys that are not one range (a mask other than padding and "
-                                         "causality): FlashInfer's definitions take none",
-                                         where, row));
-    }
-    end = j + 1;
-  }
-  return first < 0 ? std::pair<std::int64_t, std::int64_t>{0, 0} : std::pair{first, end};
-}
-
-// Finds which rows see keys, and whether they see them as causal (bottom-right) or full.
+// Finds which rows see keys, and whether they see them as causal (bottom-right) or full: the
+// call's visibility (formats/mask_structure.h), which must be the same for every head.
 void analyse(SequenceView& view) {
   const AttentionCall& call = view.call;
-  const AttentionShape s = call.shape();
-  const MaskView mask(call.mask, s);
+  const std::shared_ptr<const CallVisibility> visibility = visibility_of(call);
+  if (visibility->dense_mask) {
+    throw NotRepresentable(fmt::format("{}: its mask is {}: FlashInfer's definitions take none", call.where(),
+                                       visibility->mask_found));
+  }
+  if (visibility->structure.heads > 1) {
+    throw NotRepresentable(fmt::format("{}: a mask that differs between heads: FlashInfer's definitions take none",
+                                       call.where()));
+  }
   std::vector<std::pair<std::int64_t, std::int64_t>> ranges;
-  for (std::int64_t i = 0; i < s.seq_q; ++i) {
-    std::vector<bool> allowed = allowed_keys(mask, s, view.batch, i, call.where());
-    const auto [first, end] = call.visible_keys(i, s);
-    for (std::int64_t j = 0; j < s.seq_kv; ++j) {
-      if (j < first || j >= end) allowed[static_cast<std::size_t>(j)] = false;
-    }
-    const auto range = key_range(allowed, call.where(), i);
-    if (range.first == range.second) continue;  // a pad: it sees no key and is left out
+  for (std::int64_t i = 0; i < call.shape().seq_q; ++i) {
+    const auto range = visibility->structure.row_keys(view.batch, 0, i);
+    if (range.first >= range.second) continue;  // a pad: it sees no key and is left out
     view.kept_rows.push_back(i);
     ranges.push_back(range);
   }
@@ -274,7 +235,9 @@ Workload map_call(const AttentionCall& call) {
     const auto sequences = call.sequences();
     for (std::size_t b = 0; b < sequences.size(); ++b) views.push_back({call.sequence_call(b, sequences), 0});
   } else {
-    for (std::int64_t b = 0; b < s.batch; ++b) views.push_back({call, b});
+    AttentionCall read = call;  // its mask read once for all its sequences
+    if (!read.visibility) read.visibility = std::make_shared<const CallVisibility>(read_call_visibility(call));
+    for (std::int64_t b = 0; b < s.batch; ++b) views.push_back({read, b});
   }
   for (auto& view : views) analyse(view);
   std::erase_if(views, [](const SequenceView& view) { return view.kept_rows.empty(); });

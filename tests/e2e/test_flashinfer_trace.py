@@ -234,7 +234,8 @@ def test_paged_decode_and_mla_calls_map_onto_the_paged_definitions(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "2 of 4 calls written" in result.stdout
     assert "not written, 1 call (2): a sliding window (left 2)" in result.stdout
-    assert "not written, 1 call (3): an additive mask holding" in result.stdout
+    assert "not written, 1 call (3): its mask is dense: query row 0 of batch 0 adds " in result.stdout
+    assert "(a bias, not only 0 and values that hide a key)" in result.stdout
     data, _ = fib_data()
     traces = data.TraceSet.from_path(str(tmp_path / "fi"))
     assert sorted(traces.definitions) == ["gqa_paged_decode_h4_kv2_d32_ps1", "mla_paged_decode_h4_ckv16_kpe8_ps1_fp32"]
