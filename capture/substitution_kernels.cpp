@@ -39,12 +39,10 @@ class KernelSubstitution final : public Substitution {
   // exactly where it would be replayed, and never computed as something it is not.
   std::variant<HostTensor, std::string> compute(const AttentionCall& call) override {
     if (auto refused = refusal(call)) return *refused;
-    // A ragged or paged batch goes to a kernel that does not take one as one sequence at a time, as
-    // the replay hands it (kernels/per_sequence.h).
-    const KernelDescription& description = kernel_->description();
-    const bool as_one = !call.is_ragged() || (call.is_paged() ? description.paged : description.ragged);
+    // A ragged or paged batch goes to a kernel that does not take one, and a padded one to a kernel
+    // that takes diagonals only, one sequence at a time, as the replay hands it (kernels/per_sequence.h).
     const PerSequenceKernel per_sequence(*kernel_);
-    const Kernel& kernel = as_one ? *kernel_ : per_sequence;
+    const Kernel& kernel = runs_per_sequence(kernel_->description(), call) ? per_sequence : *kernel_;
     if (auto reason = kernel_declines(kernel, call)) return *reason;
     return guarded<HostTensor>([&] {
       auto prepared = kernel.prepare(call, options_);

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "formats/attention_call.h"
@@ -394,6 +395,83 @@ CallVisibility read_call_visibility(const AttentionCall& call) {
 std::shared_ptr<const CallVisibility> visibility_of(const AttentionCall& call) {
   if (call.visibility) return call.visibility;
   return std::make_shared<const CallVisibility>(read_call_visibility(call));
+}
+
+// ---- One call per sequence ----
+
+namespace {
+
+// Rows [first, first + count) of batch entry b of a contiguous bhsd tensor, as (1, heads, count, dim).
+HostTensor bhsd_rows(const HostTensor& bhsd, std::int64_t b, std::int64_t first, std::int64_t count, bool with_data) {
+  const std::int64_t heads = bhsd.shape[1], seq = bhsd.shape[2], dim = bhsd.shape[3];
+  HostTensor part;
+  part.dtype = bhsd.dtype;
+  part.device = bhsd.device;
+  part.shape = {1, heads, count, dim};
+  if (!with_data) return part;
+  part = HostTensor::allocate(bhsd.dtype, {1, heads, count, dim});
+  const std::size_t row_bytes = static_cast<std::size_t>(dim) * dtype_size(bhsd.dtype);
+  for (std::int64_t h = 0; h < heads; ++h) {
+    std::memcpy(part.mutable_data() + static_cast<std::size_t>(h * count) * row_bytes,
+                bhsd.data() + static_cast<std::size_t>((b * heads + h) * seq + first) * row_bytes,
+                static_cast<std::size_t>(count) * row_bytes);
+  }
+  return part;
+}
+
+}  // namespace
+
+std::optional<std::vector<SequencePart>> split_by_key_ranges(const AttentionCall& call, bool with_data) {
+  if (call.is_ragged() || !call.mask || call.alibi_slopes) return std::nullopt;
+  const std::shared_ptr<const CallVisibility> visibility = visibility_of(call);
+  const MaskStructure& structure = visibility->structure;
+  if (visibility->dense_mask || structure.heads != 1 || !structure.documents.empty()) return std::nullopt;
+  const AttentionShape s = call.shape();
+  // Shapes alone where there is no data: to_bhsd of a tensor without bytes keeps its shape.
+  auto as_bhsd = [&](const HostTensor& tensor) {
+    if (with_data) return to_bhsd(tensor, call.layout);
+    const auto dims = call.bhsd_dims(tensor, "tensor");
+    HostTensor shape_only;
+    shape_only.dtype = tensor.dtype;
+    shape_only.shape = {dims[0], dims[1], dims[2], dims[3]};
+    return shape_only;
+  };
+  const HostTensor q = as_bhsd(call.q), k = as_bhsd(call.k), v = as_bhsd(call.v);
+  const std::optional<HostTensor> out = call.out ? std::optional(as_bhsd(*call.out)) : std::nullopt;
+  std::vector<SequencePart> parts;
+  for (std::int64_t b = 0; b < s.batch; ++b) {
+    const auto g = static_cast<std::size_t>(b);
+    const std::int64_t r0 = structure.row_begin[g], r1 = structure.row_end[g];
+    if (r1 <= r0) continue;  // no row sees a key: all 0
+    const std::int64_t k0 = std::min(structure.key_begin[g], structure.key_end[g]), k1 = structure.key_end[g];
+    SequencePart part{b, b, r0, r1 - r0, k1 - k0, {}};
+    AttentionCall& one = part.call;
+    one.call_index = call.call_index;
+    one.op = call.op;
+    one.backend = call.backend;
+    one.source = call.source;
+    one.metadata = call.metadata;
+    one.layout = Layout::bhsd;
+    one.scale = call.softmax_scale();
+    one.enable_gqa = call.enable_gqa;
+    one.softcap = call.softcap;
+    one.sinks = call.sinks;
+    one.q = bhsd_rows(q, b, r0, r1 - r0, with_data);
+    one.k = bhsd_rows(k, b, k0, k1 - k0, with_data);
+    one.v = bhsd_rows(v, b, k0, k1 - k0, with_data);
+    if (out) one.out = bhsd_rows(*out, b, r0, r1 - r0, with_data);
+    // Row i' of the part is row r0 + i' of the call and key j' its key k0 + j': j <= i + d becomes
+    // j' <= i' + d + r0 - k0.
+    const AttentionShape part_shape{1, s.heads_q, s.heads_kv, r1 - r0, k1 - k0, s.head_dim_qk, s.head_dim_vo};
+    auto moved = [&](std::optional<std::int64_t> diagonal) {
+      return diagonal ? std::optional<std::int64_t>(*diagonal + r0 - k0) : std::nullopt;
+    };
+    CallVisibility part_visibility;
+    part_visibility.structure = MaskStructure::all_visible(part_shape).with_diagonals(moved(structure.upper), moved(structure.lower));
+    one.visibility = std::make_shared<const CallVisibility>(std::move(part_visibility));
+    parts.push_back(std::move(part));
+  }
+  return parts;
 }
 
 }  // namespace attnreplay

@@ -5,8 +5,6 @@
 // FlashAttention, FlashInfer and flex_attention run them as such, never as a dense tensor, and so do
 // our kernels (docs/masks.md). A mask is read as structure only where the structure rebuilds it
 // exactly, row by row; any other mask stays dense.
-//
-// Plain data, C++17: the CUDA side (kernels/cuda/) reads the same fields.
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -14,12 +12,10 @@
 #include <utility>
 #include <vector>
 
+#include "formats/attention_call.h"
 #include "formats/attention_shape.h"
 
 namespace attnreplay {
-
-struct HostTensor;
-struct AttentionCall;
 
 struct MaskStructure {
   // Query rows [q_begin, q_end) see keys [k_begin, k_end) of their own document only.
@@ -84,5 +80,19 @@ struct CallVisibility {
 };
 CallVisibility read_call_visibility(const AttentionCall& call);
 std::shared_ptr<const CallVisibility> visibility_of(const AttentionCall& call);
+
+// A dense call whose mask is structure of key ranges (one group per batch entry, no documents) as
+// one dense call per batch entry: the rows that may see keys and the keys they may see, without a
+// mask, in bhsd, their diagonals moved with them (each part's visibility is set). What a kernel
+// that takes diagonals but no key ranges runs (kernels/per_sequence.h). Nullopt where the call is
+// not of that form, or its ALiBi would not survive the shift of positions. Without data, shapes
+// only.
+struct SequencePart {
+  std::int64_t sequence = 0;  // its index: the batch entry, or a ragged call's sequence
+  std::int64_t batch = 0, first_row = 0, rows = 0;  // where its rows go in the call's output
+  std::int64_t keys = 0;  // none: its rows are 0, and `call` is shapes only
+  AttentionCall call;     // batch 1
+};
+std::optional<std::vector<SequencePart>> split_by_key_ranges(const AttentionCall& call, bool with_data = true);
 
 }  // namespace attnreplay

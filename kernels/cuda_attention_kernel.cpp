@@ -27,8 +27,10 @@ cu::Problem cuda_problem(const AttentionCall& call) {
   p.element = call.q.dtype == DType::float16 ? cu::Element::fp16 : cu::Element::bf16;
   // A 3-dim (N, L, E) tensor is one head, the same bytes in either layout.
   p.bshd = call.layout == Layout::bshd && call.q.rank() == 4;
-  p.causal = call.is_causal;
-  p.bottom_right = call.causal_alignment == CausalAlignment::bottom_right;
+  // Causality from the call's visibility: its own, or a batch entry's cut to its keys.
+  const MaskStructure& visible = visibility_of(call)->structure;
+  p.causal = visible.upper.has_value();
+  p.causal_offset = visible.upper.value_or(0);
   p.scale = call.softmax_scale();
   return p;
 }
@@ -78,17 +80,29 @@ class PreparedCudaAttention final : public PreparedKernel, public DeviceOutput {
 
 }  // namespace
 
-CudaAttentionKernel::CudaAttentionKernel(const QuantizedKindSpec& spec)
-    : QuantizedAttentionKernel(spec.kind, {spec.name, spec.gpu_summary, "cuda", false, spec.reduced_precision}) {}
+namespace {
+
+KernelDescription gpu_kernel(const QuantizedKindSpec& spec) {
+  KernelDescription description{spec.name, spec.gpu_summary, "cuda", false, spec.reduced_precision};
+  description.masks = KernelDescription::Masks::diagonals;
+  return description;
+}
+
+}  // namespace
+
+CudaAttentionKernel::CudaAttentionKernel(const QuantizedKindSpec& spec) : QuantizedAttentionKernel(spec.kind, gpu_kernel(spec)) {}
 
 std::optional<std::string> CudaAttentionKernel::unsupported_reason(const AttentionCall& call) const {
   if (auto reason = quantized_inputs_unsupported_reason(call)) return reason;
   if (std::string reason = cu::device_unsupported_reason(); !reason.empty()) return reason;
   if (call.mask) {
-    // Their CPU emulations (<kind>-cpu) take it, as structure or densely (docs/masks.md).
+    // A padded batch comes a batch entry at a time (kernels/per_sequence.h), without its mask; other
+    // masks their CPU emulations (<kind>-cpu) take (docs/masks.md).
     const std::string found = visibility_of(call)->mask_found;
-    return "the CUDA kernels take no mask yet" + (found.empty() ? std::string() : "; this one is " + found);
+    return "the CUDA kernels take a mask only as padding (key ranges per sequence, with causality)" +
+           (found.empty() ? std::string() : "; this one is " + found);
   }
+  if (visibility_of(call)->structure.lower) return "the CUDA kernels take no sliding window";
   if (std::string reason = cu::problem_unsupported_reason(cuda_problem(call)); !reason.empty()) return reason;
   return std::nullopt;
 }

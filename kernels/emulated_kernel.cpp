@@ -37,8 +37,10 @@ KernelDescription emulation_of(const QuantizedKindSpec& spec) {
                                 fmt::format("{} ({}) emulated on the CPU (docs/quantized.md)", spec.name, spec.definition),
                                 "cpu", false, spec.reduced_precision};
   description.emulation = true;
-  // Rows see the keys their structure gives (formats/mask_structure.h), a window's among them.
+  // Rows see the keys their structure gives (formats/mask_structure.h), a window's among them; a
+  // padded batch comes a batch entry at a time, as to the CUDA kernels, whose outputs these are.
   description.extensions.window = true;
+  description.masks = KernelDescription::Masks::diagonals;
   return description;
 }
 

@@ -37,6 +37,13 @@ struct KernelDescription {
   // The runner hands a kernel that does not a ragged call one sequence at a time
   // (kernels/per_sequence.h), as a dense call each, timed together.
   bool ragged = false, paged = false;
+  // How it takes a mask: as the tensor the model gave (torch's backends, the libraries' kernels); or
+  // by its diagonals alone (attnreplay's own kernels: causality at any offset, for the emulations a
+  // sliding window too, formats/mask_structure.h), so that the runner hands it a call whose mask is
+  // key ranges per sequence (padding) one batch entry at a time, cut to its ranges
+  // (kernels/per_sequence.h); a mask of any other form it takes or declines itself.
+  enum class Masks { tensor, diagonals };
+  Masks masks = Masks::tensor;
   // A CPU emulation of a GPU kernel (kernels/emulated_kernel.h): its outputs are the GPU kernel's,
   // its time is not representative of anything.
   bool emulation = false;

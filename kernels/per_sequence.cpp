@@ -4,7 +4,10 @@
 #include <fmt/format.h>
 
 #include <cstring>
+#include <optional>
 
+#include "formats/errors.h"
+#include "formats/mask_structure.h"
 #include "kernels/device_output.h"
 
 namespace attnreplay {
@@ -15,10 +18,10 @@ namespace {
 class PreparedPerSequence final : public PreparedKernel, public DeviceOutput {
  public:
   struct Part {
-    std::int64_t rows = 0;
+    std::int64_t batch = 0, first_row = 0, rows = 0;  // where its rows go in the call's output
     std::unique_ptr<PreparedKernel> kernel;  // null: no keys
   };
-  PreparedPerSequence(std::vector<Part> parts, AttentionShape packed) : parts_(std::move(parts)), packed_(packed) {
+  PreparedPerSequence(std::vector<Part> parts, AttentionShape shape) : parts_(std::move(parts)), shape_(shape) {
     for (const Part& part : parts_) {
       if (!part.kernel) continue;
       preparation_ = preparation_ || part.kernel->has_preparation();
@@ -48,54 +51,47 @@ class PreparedPerSequence final : public PreparedKernel, public DeviceOutput {
   }
 
   HostTensor output() override {
-    const std::int64_t heads = packed_.heads_q, dim = packed_.head_dim_vo;
+    const std::int64_t heads = shape_.heads_q, dim = shape_.head_dim_vo;
     std::vector<HostTensor> outputs;
     DType dtype = DType::float32;
     for (Part& part : parts_) {
       outputs.push_back(part.kernel ? part.kernel->output() : HostTensor{});
       if (part.kernel) dtype = outputs.back().dtype;
     }
-    HostTensor packed = HostTensor::allocate(dtype, {1, heads, packed_.seq_q, dim});
-    std::byte* out = packed.mutable_data();
-    std::memset(out, 0, packed.nbytes());  // rows without keys
+    HostTensor whole = HostTensor::allocate(dtype, {shape_.batch, heads, shape_.seq_q, dim});
+    std::byte* out = whole.mutable_data();
+    std::memset(out, 0, whole.nbytes());  // rows of no part, or of a part without keys
     const std::size_t row_bytes = static_cast<std::size_t>(dim) * dtype_size(dtype);
-    std::int64_t first = 0;
     for (std::size_t i = 0; i < parts_.size(); ++i) {
-      const std::int64_t rows = parts_[i].rows;
-      if (parts_[i].kernel) {
-        for (std::int64_t h = 0; h < heads; ++h) {
-          std::memcpy(out + static_cast<std::size_t>(h * packed_.seq_q + first) * row_bytes,
-                      outputs[i].data() + static_cast<std::size_t>(h * rows) * row_bytes,
-                      static_cast<std::size_t>(rows) * row_bytes);
-        }
+      const Part& part = parts_[i];
+      if (!part.kernel) continue;
+      for (std::int64_t h = 0; h < heads; ++h) {
+        std::memcpy(out + static_cast<std::size_t>((part.batch * heads + h) * shape_.seq_q + part.first_row) * row_bytes,
+                    outputs[i].data() + static_cast<std::size_t>(h * part.rows) * row_bytes,
+                    static_cast<std::size_t>(part.rows) * row_bytes);
       }
-      first += rows;
     }
-    return packed;
+    return whole;
   }
 
   // Only while every part's output is on the device (DeviceOutput): the runner asks through
   // dynamic_cast, so the others' outputs come through output().
   at::Tensor device_output() override {
-    std::vector<at::Tensor> pieces;
-    at::TensorOptions options;
+    std::optional<at::Tensor> whole;
     for (Part& part : parts_) {
       if (!part.kernel) continue;
-      pieces.push_back(dynamic_cast<DeviceOutput&>(*part.kernel).device_output());
-      options = pieces.back().options();
+      const at::Tensor piece = dynamic_cast<DeviceOutput&>(*part.kernel).device_output();
+      if (!whole) whole = at::zeros({shape_.batch, shape_.heads_q, shape_.seq_q, shape_.head_dim_vo}, piece.options());
+      whole->select(0, part.batch).narrow(1, part.first_row, part.rows).copy_(piece.select(0, 0));
     }
-    std::vector<at::Tensor> ordered;
-    std::size_t next = 0;
-    for (const Part& part : parts_) {
-      ordered.push_back(part.kernel ? pieces[next++] : at::zeros({1, packed_.heads_q, part.rows, packed_.head_dim_vo}, options));
-    }
-    return at::cat(ordered, 2);
+    if (!whole) return at::zeros({shape_.batch, shape_.heads_q, shape_.seq_q, shape_.head_dim_vo});
+    return *whole;
   }
   bool outputs_on_device() const { return on_device_; }
 
  private:
   std::vector<Part> parts_;
-  AttentionShape packed_;
+  AttentionShape shape_;
   bool preparation_ = false, on_stream_ = true, on_device_ = true;
 };
 
@@ -118,26 +114,62 @@ class HostOutputOnly final : public PreparedKernel {
 
 }  // namespace
 
-std::optional<std::string> PerSequenceKernel::unsupported_reason(const AttentionCall& call) const {
-  const auto sequences = call.sequences();
-  for (std::size_t b = 0; b < sequences.size(); ++b) {
-    if (sequences[b].q_len == 0 || sequences[b].k_len == 0) continue;
-    // Shapes only: the data is gathered once, in prepare().
-    if (auto reason = kernel_.unsupported_reason(call.sequence_call(b, sequences, /*with_data=*/false))) {
-      return fmt::format("sequence {} of {}, run alone: {}", b, sequences.size(), *reason);
-    }
+namespace {
+
+// The call's parts, each with where its rows go: a ragged call's sequences (into the packed view's
+// batch 0) or a dense call's batch entries cut to their key ranges.
+std::vector<SequencePart> parts_of(const AttentionCall& call, bool with_data) {
+  if (!call.is_ragged()) {
+    auto parts = split_by_key_ranges(call, with_data);
+    ATTNREPLAY_ASSERT(parts.has_value(), "runs_per_sequence() chose the call");
+    return std::move(*parts);
   }
-  return std::nullopt;
+  const auto sequences = call.sequences();
+  std::vector<SequencePart> parts;
+  for (std::size_t b = 0; b < sequences.size(); ++b) {
+    if (sequences[b].q_len == 0) continue;
+    const bool keys = sequences[b].k_len > 0;
+    parts.push_back({static_cast<std::int64_t>(b), 0, sequences[b].q_begin, sequences[b].q_len, sequences[b].k_len,
+                     call.sequence_call(b, sequences, with_data && keys)});
+  }
+  return parts;
+}
+
+}  // namespace
+
+bool runs_per_sequence(const KernelDescription& kernel, const AttentionCall& call) {
+  if (call.is_ragged()) return !(call.is_paged() ? kernel.paged : kernel.ragged);
+  return kernel.masks == KernelDescription::Masks::diagonals && call.mask && split_by_key_ranges(call, false).has_value();
+}
+
+std::optional<std::string> PerSequenceKernel::unsupported_reason(const AttentionCall& call) const {
+  // Shapes only: the data is gathered once, in prepare().
+  const std::vector<SequencePart> parts = parts_of(call, /*with_data=*/false);
+  const std::int64_t count = call.is_ragged() ? call.check_ragged_fields() : call.shape().batch;
+  // A reason every part has (no device, a dtype) is the call's; else the first part declined is named.
+  std::optional<std::string> first;
+  const SequencePart* first_part = nullptr;
+  bool every_part_alike = true;
+  for (const SequencePart& part : parts) {
+    if (part.keys == 0) continue;
+    const auto reason = kernel_.unsupported_reason(part.call);
+    if (reason && !first) first = reason, first_part = &part;
+    every_part_alike = every_part_alike && reason && reason == first;
+  }
+  if (!first) return std::nullopt;
+  if (every_part_alike) return first;
+  return fmt::format("{} {} of {}, run alone: {}", call.is_ragged() ? "sequence" : "batch entry", first_part->sequence,
+                     count, *first);
 }
 
 std::unique_ptr<PreparedKernel> PerSequenceKernel::prepare(const AttentionCall& call, const KernelOptions& options) const {
-  const auto sequences = call.sequences();
   std::vector<PreparedPerSequence::Part> parts;
-  for (std::size_t b = 0; b < sequences.size(); ++b) {
-    if (sequences[b].q_len == 0) continue;
+  for (SequencePart& sequence : parts_of(call, /*with_data=*/true)) {
     PreparedPerSequence::Part part;
-    part.rows = sequences[b].q_len;
-    if (sequences[b].k_len > 0) part.kernel = kernel_.prepare(call.sequence_call(b, sequences), options);
+    part.batch = sequence.batch;
+    part.first_row = sequence.first_row;
+    part.rows = sequence.rows;
+    if (sequence.keys > 0) part.kernel = kernel_.prepare(sequence.call, options);
     parts.push_back(std::move(part));
   }
   auto prepared = std::make_unique<PreparedPerSequence>(std::move(parts), call.shape());

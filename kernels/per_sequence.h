@@ -1,11 +1,18 @@
 #pragma once
-// A ragged or paged call (AttentionCall::is_ragged) for a kernel that takes one dense sequence at a
-// time: each sequence becomes a dense call (its keys gathered from their pages), prepared by the
-// kernel; a run runs them all, in order, as a serving loop around such a kernel would, and the
-// output is their rows in the call's packed order. Not registered: the runner wraps a kernel in it.
+// A call for a kernel that takes one dense sequence at a time: a ragged or paged call
+// (AttentionCall::is_ragged), each sequence a dense call (its keys gathered from their pages); or a
+// dense call whose mask is key ranges per sequence (formats/mask_structure.h: padding), each batch
+// entry a dense call of the rows and keys its range gives, without a mask. Each part is prepared
+// by the kernel; a run runs them all, in order, as a serving loop around such a kernel would, and
+// the output is their rows where the call has them, rows of no part 0. Not registered: the runner
+// wraps a kernel in it where runs_per_sequence() says.
 #include "kernels/kernel.h"
 
 namespace attnreplay {
+
+// Whether `kernel` gets `call` a sequence at a time: a ragged batch it does not take whole, or a
+// mask of key ranges given to a kernel that takes diagonals only (KernelDescription::masks).
+bool runs_per_sequence(const KernelDescription& kernel, const AttentionCall& call);
 
 class PerSequenceKernel final : public Kernel {
  public:

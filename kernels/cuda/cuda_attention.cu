@@ -228,7 +228,7 @@ void Attention::set_up(QuantizedKind kind, const Problem& p, const QuantOptions&
   // In fp32 as the emulation has it: float(scale) * float(log2 e).
   a.score_scale = static_cast<float>(p.scale) * 1.4426950408889634f;
   a.causal = p.causal;
-  a.causal_offset = p.causal && p.bottom_right ? p.shape.seq_kv - p.shape.seq_q : 0;
+  a.causal_offset = p.causal ? p.causal_offset : 0;
 
   const std::int64_t q_rows = ceil_div(p.shape.seq_q, kBlockQ) * kBlockQ;  // padded, quantized kinds
   const std::int64_t k_rows = ceil_div(p.shape.seq_kv, kBlockK) * kBlockK;

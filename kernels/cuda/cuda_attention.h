@@ -21,7 +21,9 @@ struct Problem {
   Element element = Element::bf16;
   bool bshd = false;  // Q, K, V are (batch, seq, heads, dim); otherwise (batch, heads, seq, dim)
   bool causal = false;
-  bool bottom_right = false;  // causal alignment: key j visible to row i when j <= i + s_kv - s_q
+  // Key j is visible to row i when j <= i + causal_offset: s_kv - s_q bottom-right, 0 top-left, any
+  // other where a padded call's batch entry was cut to its keys (kernels/per_sequence.h).
+  std::int64_t causal_offset = 0;
   double scale = 0;           // softmax scale
 };
 

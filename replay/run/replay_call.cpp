@@ -163,14 +163,13 @@ ErrorStats compare(const Output& output, CallReplay& r) {
 
 // ---- Each kernel ----
 
-// A kernel that does not take a ragged or paged batch as one runs it sequence by sequence.
+// A kernel that does not take a ragged or paged batch as one, or a padded batch's key ranges, runs
+// it sequence by sequence.
 struct KernelForCall {
   const Kernel& selected;
   PerSequenceKernel per_sequence{selected};
   const Kernel& of(const AttentionCall& call) const {
-    const KernelDescription& d = selected.description();
-    const bool as_one = !call.is_ragged() || (call.is_paged() ? d.paged : d.ragged);
-    return as_one ? selected : per_sequence;
+    return runs_per_sequence(selected.description(), call) ? per_sequence : selected;
   }
 };
 

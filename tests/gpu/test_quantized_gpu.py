@@ -211,13 +211,39 @@ def test_unsupported_calls_are_declined_with_a_reason(tmp_path, flags, reason):
         assert reason in rows[kernel]["reason"], rows[kernel]
 
 
-def test_masks_are_declined(tmp_path):
+def test_masks_other_than_padding_are_declined(tmp_path):
     g = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(1, 2, 40, 64, generator=g).bfloat16() for _ in range(3))
     torch.save({"q": q, "k": k, "v": v, "attn_mask": torch.rand(1, 1, 40, 40, generator=g) > 0.5}, tmp_path / "m.pt")
     rows, _ = replay(tmp_path, tmp_path / "m.pt", "--kernels", ",".join(KERNELS))
     for kernel in KERNELS:
-        assert rows[kernel]["status"] == "not_supported" and "mask" in rows[kernel]["reason"], rows[kernel]
+        assert rows[kernel]["status"] == "not_supported", rows[kernel]
+        assert "take a mask only as padding; this one is dense" in rows[kernel]["reason"], rows[kernel]
+
+
+def padded_call(path, batch, heads, kv_heads, seq_q, seq_kv, dim, pads, causal):
+    """A left-padded batch as transformers gives SDPA: keys from pads[b] on, causal bottom-right."""
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(batch, heads, seq_q, dim, generator=g).bfloat16()
+    k, v = (torch.randn(batch, kv_heads, seq_kv, dim, generator=g).bfloat16() for _ in range(2))
+    keys = torch.arange(seq_kv)[None, :] >= torch.tensor(pads)[:, None]
+    mask = keys[:, None, None, :].expand(batch, 1, seq_q, seq_kv).clone()
+    if causal:
+        mask &= torch.ones(seq_q, seq_kv, dtype=torch.bool).tril(seq_kv - seq_q)
+    torch.save({"q": q, "k": k, "v": v, "attn_mask": mask, "enable_gqa": heads != kv_heads}, path)
+    return path
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("case", ["prefill", "decode"])
+def test_padded_batches_run_an_entry_at_a_time_as_their_emulations(tmp_path, kernel, case):
+    """docs/masks.md: a padded batch's entries cut to their keys, causal at a moved diagonal; the
+    rows that see no key 0."""
+    if case == "prefill":
+        call = padded_call(tmp_path / "p.pt", 3, 8, 2, 600, 600, 128, [0, 37, 300], causal=True)
+    else:
+        call = padded_call(tmp_path / "p.pt", 4, 8, 2, 1, 2000, 128, [0, 129, 700, 1999], causal=False)
+    check_against_emulation(tmp_path, kernel, call)
 
 
 @pytest.mark.parametrize("timing", ["graph", "cupti"])

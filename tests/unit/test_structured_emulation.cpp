@@ -162,3 +162,62 @@ TEST_CASE("emulations on ragged and paged batches and decode err as on dense cal
     }
   }
 }
+
+TEST_CASE("a padded batch runs a batch entry at a time, cut to its keys, for kernels that take diagonals only",
+          "[quant][mask]") {
+  const std::vector<std::int64_t> pads = {0, 37, 150};
+  const StructuredCase prefill = structured_cases()[0], decode = structured_cases()[1];
+  for (const StructuredCase& c : {prefill, decode}) {
+    const AttentionCall plain = generated(c.shape);
+    AttentionCall call = plain;
+    call.is_causal = c.causal;
+    call.causal_alignment = c.alignment;
+    call.mask = bool_mask(c.shape, c.visible);
+    call.visibility = std::make_shared<const CallVisibility>(read_call_visibility(call));
+    INFO(c.name);
+    const auto parts = split_by_key_ranges(call);
+    REQUIRE(parts);
+    REQUIRE(parts->size() == 3);
+    for (const SequencePart& part : *parts) {
+      CHECK(part.keys == c.shape.seq_kv - pads[static_cast<std::size_t>(part.batch)]);
+      CHECK(part.call.shape().seq_kv == part.keys);
+      CHECK_FALSE(part.call.mask);
+    }
+    const ReferenceOutput reference = reference_attention(call);
+    for (const QuantizedKind kind : kKinds) {
+      const Kernel* kernel = KernelRegistry::instance().find(std::string(to_string(kind)) + "-cpu");
+      REQUIRE(kernel);
+      INFO(kernel->name());
+      REQUIRE(runs_per_sequence(kernel->description(), call));
+      const PerSequenceKernel per_sequence(*kernel);
+      REQUIRE_FALSE(per_sequence.unsupported_reason(call));
+      auto prepared = per_sequence.prepare(call, KernelOptions{});
+      prepared->run();
+      const HostTensor out = prepared->output();
+      REQUIRE(out.shape == std::vector<std::int64_t>{c.shape.batch, c.shape.heads_q, c.shape.seq_q, c.shape.head_dim_vo});
+      const double split = compare_to_reference(out, reference).rel_l2;
+      const double unmasked = emulated_rel_l2(plain, kind);
+      CHECK(split < 1.5 * unmasked);
+      CHECK(split > 0.5 * unmasked);
+      // The rows that see no key (the last entry's first 150 in the prefill) are 0.
+      if (c.name == prefill.name) {
+        const std::vector<double> values = out.to_doubles();
+        const std::int64_t row = 149, b = 2, h = 3;
+        for (std::int64_t d = 0; d < c.shape.head_dim_vo; ++d) {
+          CHECK(values[static_cast<std::size_t>(((b * c.shape.heads_q + h) * c.shape.seq_q + row) * c.shape.head_dim_vo + d)] == 0.0);
+        }
+      }
+    }
+  }
+  // A mask that is no key ranges per sequence stays whole: a kernel takes or declines it itself.
+  AttentionCall documents = generated(structured_cases()[3].shape);
+  documents.mask = bool_mask(documents.shape(), structured_cases()[3].visible);
+  CHECK_FALSE(split_by_key_ranges(documents));
+  CHECK_FALSE(runs_per_sequence(KernelRegistry::instance().find("flash-cpu")->description(), documents));
+  CHECK_FALSE(runs_per_sequence(KernelRegistry::instance().find("torch-math")->description(),
+                                [&] {
+                                  AttentionCall padded = generated(prefill.shape);
+                                  padded.mask = bool_mask(prefill.shape, prefill.visible);
+                                  return padded;
+                                }()));
+}
