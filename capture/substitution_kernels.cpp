@@ -12,6 +12,8 @@
 
 #include "capture/substitution.h"
 #include "formats/call_semantics.h"
+#include "formats/mask_structure.h"
+#include "formats/torch_tensor.h"
 #include "kernels/kernel.h"
 #include "kernels/per_sequence.h"
 #include "kernels/resident_kernel.h"
@@ -41,11 +43,13 @@ class KernelSubstitution final : public Substitution {
     if (auto refused = refusal(call)) return *refused;
     // A ragged or paged batch goes to a kernel that does not take one, and a padded one to a kernel
     // that takes diagonals only, one sequence at a time, as the replay hands it (kernels/per_sequence.h).
+    AttentionCall read = call;  // its mask read once for the checks and the kernel
+    if (!call.is_ragged() && call.mask) read.visibility = std::make_shared<const CallVisibility>(read_call_visibility(call));
     const PerSequenceKernel per_sequence(*kernel_);
-    const Kernel& kernel = runs_per_sequence(kernel_->description(), call) ? per_sequence : *kernel_;
-    if (auto reason = kernel_declines(kernel, call)) return *reason;
+    const Kernel& kernel = runs_per_sequence(kernel_->description(), read) ? per_sequence : *kernel_;
+    if (auto reason = kernel_declines(kernel, read)) return *reason;
     return guarded<HostTensor>([&] {
-      auto prepared = kernel.prepare(call, options_);
+      auto prepared = kernel.prepare(read, options_);
       prepared->run();
       prepared->synchronize();
       return prepared->output();
@@ -65,13 +69,43 @@ class KernelSubstitution final : public Substitution {
                                                          const at::Tensor& k, const at::Tensor& v,
                                                          const std::optional<at::Tensor>& mask) override {
     if (auto refused = refusal(call)) return *refused;
-    if (auto reason = kernel_declines(*kernel_, call)) return *reason;
     const ModelInputs inputs{bhsd_view(q, call.layout), bhsd_view(k, call.layout), bhsd_view(v, call.layout), mask};
-    return guarded<at::Tensor>(
-        [&] { return dynamic_cast<const ResidentKernel&>(*kernel_).run_resident(call, inputs, options_); });
+    const auto& resident = dynamic_cast<const ResidentKernel&>(*kernel_);
+    // A padded batch, for a kernel that takes diagonals only: each batch entry cut to its keys, as
+    // the replay runs it (kernels/per_sequence.h). The cut needs the mask's values.
+    if (mask && kernel_->description().masks == KernelDescription::Masks::diagonals) {
+      const AttentionCall read = with_mask_read(call, *mask);
+      if (runs_per_sequence(kernel_->description(), read)) {
+        if (auto reason = kernel_declines(PerSequenceKernel(*kernel_), read)) return *reason;
+        return guarded<at::Tensor>([&] { return run_resident_per_sequence(resident, read, inputs, options_); });
+      }
+      if (auto reason = kernel_declines(*kernel_, read)) return *reason;  // names what the mask is
+    }
+    if (auto reason = kernel_declines(*kernel_, call)) return *reason;
+    return guarded<at::Tensor>([&] { return resident.run_resident(call, inputs, options_); });
   }
 
  private:
+  // `call` with its mask's values and what they were found to be. Reading them waits for the job's
+  // stream, so a mask is read once for every call that passes the same tensor (transformers passes
+  // one to every layer of a step): the tensor is held, so that its memory is no other's meanwhile.
+  AttentionCall with_mask_read(const AttentionCall& call, const at::Tensor& mask) {
+    std::lock_guard lock(mask_mutex_);
+    const bool versioned = !mask.is_inference();
+    if (!last_mask_ || !last_mask_->is_same(mask) || (versioned && last_mask_version_ != mask._version()) ||
+        last_mask_shape_ != call.shape()) {
+      last_mask_ = mask;
+      last_mask_version_ = versioned ? mask._version() : 0;
+      last_mask_shape_ = call.shape();
+      last_mask_values_ = host_tensor_from_torch(mask);
+      last_mask_reading_ = read_mask_structure(last_mask_values_, call.shape());
+    }
+    AttentionCall read = call;
+    read.mask = last_mask_values_;
+    read.visibility = std::make_shared<const CallVisibility>(call_visibility_with(read, last_mask_reading_));
+    return read;
+  }
+
   // Why no kernel computes `call` as the record has it, whichever kernel; nullopt when one may. A
   // Python kernel is looked for here, at its first call.
   std::optional<std::string> refusal(const AttentionCall& call) {
@@ -132,6 +166,13 @@ class KernelSubstitution final : public Substitution {
   std::once_flag python_tried_;
   std::string python_error_;
   KernelOptions options_;
+  // The last mask read (with_mask_read).
+  std::mutex mask_mutex_;
+  std::optional<at::Tensor> last_mask_;
+  std::int64_t last_mask_version_ = 0;
+  AttentionShape last_mask_shape_;
+  HostTensor last_mask_values_;
+  std::optional<MaskReading> last_mask_reading_;
 };
 
 }  // namespace

@@ -368,6 +368,12 @@ MaskReading read_mask_structure(const HostTensor& mask, const AttentionShape& sh
 
 CallVisibility read_call_visibility(const AttentionCall& call) {
   ATTNREPLAY_ASSERT(!call.is_ragged(), "a ragged call's visibility is its sequences'");
+  std::optional<MaskReading> mask;
+  if (call.mask && call.mask->data()) mask = read_mask_structure(*call.mask, call.shape());
+  return call_visibility_with(call, mask);
+}
+
+CallVisibility call_visibility_with(const AttentionCall& call, const std::optional<MaskReading>& mask) {
   const AttentionShape s = call.shape();
   const std::int64_t diagonal = call.diagonal_offset(s);
   std::optional<std::int64_t> upper, lower;
@@ -376,15 +382,14 @@ CallVisibility read_call_visibility(const AttentionCall& call) {
   if (call.window_left) lower = diagonal - *call.window_left;
   CallVisibility visibility;
   visibility.structure = MaskStructure::all_visible(s);
-  if (call.mask && !call.mask->data()) {
-    visibility.dense_mask = true;  // a header without values (a call's shapes alone): nothing to read
+  if (call.mask && !mask) {
+    visibility.dense_mask = true;  // a header without values (a call's shapes alone): nothing read
   } else if (call.mask) {
-    MaskReading reading = read_mask_structure(*call.mask, s);
-    if (reading.structure) {
-      visibility.mask_found = reading.structure->describe();
-      visibility.structure = std::move(*reading.structure);
+    if (mask->structure) {
+      visibility.mask_found = mask->structure->describe();
+      visibility.structure = *mask->structure;
     } else {
-      visibility.mask_found = "dense: " + reading.dense_reason;
+      visibility.mask_found = "dense: " + mask->dense_reason;
       visibility.dense_mask = true;
     }
   }
@@ -444,7 +449,7 @@ std::optional<std::vector<SequencePart>> split_by_key_ranges(const AttentionCall
     const std::int64_t r0 = structure.row_begin[g], r1 = structure.row_end[g];
     if (r1 <= r0) continue;  // no row sees a key: all 0
     const std::int64_t k0 = std::min(structure.key_begin[g], structure.key_end[g]), k1 = structure.key_end[g];
-    SequencePart part{b, b, r0, r1 - r0, k1 - k0, {}};
+    SequencePart part{b, b, r0, r1 - r0, k0, k1 - k0, {}};
     AttentionCall& one = part.call;
     one.call_index = call.call_index;
     one.op = call.op;

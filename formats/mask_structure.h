@@ -79,6 +79,8 @@ struct CallVisibility {
   std::string mask_found;
 };
 CallVisibility read_call_visibility(const AttentionCall& call);
+// The same from its mask's reading, made before (a mask shared by many calls, read once).
+CallVisibility call_visibility_with(const AttentionCall& call, const std::optional<MaskReading>& mask);
 std::shared_ptr<const CallVisibility> visibility_of(const AttentionCall& call);
 
 // A dense call whose mask is structure of key ranges (one group per batch entry, no documents) as
@@ -90,7 +92,7 @@ std::shared_ptr<const CallVisibility> visibility_of(const AttentionCall& call);
 struct SequencePart {
   std::int64_t sequence = 0;  // its index: the batch entry, or a ragged call's sequence
   std::int64_t batch = 0, first_row = 0, rows = 0;  // where its rows go in the call's output
-  std::int64_t keys = 0;  // none: its rows are 0, and `call` is shapes only
+  std::int64_t first_key = 0, keys = 0;  // its keys in the call's; none: its rows are 0, `call` shapes only
   AttentionCall call;     // batch 1
 };
 std::optional<std::vector<SequencePart>> split_by_key_ranges(const AttentionCall& call, bool with_data = true);

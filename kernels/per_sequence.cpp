@@ -9,6 +9,7 @@
 #include "formats/errors.h"
 #include "formats/mask_structure.h"
 #include "kernels/device_output.h"
+#include "kernels/resident_kernel.h"
 
 namespace attnreplay {
 namespace {
@@ -129,8 +130,8 @@ std::vector<SequencePart> parts_of(const AttentionCall& call, bool with_data) {
   for (std::size_t b = 0; b < sequences.size(); ++b) {
     if (sequences[b].q_len == 0) continue;
     const bool keys = sequences[b].k_len > 0;
-    parts.push_back({static_cast<std::int64_t>(b), 0, sequences[b].q_begin, sequences[b].q_len, sequences[b].k_len,
-                     call.sequence_call(b, sequences, with_data && keys)});
+    parts.push_back({static_cast<std::int64_t>(b), 0, sequences[b].q_begin, sequences[b].q_len, sequences[b].k_begin,
+                     sequences[b].k_len, call.sequence_call(b, sequences, with_data && keys)});
   }
   return parts;
 }
@@ -175,6 +176,22 @@ std::unique_ptr<PreparedKernel> PerSequenceKernel::prepare(const AttentionCall& 
   auto prepared = std::make_unique<PreparedPerSequence>(std::move(parts), call.shape());
   if (prepared->outputs_on_device()) return prepared;
   return std::make_unique<HostOutputOnly>(std::move(prepared));
+}
+
+at::Tensor run_resident_per_sequence(const ResidentKernel& kernel, const AttentionCall& call, const ModelInputs& inputs,
+                                     const KernelOptions& options) {
+  const AttentionShape s = call.shape();
+  at::Tensor out = at::zeros({s.batch, s.heads_q, s.seq_q, s.head_dim_vo}, inputs.q.options());
+  for (const SequencePart& part : parts_of(call, /*with_data=*/false)) {
+    if (part.keys == 0) continue;
+    auto rows = [&](const at::Tensor& t, std::int64_t first, std::int64_t count) {
+      return t.select(0, part.batch).narrow(1, first, count).unsqueeze(0);
+    };
+    const ModelInputs one{rows(inputs.q, part.first_row, part.rows), rows(inputs.k, part.first_key, part.keys),
+                          rows(inputs.v, part.first_key, part.keys), std::nullopt};
+    out.select(0, part.batch).narrow(1, part.first_row, part.rows).copy_(kernel.run_resident(part.call, one, options).select(0, 0));
+  }
+  return out;
 }
 
 }  // namespace attnreplay

@@ -6,6 +6,8 @@
 // by the kernel; a run runs them all, in order, as a serving loop around such a kernel would, and
 // the output is their rows where the call has them, rows of no part 0. Not registered: the runner
 // wraps a kernel in it where runs_per_sequence() says.
+#include <ATen/core/Tensor.h>
+
 #include "kernels/kernel.h"
 
 namespace attnreplay {
@@ -13,6 +15,16 @@ namespace attnreplay {
 // Whether `kernel` gets `call` a sequence at a time: a ragged batch it does not take whole, or a
 // mask of key ranges given to a kernel that takes diagonals only (KernelDescription::masks).
 bool runs_per_sequence(const KernelDescription& kernel, const AttentionCall& call);
+
+class ResidentKernel;
+struct ModelInputs;
+
+// A padded call (runs_per_sequence, not ragged) on the model's own tensors (kernels/resident_kernel.h):
+// each batch entry's rows and keys as views of `inputs` ((b, h, s, d) views), run by `kernel`, the
+// output (b, h, s, d) with the rows of no part 0. `call` holds the mask's values, which give its
+// ranges; its other tensors need only their shapes.
+at::Tensor run_resident_per_sequence(const ResidentKernel& kernel, const AttentionCall& call, const ModelInputs& inputs,
+                                     const KernelOptions& options);
 
 class PerSequenceKernel final : public Kernel {
  public:

@@ -4,7 +4,8 @@ A kernel that takes the job's own tensors (kernels/resident_kernel.h) computes t
 stream, with nothing copied to the host; what it gives the job must be exactly what the same kernel
 gives the same call in a replay, which goes through the host. Checked here bit for bit, on SDPA
 calls as models make them: contiguous, transposed views of (b, s, h, d) projections, grouped-query,
-and a masked call that the CUDA kernels leave to the op.
+a left-padded batch (each entry cut to its keys, docs/masks.md), and a masked call that the CUDA
+kernels leave to the op.
 """
 import os
 import subprocess
@@ -41,9 +42,14 @@ with torch.no_grad():
     q, k, v = (torch.randn(1, 2, 64, 64, **bf16) for _ in range(3))
     mask = torch.rand(1, 1, 64, 64, device="cuda") > 0.3
     outs["masked"] = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    # A left-padded batch's prefill, as transformers masks it: keys from 0, 20 and 60 on, causal.
+    q, k, v = (torch.randn(3, 4, 96, 64, **bf16) for _ in range(3))
+    keys = torch.arange(96, device="cuda")[None, :] >= torch.tensor([0, 20, 60], device="cuda")[:, None]
+    padded = keys[:, None, None, :] & torch.ones(96, 96, dtype=torch.bool, device="cuda").tril()
+    outs["padded"] = F.scaled_dot_product_attention(q, k, v, attn_mask=padded)
 torch.save({name: out.cpu() for name, out in outs.items()}, sys.argv[1])
 '''
-NAMES = ["contiguous", "transposed", "gqa", "masked"]
+NAMES = ["contiguous", "transposed", "gqa", "masked", "padded"]
 
 
 def run_job(tmp_path, name, **env):
@@ -63,15 +69,15 @@ def test_a_kernel_on_the_jobs_tensors_gives_what_it_gives_in_a_replay(tmp_path, 
     substituted, stderr = run_job(tmp_path, "substituted", ATTNCAP_SUBSTITUTE=kernel, ATTNCAP_OUT=str(caps))
     summary = [line for line in stderr.splitlines() if "substitution by" in line or " left: " in line]
     print("\n".join(summary))
-    ours = kernel != "torch-cudnn"  # attnreplay's CUDA kernels take no mask but causality
-    taken = 3 if ours else 4
+    ours = kernel != "torch-cudnn"  # attnreplay's CUDA kernels take no mask but padding's
+    taken = 4 if ours else 5
     assert f"{taken} attention calls substituted (on the job's own tensors" in summary[0], summary
     if ours:
         assert "1 left: the CUDA kernels take a mask only as padding" in "\n".join(summary), summary
         assert torch.equal(substituted["masked"], plain["masked"])  # the op's own output
 
     calls = read_calls(str(next(caps.rglob("*.h5"))), as_torch=True)
-    assert len(calls) == 4
+    assert len(calls) == 5
     outs = tmp_path / "outs"
     result = subprocess.run([BIN, "run", str(caps), "--kernels", kernel, "--save-outputs", str(outs), "-q",
                              "--min-samples", "3", "--min-time", "0", "--timeout", "1", "--no-ceilings"],
