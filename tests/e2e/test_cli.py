@@ -30,7 +30,7 @@ ALL = "all,reference"
 # replay/report/results_csv.cpp's columns, in order: the CSV's documented fixed header.
 CSV_HEADER = [
     "source", "call_index", "case_tag", "op", "backend", "batch", "heads_q", "heads_kv", "seq_q", "seq_kv",
-    "head_dim_qk", "head_dim_vo", "dtype", "layout", "is_causal", "causal_alignment", "mask", "batching", "scale", "flops",
+    "head_dim_qk", "head_dim_vo", "dtype", "layout", "is_causal", "causal_alignment", "mask", "mask_structure", "batching", "scale", "flops",
     "bytes", "arithmetic_intensity", "kernel", "status", "reason", "time_method", "cache", "timed", "median_s", "min_s",
     "max_s", "stdev_rel", "spread_rel", "median_ci_low_s", "median_ci_high_s", "median_s_with_preparation",
     "median_s_kernel_alone", "preparation_median_s", "preparation_ratio_to_bound", "samples", "discarded_samples", "sm_clock_mhz", "power_w",
