@@ -6,9 +6,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <deque>
 #include <limits>
+#include <mutex>
 
 #include "formats/attention_call.h"
+#include "formats/content_hash.h"
 #include "formats/errors.h"
 #include "formats/mask_view.h"
 
@@ -148,6 +151,19 @@ struct NotStructure {
 // Row i of group g (batch b, head h) as one range of keys, or why it is not one.
 RowRange read_row(const MaskView& mask, const AttentionShape& s, std::int64_t b, std::int64_t h, std::int64_t i,
                   std::vector<double>& bias) {
+  if (const std::byte* bytes = mask.contiguous_row(b, h, i); bytes && mask.dtype() == DType::boolean) {
+    // A bool row by whole bytes, in the vectorized loops of <algorithm>: masks reach 10^8 elements.
+    const auto* row = reinterpret_cast<const std::uint8_t*>(bytes);
+    const auto* end = row + s.seq_kv;
+    const auto* first = std::find_if(row, end, [](std::uint8_t x) { return x != 0; });
+    if (first == end) return {};
+    const auto* last = std::find_if(std::make_reverse_iterator(end), std::make_reverse_iterator(first),
+                                    [](std::uint8_t x) { return x != 0; }).base();
+    if (std::count(first, last, std::uint8_t{0}) != 0) {
+      throw NotStructure{fmt::format("query row {} of batch {} sees keys that are not one range", i, b)};
+    }
+    return {first - row, last - row};
+  }
   mask.row(b, h, i, 0, s.seq_kv, bias.data());
   constexpr double kInf = std::numeric_limits<double>::infinity();
   std::int64_t lo = -1, hi = -1, seen = 0;
@@ -366,10 +382,42 @@ MaskReading read_mask_structure(const HostTensor& mask, const AttentionShape& sh
 
 // ---- A call's visibility ----
 
+namespace {
+
+// A model passes one mask to every layer of a step: the last few readings are kept, found again by
+// the mask's content (compared whole, not trusted to its hash) and the call's shape.
+MaskReading remembered_reading(const HostTensor& mask, const AttentionShape& shape) {
+  struct Entry {
+    HostTensor mask;
+    std::uint64_t hash = 0;
+    AttentionShape shape;
+    MaskReading reading;
+  };
+  constexpr std::size_t kKept = 8;
+  static std::mutex mutex;
+  static std::deque<Entry> kept;
+  const std::uint64_t hash = content_hash(mask.data(), mask.nbytes());
+  auto same = [&](const Entry& entry) {
+    return entry.hash == hash && entry.shape == shape && entry.mask.dtype == mask.dtype && entry.mask.shape == mask.shape &&
+           (entry.mask.bytes == mask.bytes || std::memcmp(entry.mask.data(), mask.data(), mask.nbytes()) == 0);
+  };
+  {
+    const std::lock_guard lock(mutex);
+    if (const auto found = std::find_if(kept.begin(), kept.end(), same); found != kept.end()) return found->reading;
+  }
+  MaskReading reading = read_mask_structure(mask, shape);
+  const std::lock_guard lock(mutex);
+  kept.push_front({mask, hash, shape, reading});
+  if (kept.size() > kKept) kept.pop_back();
+  return reading;
+}
+
+}  // namespace
+
 CallVisibility read_call_visibility(const AttentionCall& call) {
   ATTNREPLAY_ASSERT(!call.is_ragged(), "a ragged call's visibility is its sequences'");
   std::optional<MaskReading> mask;
-  if (call.mask && call.mask->data()) mask = read_mask_structure(*call.mask, call.shape());
+  if (call.mask && call.mask->data()) mask = remembered_reading(*call.mask, call.shape());
   return call_visibility_with(call, mask);
 }
 

@@ -24,8 +24,15 @@ class MaskView {
   }
 
   explicit operator bool() const { return mask_ != nullptr; }
+  DType dtype() const { return mask_->dtype; }
   // Whether the mask has a row of its own for each query head (else one, broadcast to all).
   bool per_head() const { return stride_[1] != 0; }
+  // Row (b, h, i)'s first element, where its keys lie one after another (else null).
+  const std::byte* contiguous_row(std::int64_t b, std::int64_t h, std::int64_t i) const {
+    if (stride_[3] != 1) return nullptr;
+    const std::int64_t base = b * stride_[0] + h * stride_[1] + i * stride_[2];
+    return mask_->data() + static_cast<std::size_t>(base) * dtype_size(mask_->dtype);
+  }
 
   // The additive term for keys first_key .. first_key + count - 1 of row (b, h, i).
   template <typename Value>
