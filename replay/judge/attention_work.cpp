@@ -1,5 +1,7 @@
 #include "replay/judge/attention_work.h"
 
+#include "formats/mask_structure.h"
+
 namespace attnreplay {
 
 double attended_pairs(std::int64_t seq_q, std::int64_t seq_kv, bool causal, CausalAlignment alignment) {
@@ -12,6 +14,21 @@ double attended_pairs(std::int64_t seq_q, std::int64_t seq_kv, bool causal, Caus
   }
   // Top-left: row i sees keys 0..i; with more queries than keys the later rows see all keys.
   return sq <= skv ? sq * sq / 2 : skv * (2 * sq - skv) / 2;
+}
+
+double visible_pairs(const MaskStructure& structure, const AttentionShape& s) {
+  double pairs = 0;
+  const std::int64_t heads = structure.heads == 1 ? 1 : s.heads_q;
+  for (std::int64_t b = 0; b < s.batch; ++b)
+    for (std::int64_t h = 0; h < heads; ++h)
+      for (std::int64_t i = 0; i < s.seq_q; ++i) {
+        const auto [first, end] = structure.row_keys(b, h, i);
+        if (first >= end) continue;
+        // The diagonal counts half where it bounds the row (the causal convention above).
+        const bool cut = structure.upper && end == i + *structure.upper + 1;
+        pairs += static_cast<double>(end - first) - (cut ? 0.5 : 0.0);
+      }
+  return structure.heads == 1 ? pairs * static_cast<double>(s.heads_q) : pairs;
 }
 
 AttentionWork attention_work(const AttentionShape& s, bool causal, CausalAlignment alignment, DType input_dtype,
@@ -45,7 +62,18 @@ AttentionWork attention_work(const AttentionCall& call) {
     }
     return total;
   }
-  return attention_work(call.shape(), call.is_causal, call.causal_alignment, call.q.dtype, call.q.dtype);
+  AttentionWork work = attention_work(call.shape(), call.is_causal, call.causal_alignment, call.q.dtype, call.q.dtype);
+  if (call.mask) {
+    // A mask read as structure counts the pairs it leaves, as a ragged batch counts its sequences'.
+    const std::shared_ptr<const CallVisibility> visibility = visibility_of(call);
+    if (!visibility->dense_mask) {
+      const AttentionShape s = call.shape();
+      const double pairs = visible_pairs(visibility->structure, s);
+      work.attended_pairs_per_head = pairs / static_cast<double>(s.batch * s.heads_q);
+      work.flops = 2.0 * pairs * static_cast<double>(s.head_dim_qk + s.head_dim_vo);
+    }
+  }
+  return work;
 }
 
 }  // namespace attnreplay

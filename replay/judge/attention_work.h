@@ -5,6 +5,8 @@
 
 namespace attnreplay {
 
+struct MaskStructure;  // formats/mask_structure.h
+
 struct AttentionWork {
   double flops = 0;  // 2 * b * h_q * attended_pairs * (d_qk + d_vo)
   double bytes = 0;  // Q, K, V read and O written once, at their element sizes
@@ -19,9 +21,14 @@ struct AttentionWork {
 // the diagonal counts half, so a square causal call is exactly half of the full one.
 double attended_pairs(std::int64_t seq_q, std::int64_t seq_kv, bool causal, CausalAlignment alignment);
 
+// (query, key) pairs a structured mask leaves visible, over every (batch, head): the diagonal that
+// bounds a row counts half, as above, so that a causal mask counts as is_causal does.
+double visible_pairs(const MaskStructure& structure, const AttentionShape& shape);
+
 AttentionWork attention_work(const AttentionShape& shape, bool causal, CausalAlignment alignment,
                              DType input_dtype, DType output_dtype);
-// A ragged call's work is its sequences' summed (attended_pairs_per_head too).
+// A ragged call's work is its sequences' summed (attended_pairs_per_head too); a dense call's with a
+// mask read as structure, the pairs it leaves (visible_pairs).
 AttentionWork attention_work(const AttentionCall& call);
 
 }  // namespace attnreplay

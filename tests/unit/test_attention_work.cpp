@@ -60,3 +60,37 @@ TEST_CASE("rates use decimal units") {
   CHECK(w.tflops(0.5) == 4.0);
   CHECK(w.gbytes_per_s(0.5) == 6.0);
 }
+
+namespace {
+
+// A (batch, 2 heads, s, s) bf16 call with a bool mask (batch, 1, s, s) where visible(b, i, j).
+template <typename Visible>
+AttentionCall masked_call(std::int64_t batch, std::int64_t s, Visible visible) {
+  AttentionCall call;
+  call.q = call.k = call.v = HostTensor::allocate(DType::bfloat16, {batch, 2, s, 16});
+  std::vector<double> values;
+  for (std::int64_t b = 0; b < batch; ++b)
+    for (std::int64_t i = 0; i < s; ++i)
+      for (std::int64_t j = 0; j < s; ++j) values.push_back(visible(b, i, j) ? 1.0 : 0.0);
+  call.mask = HostTensor::from_doubles(DType::boolean, {batch, 1, s, s}, values);
+  return call;
+}
+
+}  // namespace
+
+TEST_CASE("a mask read as structure counts the pairs it leaves: a causal one as is_causal does") {
+  const AttentionCall causal = masked_call(1, 100, [](auto, auto i, auto j) { return j <= i; });
+  AttentionCall flag = causal;
+  flag.mask.reset();
+  flag.is_causal = true;
+  CHECK(attention_work(causal).flops == attention_work(flag).flops);
+  // A left-padded batch counts as its sequences unpadded: (100 - pad)^2 / 2 causal pairs each.
+  const std::int64_t pads[] = {0, 30, 90};
+  const AttentionCall padded = masked_call(3, 100, [&](auto b, auto i, auto j) { return j <= i && j >= pads[b]; });
+  const double pairs = (100.0 * 100 + 70.0 * 70 + 10.0 * 10) / 2;
+  CHECK_THAT(attention_work(padded).flops, WithinRel(2.0 * 2 * pairs * 32, 1e-12));
+  CHECK_THAT(attention_work(padded).attended_pairs_per_head, WithinRel(pairs / 3, 1e-12));
+  // A mask that stays dense counts every pair: kernels compute the masked scores.
+  const AttentionCall holes = masked_call(1, 100, [](auto, auto i, auto j) { return (i + j) % 3 != 0; });
+  CHECK(attention_work(holes).flops == 2.0 * 2 * 100 * 100 * 32);
+}
