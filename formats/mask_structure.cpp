@@ -78,7 +78,6 @@ std::string listed(const std::vector<std::string>& values) {
   return fmt::format("{}/... ({} in all)", fmt::join(values.begin(), values.begin() + kShown, "/"), values.size());
 }
 
-
 // "left padding, keys from 0/37/120/300" for per-group ranges [begin, end) of `extent`; nullopt when
 // every group has all of it.
 std::optional<std::string> padding_words(const std::vector<std::int64_t>& begin, const std::vector<std::int64_t>& end,
@@ -106,7 +105,7 @@ std::string MaskStructure::describe() const {
   if (upper) {
     if (*upper == seq_kv - seq_q) parts.push_back(seq_q == seq_kv ? "causal" : "causal (bottom-right)");
     else if (*upper == 0) parts.push_back("causal (top-left)");
-    else parts.push_back(fmt::format("causal (diagonal at key row{:+})", *upper));
+    else parts.push_back(fmt::format("causal (keys up to row{:+})", *upper));
   }
   if (lower) {
     parts.push_back(upper ? fmt::format("a sliding window of {} keys", *upper - *lower + 1)
@@ -211,6 +210,25 @@ MaskRows read_rows(const HostTensor& mask_tensor, const AttentionShape& s) {
     for (std::int64_t i = 0; i < s.seq_q; ++i) {
       out.rows[static_cast<std::size_t>(g * s.seq_q + i)] =
           rows_alike && i > 0 ? out.at(g, 0) : read_row(mask, s, b, h, i, bias);
+    }
+  }
+  // A mask expanded to every head with the same rows in each (as some models pass it) is one
+  // group per sequence, as if broadcast.
+  if (out.heads > 1) {
+    bool heads_alike = true;
+    for (std::int64_t g = 0; g < out.groups && heads_alike; ++g) {
+      heads_alike = std::equal(out.rows.begin() + g * s.seq_q, out.rows.begin() + (g + 1) * s.seq_q,
+                               out.rows.begin() + (g - g % out.heads) * s.seq_q);
+    }
+    if (heads_alike) {
+      MaskRows collapsed;
+      collapsed.groups = s.batch;
+      collapsed.seq_q = s.seq_q;
+      for (std::int64_t b = 0; b < s.batch; ++b) {
+        const auto first = out.rows.begin() + b * out.heads * s.seq_q;
+        collapsed.rows.insert(collapsed.rows.end(), first, first + s.seq_q);
+      }
+      return collapsed;
     }
   }
   return out;

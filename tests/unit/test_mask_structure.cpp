@@ -110,7 +110,7 @@ TEST_CASE("causal masks, either alignment, are a diagonal") {
   const auto bottom_right = check_class(chunk, [](auto, auto, auto i, auto j) { return j <= i + 7; },
                                         "causal (bottom-right)", {{0, 0, 1, 9}, {0, 0, 2, 0}});
   CHECK(bottom_right.upper == 7);
-  check_class(chunk, [](auto, auto, auto i, auto j) { return j <= i + 2; }, "causal (diagonal at key row+2)",
+  check_class(chunk, [](auto, auto, auto i, auto j) { return j <= i + 2; }, "causal (keys up to row+2)",
               {{0, 0, 1, 0}});
 }
 
@@ -146,6 +146,14 @@ TEST_CASE("a key padding mask without a row dim reads once per sequence") {
   REQUIRE(reading.structure);
   CHECK(reading.structure->describe() == "right padding, keys up to 5/8");
   CHECK(reading.structure->row_keys(0, 3, 5) == std::pair<std::int64_t, std::int64_t>{0, 5});
+}
+
+TEST_CASE("a mask expanded to every head alike is one range per sequence, as if broadcast") {
+  MaskCase c;
+  c.batch = 2, c.heads = 3, c.per_head = true;
+  const auto found = check_class(c, [](auto b, auto, auto i, auto j) { return j <= i && j >= 3 * b; },
+                                 "causal + left padding, keys from 0/3", {{1, 2, 6, 5}});
+  CHECK(found.heads == 1);
 }
 
 TEST_CASE("sliding windows are two diagonals") {
