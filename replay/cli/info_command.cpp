@@ -145,7 +145,7 @@ class InfoCommand final : public Command {
  public:
   void define(CLI::App& app) override {
     app.add_option("inputs", inputs_, "capture files or folders")->required();
-    app.add_flag("--verify", verify_, "also read every call whole, as a replay would, and say how fast");
+    app.add_flag("--verify", verify_, "also read every call whole, as a replay would, say how fast, and what each mask is (docs/masks.md)");
     app.add_flag("-v,--verbose", every_field_, "every metadata field of each call, and call sites in full");
   }
   int run(const std::vector<std::string>&) override {
