@@ -73,16 +73,17 @@ class KernelSubstitution final : public Substitution {
     const auto& resident = dynamic_cast<const ResidentKernel&>(*kernel_);
     // A padded batch, for a kernel that takes diagonals only: each batch entry cut to its keys, as
     // the replay runs it (kernels/per_sequence.h). The cut needs the mask's values.
+    std::optional<AttentionCall> read;
     if (mask && kernel_->description().masks == KernelDescription::Masks::diagonals) {
-      const AttentionCall read = with_mask_read(call, *mask);
-      if (runs_per_sequence(kernel_->description(), read)) {
-        if (auto reason = kernel_declines(PerSequenceKernel(*kernel_), read)) return *reason;
-        return guarded<at::Tensor>([&] { return run_resident_per_sequence(resident, read, inputs, options_); });
+      read = with_mask_read(call, *mask);
+      if (runs_per_sequence(kernel_->description(), *read)) {
+        if (auto reason = kernel_declines(PerSequenceKernel(*kernel_), *read)) return *reason;
+        return guarded<at::Tensor>([&] { return run_resident_per_sequence(resident, *read, inputs, options_); });
       }
-      if (auto reason = kernel_declines(*kernel_, read)) return *reason;  // names what the mask is
     }
-    if (auto reason = kernel_declines(*kernel_, call)) return *reason;
-    return guarded<at::Tensor>([&] { return resident.run_resident(call, inputs, options_); });
+    const AttentionCall& checked = read ? *read : call;  // with the mask's values, a refusal names it
+    if (auto reason = kernel_declines(*kernel_, checked)) return *reason;
+    return guarded<at::Tensor>([&] { return resident.run_resident(checked, inputs, options_); });
   }
 
  private:

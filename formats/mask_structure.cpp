@@ -51,16 +51,6 @@ std::pair<std::int64_t, std::int64_t> MaskStructure::row_keys(std::int64_t b, st
   return first < end ? std::pair{first, end} : std::pair<std::int64_t, std::int64_t>{0, 0};
 }
 
-bool MaskStructure::hides_keys() const {
-  if (!documents.empty()) return true;
-  if (upper && *upper < seq_kv - 1) return true;
-  if (lower && *lower > 1 - seq_q) return true;
-  for (std::size_t g = 0; g < key_begin.size(); ++g) {
-    if (key_begin[g] > 0 || key_end[g] < seq_kv || row_begin[g] > 0 || row_end[g] < seq_q) return true;
-  }
-  return false;
-}
-
 MaskStructure MaskStructure::with_diagonals(std::optional<std::int64_t> upper_bound,
                                             std::optional<std::int64_t> lower_bound) const {
   MaskStructure both = *this;
@@ -492,13 +482,19 @@ HostTensor bhsd_rows(const HostTensor& bhsd, std::int64_t b, std::int64_t first,
 
 }  // namespace
 
-std::optional<std::vector<SequencePart>> split_by_key_ranges(const AttentionCall& call, bool with_data) {
-  if (call.is_ragged() || !call.mask || call.alibi_slopes) return std::nullopt;
+bool splits_by_key_ranges(const AttentionCall& call) {
+  if (call.is_ragged() || !call.mask || call.alibi_slopes) return false;
   const std::shared_ptr<const CallVisibility> visibility = visibility_of(call);
   const MaskStructure& structure = visibility->structure;
-  if (visibility->dense_mask || structure.heads != 1 || !structure.documents.empty()) return std::nullopt;
+  return !visibility->dense_mask && structure.heads == 1 && structure.documents.empty();
+}
+
+std::optional<std::vector<SequencePart>> split_by_key_ranges(const AttentionCall& call, bool with_data) {
+  if (!splits_by_key_ranges(call)) return std::nullopt;
+  const std::shared_ptr<const CallVisibility> visibility = visibility_of(call);
+  const MaskStructure& structure = visibility->structure;
   const AttentionShape s = call.shape();
-  // Shapes alone where there is no data: to_bhsd of a tensor without bytes keeps its shape.
+  // Without data, tensors of the parts' shapes alone.
   auto as_bhsd = [&](const HostTensor& tensor) {
     if (with_data) return to_bhsd(tensor, call.layout);
     const auto dims = call.bhsd_dims(tensor, "tensor");

@@ -46,8 +46,6 @@ struct MaskStructure {
   }
   // The keys row i of (b, h) sees, [first, end); first >= end when none.
   std::pair<std::int64_t, std::int64_t> row_keys(std::int64_t b, std::int64_t h, std::int64_t i) const;
-  // Whether the structure hides any key at all.
-  bool hides_keys() const;
   // In words, for reports: "causal (bottom-right) + left padding, keys from 0/37/120/300".
   std::string describe() const;
   // This and the diagonals given at once (each side the tighter of the two).
@@ -96,5 +94,7 @@ struct SequencePart {
   AttentionCall call;     // batch 1
 };
 std::optional<std::vector<SequencePart>> split_by_key_ranges(const AttentionCall& call, bool with_data = true);
+// Whether split_by_key_ranges splits `call`, without making its parts.
+bool splits_by_key_ranges(const AttentionCall& call);
 
 }  // namespace attnreplay

@@ -95,14 +95,15 @@ CudaAttentionKernel::CudaAttentionKernel(const QuantizedKindSpec& spec) : Quanti
 std::optional<std::string> CudaAttentionKernel::unsupported_reason(const AttentionCall& call) const {
   if (auto reason = quantized_inputs_unsupported_reason(call)) return reason;
   if (std::string reason = cu::device_unsupported_reason(); !reason.empty()) return reason;
+  const std::shared_ptr<const CallVisibility> visibility = visibility_of(call);
   if (call.mask) {
     // A padded batch comes a batch entry at a time (kernels/per_sequence.h), without its mask; other
     // masks their CPU emulations (<kind>-cpu) take (docs/masks.md).
-    const std::string found = visibility_of(call)->mask_found;
+    const std::string& found = visibility->mask_found;
     return "the CUDA kernels take a mask only as padding (key ranges per sequence, with causality)" +
            (found.empty() ? std::string() : "; this one is " + found);
   }
-  if (visibility_of(call)->structure.lower) return "the CUDA kernels take no sliding window";
+  if (visibility->structure.lower) return "the CUDA kernels take no sliding window";
   if (std::string reason = cu::problem_unsupported_reason(cuda_problem(call)); !reason.empty()) return reason;
   return std::nullopt;
 }

@@ -140,7 +140,7 @@ std::vector<SequencePart> parts_of(const AttentionCall& call, bool with_data) {
 
 bool runs_per_sequence(const KernelDescription& kernel, const AttentionCall& call) {
   if (call.is_ragged()) return !(call.is_paged() ? kernel.paged : kernel.ragged);
-  return kernel.masks == KernelDescription::Masks::diagonals && call.mask && split_by_key_ranges(call, false).has_value();
+  return kernel.masks == KernelDescription::Masks::diagonals && splits_by_key_ranges(call);
 }
 
 std::optional<std::string> PerSequenceKernel::unsupported_reason(const AttentionCall& call) const {

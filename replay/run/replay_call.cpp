@@ -419,16 +419,15 @@ struct CallInReplay::State {
 CallInReplay::CallInReplay(const AttentionCall& captured, const ReplayOptions& options, std::string rerun_input)
     : state_(std::make_unique<State>(options, std::move(rerun_input))) {
   State& s = *state_;
-  s.result = describe_call(captured, options);
-  s.refused = refuse_unreplayable(captured, options, s.result);
+  // Which keys its rows see, read once here for the work counted and every kernel that takes a mask
+  // as structure (a ragged call's sequences are read one by one where a kernel takes them so).
+  AttentionCall read = captured;
+  if (!read.is_ragged()) read.visibility = std::make_shared<const CallVisibility>(read_call_visibility(read));
+  s.result = describe_call(read, options);
+  s.refused = refuse_unreplayable(read, options, s.result);
   if (s.refused) return;
-  s.call = replayable_call(captured, s.result);
-  // Read once here for every kernel that takes a mask as structure (a ragged call's sequences are
-  // read one by one where a kernel takes them so).
-  if (!s.call.is_ragged()) {
-    s.call.visibility = std::make_shared<const CallVisibility>(read_call_visibility(s.call));
-    s.result.mask_structure = s.call.visibility->mask_found;
-  }
+  s.call = replayable_call(read, s.result);
+  if (s.call.visibility) s.result.mask_structure = s.call.visibility->mask_found;
   s.kernels = select_kernels(options.kernels);
   s.done.resize(s.kernels.size());
   if (options.timing_groups) s.timing_group = timing_key(s.call);
