@@ -73,6 +73,10 @@ std::vector<const ComparedRow*> listed_rows(const RunComparison& comparison, con
   return rows;
 }
 
+// Rounded down: a noise of 2.96 % shown as "3.0" beside a 3 % minimum would read as judged against
+// the rule, when the verdict used the noise as measured.
+std::string noise_text(double noise) { return fmt::format("{:.1f}", std::floor(noise * 1000) / 10); }
+
 Table row_table(const std::vector<const ComparedRow*>& rows, const ComparisonView& view) {
   Table table{{"call", "kernel", "base ms", "new ms", "new/base", "noise %", "rel_l2 base -> new", "verdict"}};
   for (const ComparedRow* row : rows) {
@@ -80,7 +84,7 @@ Table row_table(const std::vector<const ComparedRow*>& rows, const ComparisonVie
         row->calls > 1 ? fmt::format("{} (+{} sharing its timing)", row->call, row->calls - 1) : row->call;
     table.push_back({call, row->kernel, milliseconds(row->base), milliseconds(row->change),
                      row->ratio > 0 ? ratio_text(row->ratio) : "-",
-                     row->ratio > 0 ? fmt::format("{:.1f}", row->noise * 100) : "-",
+                     row->ratio > 0 ? noise_text(row->noise) : "-",
                      error_change(row->base_rel_l2, row->change_rel_l2), verdict(*row, view)});
   }
   return table;
