@@ -13,6 +13,7 @@
 #include "capture/substitution.h"
 #include "formats/call_semantics.h"
 #include "formats/mask_structure.h"
+#include "formats/mask_structure_torch.h"
 #include "formats/torch_tensor.h"
 #include "kernels/kernel.h"
 #include "kernels/per_sequence.h"
@@ -72,7 +73,7 @@ class KernelSubstitution final : public Substitution {
     const ModelInputs inputs{bhsd_view(q, call.layout), bhsd_view(k, call.layout), bhsd_view(v, call.layout), mask};
     const auto& resident = dynamic_cast<const ResidentKernel&>(*kernel_);
     // A padded batch, for a kernel that takes diagonals only: each batch entry cut to its keys, as
-    // the replay runs it (kernels/per_sequence.h). The cut needs the mask's values.
+    // the replay runs it (kernels/per_sequence.h). The cut needs the mask read.
     std::optional<AttentionCall> read;
     if (mask && kernel_->description().masks == KernelDescription::Masks::diagonals) {
       read = with_mask_read(call, *mask);
@@ -81,15 +82,16 @@ class KernelSubstitution final : public Substitution {
         return guarded<at::Tensor>([&] { return run_resident_per_sequence(resident, *read, inputs, options_); });
       }
     }
-    const AttentionCall& checked = read ? *read : call;  // with the mask's values, a refusal names it
+    const AttentionCall& checked = read ? *read : call;  // with the mask read, a refusal names what it is
     if (auto reason = kernel_declines(*kernel_, checked)) return *reason;
     return guarded<at::Tensor>([&] { return resident.run_resident(checked, inputs, options_); });
   }
 
  private:
-  // `call` with its mask's values and what they were found to be. Reading them waits for the job's
-  // stream, so a mask is read once for every call that passes the same tensor (transformers passes
-  // one to every layer of a step): the tensor is held, so that its memory is no other's meanwhile.
+  // `call` with what its mask was found to be, read where the mask lies (on the GPU, only its rows'
+  // ranges come to the host). Reading waits for the job's stream, so a mask is read once for every
+  // call that passes the same tensor (transformers passes one to every layer of a step): the tensor
+  // is held, so that its memory is no other's meanwhile.
   AttentionCall with_mask_read(const AttentionCall& call, const at::Tensor& mask) {
     std::lock_guard lock(mask_mutex_);
     const bool versioned = !mask.is_inference();
@@ -98,11 +100,9 @@ class KernelSubstitution final : public Substitution {
       last_mask_ = mask;
       last_mask_version_ = versioned ? mask._version() : 0;
       last_mask_shape_ = call.shape();
-      last_mask_values_ = host_tensor_from_torch(mask);
-      last_mask_reading_ = read_mask_structure(last_mask_values_, call.shape());
+      last_mask_reading_ = read_mask_structure_of_tensor(mask, call.shape());
     }
     AttentionCall read = call;
-    read.mask = last_mask_values_;
     read.visibility = std::make_shared<const CallVisibility>(call_visibility_with(read, last_mask_reading_));
     return read;
   }
@@ -172,7 +172,6 @@ class KernelSubstitution final : public Substitution {
   std::optional<at::Tensor> last_mask_;
   std::int64_t last_mask_version_ = 0;
   AttentionShape last_mask_shape_;
-  HostTensor last_mask_values_;
   std::optional<MaskReading> last_mask_reading_;
 };
 

@@ -13,6 +13,7 @@
 #include "formats/attention_call.h"
 #include "formats/content_hash.h"
 #include "formats/errors.h"
+#include "formats/mask_rows.h"
 #include "formats/mask_view.h"
 
 namespace attnreplay {
@@ -120,22 +121,12 @@ std::string MaskStructure::describe() const {
 
 namespace {
 
-// The keys one row sees, [lo, hi); lo == hi == 0 when none.
-struct RowRange {
-  std::int64_t lo = 0, hi = 0;
-  bool empty() const { return lo >= hi; }
-  bool operator==(const RowRange&) const = default;
-};
-
-struct MaskRows {
-  std::int64_t groups = 0, heads = 1, seq_q = 0;
-  std::vector<RowRange> rows;  // (groups, seq_q)
-  const RowRange& at(std::int64_t g, std::int64_t i) const { return rows[static_cast<std::size_t>(g * seq_q + i)]; }
-};
-
-struct NotStructure {
-  std::string reason;
-};
+using mask_rows::MaskRows;
+using mask_rows::NotStructure;
+using mask_rows::RowRange;
+using mask_rows::adds_a_bias;
+using mask_rows::hides_every_key_by_finite_values;
+using mask_rows::not_one_range;
 
 // Row i of group g (batch b, head h) as one range of keys, or why it is not one.
 RowRange read_row(const MaskView& mask, const AttentionShape& s, std::int64_t b, std::int64_t h, std::int64_t i,
@@ -149,7 +140,7 @@ RowRange read_row(const MaskView& mask, const AttentionShape& s, std::int64_t b,
     const auto* last = std::find_if(std::make_reverse_iterator(end), std::make_reverse_iterator(first),
                                     [](std::uint8_t x) { return x != 0; }).base();
     if (std::count(first, last, std::uint8_t{0}) != 0) {
-      throw NotStructure{fmt::format("query row {} of batch {} sees keys that are not one range", i, b)};
+      throw NotStructure{not_one_range(b, i)};
     }
     return {first - row, last - row};
   }
@@ -168,20 +159,16 @@ RowRange read_row(const MaskView& mask, const AttentionShape& s, std::int64_t b,
     } else if (value <= kHidingAddend) {
       finite_hider = true;
     } else {
-      throw NotStructure{fmt::format("query row {} of batch {} adds {} to a score (a bias, not only 0 and values that hide a "
-                                     "key)", i, b, value)};
+      throw NotStructure{adds_a_bias(b, i, value)};
     }
   }
   if (seen == 0) {
     if (finite_hider) {
-      throw NotStructure{fmt::format("query row {} of batch {} hides every key by finite values (softmax makes that a "
-                                     "uniform average, not a row without keys)", i, b)};
+      throw NotStructure{hides_every_key_by_finite_values(b, i)};
     }
     return {};
   }
-  if (seen != hi - lo) {
-    throw NotStructure{fmt::format("query row {} of batch {} sees keys that are not one range", i, b)};
-  }
+  if (seen != hi - lo) throw NotStructure{not_one_range(b, i)};
   return {lo, hi};
 }
 
@@ -200,25 +187,6 @@ MaskRows read_rows(const HostTensor& mask_tensor, const AttentionShape& s) {
     for (std::int64_t i = 0; i < s.seq_q; ++i) {
       out.rows[static_cast<std::size_t>(g * s.seq_q + i)] =
           rows_alike && i > 0 ? out.at(g, 0) : read_row(mask, s, b, h, i, bias);
-    }
-  }
-  // A mask expanded to every head with the same rows in each (as some models pass it) is one
-  // group per sequence, as if broadcast.
-  if (out.heads > 1) {
-    bool heads_alike = true;
-    for (std::int64_t g = 0; g < out.groups && heads_alike; ++g) {
-      heads_alike = std::equal(out.rows.begin() + g * s.seq_q, out.rows.begin() + (g + 1) * s.seq_q,
-                               out.rows.begin() + (g - g % out.heads) * s.seq_q);
-    }
-    if (heads_alike) {
-      MaskRows collapsed;
-      collapsed.groups = s.batch;
-      collapsed.seq_q = s.seq_q;
-      for (std::int64_t b = 0; b < s.batch; ++b) {
-        const auto first = out.rows.begin() + b * out.heads * s.seq_q;
-        collapsed.rows.insert(collapsed.rows.end(), first, first + s.seq_q);
-      }
-      return collapsed;
     }
   }
   return out;
@@ -373,19 +341,61 @@ std::optional<MaskStructure> fit_documents(const MaskRows& rows, const Attention
   return structure;
 }
 
+// A mask expanded to every head with the same rows in each (as some models pass it) is one group
+// per sequence, as if broadcast.
+MaskRows heads_alike_as_one(MaskRows rows, const AttentionShape& s) {
+  if (rows.heads == 1) return rows;
+  for (std::int64_t g = 0; g < rows.groups; ++g) {
+    if (!std::equal(rows.rows.begin() + g * s.seq_q, rows.rows.begin() + (g + 1) * s.seq_q,
+                    rows.rows.begin() + (g - g % rows.heads) * s.seq_q)) {
+      return rows;
+    }
+  }
+  MaskRows collapsed;
+  collapsed.groups = s.batch;
+  collapsed.seq_q = s.seq_q;
+  for (std::int64_t b = 0; b < s.batch; ++b) {
+    const auto first = rows.rows.begin() + b * rows.heads * s.seq_q;
+    collapsed.rows.insert(collapsed.rows.end(), first, first + s.seq_q);
+  }
+  return collapsed;
+}
+
 }  // namespace
 
-MaskReading read_mask_structure(const HostTensor& mask, const AttentionShape& shape) {
+namespace mask_rows {
+
+std::string not_one_range(std::int64_t b, std::int64_t i) {
+  return fmt::format("query row {} of batch {} sees keys that are not one range", i, b);
+}
+std::string adds_a_bias(std::int64_t b, std::int64_t i, double value) {
+  return fmt::format("query row {} of batch {} adds {} to a score (a bias, not only 0 and values that hide a key)", i, b,
+                     value);
+}
+std::string hides_every_key_by_finite_values(std::int64_t b, std::int64_t i) {
+  return fmt::format("query row {} of batch {} hides every key by finite values (softmax makes that a uniform average, "
+                     "not a row without keys)", i, b);
+}
+
+MaskReading fitted_reading(MaskRows read, const AttentionShape& shape) {
+  const MaskRows rows = heads_alike_as_one(std::move(read), shape);
   MaskReading reading;
-  try {
-    const MaskRows rows = read_rows(mask, shape);
-    if ((reading.structure = fit_ranges(rows, shape))) return reading;
-    if ((reading.structure = fit_documents(rows, shape))) return reading;
-    reading.dense_reason = "its rows' key ranges follow no padding, diagonal or documents";
-  } catch (const NotStructure& dense) {
-    reading.dense_reason = dense.reason;
-  }
+  if ((reading.structure = fit_ranges(rows, shape))) return reading;
+  if ((reading.structure = fit_documents(rows, shape))) return reading;
+  reading.dense_reason = "its rows' key ranges follow no padding, diagonal or documents";
   return reading;
+}
+
+}  // namespace mask_rows
+
+MaskReading read_mask_structure(const HostTensor& mask, const AttentionShape& shape) {
+  try {
+    return mask_rows::fitted_reading(read_rows(mask, shape), shape);
+  } catch (const mask_rows::NotStructure& dense) {
+    MaskReading reading;
+    reading.dense_reason = dense.reason;
+    return reading;
+  }
 }
 
 // ---- A call's visibility ----

@@ -39,6 +39,7 @@ struct MaskStructure {
   // Per group, its documents in row order; empty: none. A row inside no document sees no key.
   std::vector<std::vector<Document>> documents;
 
+  bool operator==(const MaskStructure&) const = default;
   // Every key of every row: no mask at all.
   static MaskStructure all_visible(const AttentionShape& shape);
   std::size_t group(std::int64_t b, std::int64_t h) const {

@@ -21,8 +21,8 @@ struct ModelInputs;
 
 // A padded call (runs_per_sequence, not ragged) on the model's own tensors (kernels/resident_kernel.h):
 // each batch entry's rows and keys as views of `inputs` ((b, h, s, d) views), run by `kernel`, the
-// output (b, h, s, d) with the rows of no part 0. `call` holds the mask's values, which give its
-// ranges; its other tensors need only their shapes.
+// output (b, h, s, d) with the rows of no part 0. `call` holds its mask's reading (visibility),
+// which gives its ranges; its tensors need only their shapes.
 at::Tensor run_resident_per_sequence(const ResidentKernel& kernel, const AttentionCall& call, const ModelInputs& inputs,
                                      const KernelOptions& options);
 

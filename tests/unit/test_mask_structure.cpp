@@ -1,5 +1,6 @@
 // Masks read as structure (formats/mask_structure.h): every class is found exactly on generated
-// masks, bool and additive, and the same mask one element off stays dense.
+// masks, bool and additive, and the same mask one element off stays dense; read by torch where the
+// mask lies (formats/mask_structure_torch.h), every mask here reads the same, reason for reason.
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
@@ -7,9 +8,13 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <map>
+#include <random>
 
 #include "formats/attention_call.h"
 #include "formats/mask_structure.h"
+#include "formats/mask_structure_torch.h"
+#include "formats/torch_tensor.h"
 
 using namespace attnreplay;
 using Catch::Matchers::ContainsSubstring;
@@ -27,6 +32,15 @@ struct MaskCase {
 };
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// The host's reading, checked to be the same as torch's of the same values.
+MaskReading read_mask(const HostTensor& mask, const AttentionShape& shape) {
+  const MaskReading host = read_mask_structure(mask, shape);
+  const MaskReading torch = read_mask_structure_of_tensor(torch_view_of_host_tensor(mask), shape);
+  CHECK(host.dense_reason == torch.dense_reason);
+  CHECK(host.structure == torch.structure);
+  return host;
+}
 
 // The mask (batch, heads or 1, seq_q, seq_kv): bool, or additive with `hidden` for a hidden key.
 HostTensor make_mask(const MaskCase& c, const Visible& visible, DType dtype, double hidden = -kInf) {
@@ -71,7 +85,7 @@ MaskStructure check_class(const MaskCase& c, const Visible& visible, const std::
   for (const auto& [dtype, hidden] : {std::pair{DType::boolean, 0.0}, std::pair{DType::float32, -kInf},
                                       std::pair{DType::bfloat16, -kInf},
                                       std::pair{DType::float32, double(std::numeric_limits<float>::lowest())}}) {
-    const MaskReading reading = read_mask_structure(make_mask(c, visible, dtype, hidden), c.shape());
+    const MaskReading reading = read_mask(make_mask(c, visible, dtype, hidden), c.shape());
     INFO(dtype_name(dtype) << " hiding by " << hidden << ": " << reading.dense_reason);
     if (dtype != DType::boolean && std::isfinite(hidden) && row_without_keys) {
       // A row of finite hiders alone is softmax's uniform average: no structure gives that.
@@ -90,7 +104,7 @@ MaskStructure check_class(const MaskCase& c, const Visible& visible, const std::
       return here != visible(b, h, i, j);
     };
     INFO("flipped (" << fb << ", " << fh << ", " << fi << ", " << fj << ")");
-    const MaskReading reading = read_mask_structure(make_mask(c, flipped, DType::boolean), c.shape());
+    const MaskReading reading = read_mask(make_mask(c, flipped, DType::boolean), c.shape());
     CHECK_FALSE(reading.structure);
     CHECK_FALSE(reading.dense_reason.empty());
   }
@@ -142,7 +156,7 @@ TEST_CASE("a key padding mask without a row dim reads once per sequence") {
   for (std::int64_t b = 0; b < 2; ++b)
     for (std::int64_t j = 0; j < 8; ++j) values.push_back(j < lengths[b] ? 1.0 : 0.0);
   const AttentionShape shape{2, 4, 4, 6, 8, 8, 8};
-  const MaskReading reading = read_mask_structure(HostTensor::from_doubles(DType::boolean, {2, 1, 1, 8}, values), shape);
+  const MaskReading reading = read_mask(HostTensor::from_doubles(DType::boolean, {2, 1, 1, 8}, values), shape);
   REQUIRE(reading.structure);
   CHECK(reading.structure->describe() == "right padding, keys up to 5/8");
   CHECK(reading.structure->row_keys(0, 3, 5) == std::pair<std::int64_t, std::int64_t>{0, 5});
@@ -191,7 +205,7 @@ TEST_CASE("packed documents are block-diagonal, with causality inside or not") {
 TEST_CASE("masks that are no structure stay dense, saying why") {
   const AttentionShape shape{1, 1, 1, 4, 4, 8, 8};
   auto read = [&](DType dtype, std::vector<double> values) {
-    return read_mask_structure(HostTensor::from_doubles(dtype, {4, 4}, values), shape);
+    return read_mask(HostTensor::from_doubles(dtype, {4, 4}, values), shape);
   };
   const double lowest = std::numeric_limits<float>::lowest();
   const auto bias = read(DType::float32, {0, 0.5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0});
@@ -232,4 +246,73 @@ TEST_CASE("a call's causality and window join its mask's structure") {
   const CallVisibility dense = read_call_visibility(call);
   CHECK(dense.dense_mask);
   CHECK_THAT(dense.mask_found, StartsWith("dense: query row 0"));
+}
+
+TEST_CASE("torch reads any mask as the host does: broadcast forms, dtypes, structure and near misses") {
+  std::mt19937 random(7);
+  auto pick = [&](std::int64_t below) { return std::uniform_int_distribution<std::int64_t>(0, below - 1)(random); };
+  const DType dtypes[] = {DType::boolean, DType::float32, DType::bfloat16, DType::float16, DType::float64};
+  const double hiders[] = {-kInf, double(std::numeric_limits<float>::lowest()), kHidingAddend, -1e5};
+  const double strays[] = {0.5, std::numeric_limits<double>::quiet_NaN(), -1e9, kHidingAddend, -9999.0, kInf};
+  std::map<std::string, int> found;  // how often each outcome came up: none may be missing
+  for (int trial = 0; trial < 1500; ++trial) {
+    const std::int64_t batch = 1 + pick(3), heads = 1 + pick(3), seq_q = 1 + pick(9), seq_kv = 1 + pick(9);
+    const AttentionShape shape{batch, heads, heads, seq_q, seq_kv, 8, 8};
+    // The mask's own dims, right-aligned against (batch, heads, seq_q, seq_kv); 1 where broadcast.
+    const std::vector<std::vector<std::int64_t>> forms = {
+        {seq_kv}, {seq_q, seq_kv}, {1, seq_q, seq_kv}, {heads, seq_q, seq_kv}, {batch, 1, 1, seq_kv},
+        {batch, 1, seq_q, seq_kv}, {batch, heads, seq_q, seq_kv}, {1, 1, seq_q, seq_kv}, {1, heads, seq_q, seq_kv},
+        {batch, heads, 1, seq_kv}};
+    const std::vector<std::int64_t> dims = forms[static_cast<std::size_t>(pick(std::ssize(forms)))];
+    std::int64_t full[4] = {1, 1, 1, 1};
+    std::copy(dims.begin(), dims.end(), full + 4 - dims.size());
+    const DType dtype = dtypes[pick(std::size(dtypes))];
+    const double hidden = hiders[pick(std::size(hiders))];
+    // A structure per (b, h) of the mask: a key range, a diagonal on either side or not.
+    const bool causal = pick(2), window = pick(3) == 0;
+    const std::int64_t offset = pick(5) - 2, width = 1 + pick(4);
+    std::vector<std::int64_t> begin, end;
+    for (std::int64_t g = 0; g < full[0] * full[1]; ++g) {
+      begin.push_back(pick(3));
+      end.push_back(seq_kv - pick(3));
+    }
+    std::vector<double> values;
+    for (std::int64_t b = 0; b < full[0]; ++b)
+      for (std::int64_t h = 0; h < full[1]; ++h)
+        for (std::int64_t i = 0; i < full[2]; ++i)
+          for (std::int64_t j = 0; j < full[3]; ++j) {
+            const auto g = static_cast<std::size_t>(b * full[1] + h);
+            bool sees = j >= begin[g] && j < end[g];
+            if (causal) sees = sees && j <= i + offset;
+            if (window) sees = sees && j > i + offset - width;
+            values.push_back(dtype == DType::boolean ? (sees ? 1.0 : 0.0) : (sees ? 0.0 : hidden));
+          }
+    // Half the masks a near miss: a key flipped, a stray value, or a row of finite hiders alone.
+    const auto at = static_cast<std::size_t>(pick(std::ssize(values)));
+    switch (pick(6)) {
+      case 0: values[at] = dtype == DType::boolean ? 1.0 - values[at] : (values[at] == 0.0 ? hidden : 0.0); break;
+      case 1:
+        if (dtype != DType::boolean) values[at] = strays[pick(std::size(strays))];
+        break;
+      case 2:
+        if (dtype != DType::boolean) {
+          const std::size_t row = at / static_cast<std::size_t>(full[3]) * static_cast<std::size_t>(full[3]);
+          std::fill(values.begin() + static_cast<std::ptrdiff_t>(row),
+                    values.begin() + static_cast<std::ptrdiff_t>(row + static_cast<std::size_t>(full[3])), -1e9);
+        }
+        break;
+      default: break;
+    }
+    INFO("trial " << trial << ": " << dtype_name(dtype) << " mask of " << dims.size() << " dims for b" << batch << " h"
+                  << heads << " sq" << seq_q << " skv" << seq_kv);
+    const MaskReading reading = read_mask(HostTensor::from_doubles(dtype, dims, values), shape);
+    std::string outcome = reading.structure ? (reading.structure->heads > 1 ? "per head" : "structure") : "no fit";
+    for (const char* reason : {"adds", "hides every key", "not one range"}) {
+      if (reading.dense_reason.find(reason) != std::string::npos) outcome = reason;
+    }
+    ++found[outcome];
+  }
+  for (const auto& [outcome, count] : found) UNSCOPED_INFO(outcome << ": " << count);
+  CHECK(found.size() == 6);
+  for (const auto& [outcome, count] : found) CHECK(count >= 20);
 }
