@@ -288,10 +288,6 @@ std::optional<std::string> quantized_inputs_unsupported_reason(const AttentionCa
     return fmt::format("needs Q, K and V of one dtype, got {}, {}, {}", dtype_name(dtype), dtype_name(call.k.dtype),
                        dtype_name(call.v.dtype));
   }
-  const AttentionShape s = call.shape();
-  if (s.head_dim_qk != s.head_dim_vo) {
-    return fmt::format("needs head_dim_qk = head_dim_vo, got {} and {}", s.head_dim_qk, s.head_dim_vo);
-  }
   return std::nullopt;
 }
 

@@ -31,7 +31,7 @@ std::optional<Fp8Scale> parse_fp8_scale(std::string_view text);
 const std::vector<std::string>& quant_granularity_names();
 const std::vector<std::string>& pv_accum_names();
 const std::vector<std::string>& fp8_scale_names();
-// The inputs the definition takes (bf16/fp16 Q, K, V of one dtype, equal head dims; a ragged call
+// The inputs the definition takes (bf16/fp16 Q, K, V of one dtype, any head dims; a ragged call
 // one sequence at a time): nullopt, or why not. The CUDA kernels add their own limits (dense masks,
 // head dims, devices).
 std::optional<std::string> quantized_inputs_unsupported_reason(const AttentionCall& call);

@@ -843,7 +843,7 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kCtasPerSm) attention_ke
     row_sum[rh] += __shfl_xor_sync(0xffffffffu, row_sum[rh], 1);
     row_sum[rh] += __shfl_xor_sync(0xffffffffu, row_sum[rh], 2);
   }
-  Elem* out = static_cast<Elem*>(a.out) + head_q * a.seq_q * kDim;
+  Elem* out = static_cast<Elem*>(a.out) + head_q * a.seq_q * a.out_dim;
 #pragma unroll
   for (int rh = 0; rh < 2; ++rh) {
     const std::int64_t row = q0 + row0 + rh * 8;
@@ -851,6 +851,7 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kCtasPerSm) attention_ke
     const float inverse_l = row_sum[rh] == 0.0f ? 0.0f : 1.0f / row_sum[rh];  // acc is 0 there too
 #pragma unroll
     for (int dt = 0; dt < Tile::kOutTiles; ++dt) {
+      if (dt * 8 >= a.out_dim) break;  // V's padding channels (a multiple of 8 of them), not the output's
       float o0 = acc[4 * dt + 2 * rh] * inverse_l;
       float o1 = acc[4 * dt + 2 * rh + 1] * inverse_l;
       if constexpr (Tile::kKind == QuantizedKind::sage2_int8_fp8) {
@@ -860,7 +861,7 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kCtasPerSm) attention_ke
         o0 *= head_factor;
         o1 *= head_factor;
       }
-      *reinterpret_cast<std::uint32_t*>(out + row * kDim + dt * 8 + 2 * t4) = pack2<Elem>(o0, o1);
+      *reinterpret_cast<std::uint32_t*>(out + row * a.out_dim + dt * 8 + 2 * t4) = pack2<Elem>(o0, o1);
     }
   }
 }

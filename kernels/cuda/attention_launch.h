@@ -33,7 +33,7 @@ struct AttentionArgs {
   const void* q = nullptr;
   const void* k = nullptr;
   const void* v = nullptr;
-  void* out = nullptr;  // (batch, heads_q, seq_q, head_dim), input element type
+  void* out = nullptr;  // (batch, heads_q, seq_q, out_dim), input element type
   const float* q_scale = nullptr;
   const float* k_scale = nullptr;
   const float* v_scale = nullptr;
@@ -51,7 +51,8 @@ struct AttentionArgs {
   int heads_q = 0;
   int heads_kv = 0;
   int batch = 0;
-  int head_dim = 0;
+  int head_dim = 0;  // of the buffers above: 64 or 128
+  int out_dim = 0;   // the output's: head_dim, or less (a multiple of 8) where V's channels were padded
   Element element = Element::bf16;
   QuantGranularity granularity = QuantGranularity::per_warp;
   PvAccum pv_accumulation = PvAccum::fp32_fp32;

@@ -116,8 +116,10 @@ std::string device_unsupported_reason() {
 }
 
 std::string problem_unsupported_reason(const Problem& p) {
-  if (p.shape.head_dim_qk != 64 && p.shape.head_dim_qk != 128) {
-    return "head dim " + std::to_string(p.shape.head_dim_qk) + ": the CUDA kernels take 64 or 128";
+  for (const std::int64_t dim : {p.shape.head_dim_qk, p.shape.head_dim_vo}) {
+    if (dim <= 0 || dim > 128 || dim % 8 != 0) {
+      return "head dim " + std::to_string(dim) + ": the CUDA kernels take multiples of 8 up to 128 (64 and 128 as they are, others padded)";
+    }
   }
   constexpr std::int64_t kGridLimit = 65535;  // grid y (heads) and z (batch)
   if (p.shape.heads_q > kGridLimit || p.shape.batch > kGridLimit) {
@@ -128,11 +130,25 @@ std::string problem_unsupported_reason(const Problem& p) {
   return "";
 }
 
+namespace {
+
+// The head dim the kernels run a problem at: 64 where both of its own fit, else 128.
+std::int64_t kernel_head_dim(const AttentionShape& shape) {
+  return shape.head_dim_qk <= 64 && shape.head_dim_vo <= 64 ? 64 : 128;
+}
+
+}  // namespace
+
 struct Attention::State {
   QuantizedKind kind = QuantizedKind::flash;
+  // As the kernels run it: where the call's head dims are not the kernels' (`padded`), both padded
+  // to kernel_head_dim and the inputs bhsd; else the call's.
   Problem p;
+  Problem given;  // the call's
+  bool padded = false;
   QuantOptions options;
-  DeviceBuffer q_in, k_in, v_in;        // as uploaded, in the call's layout
+  DeviceBuffer q_given, k_given, v_given;  // padded: the inputs as uploaded or borrowed
+  DeviceBuffer q_in, k_in, v_in;        // as uploaded, in the call's layout; padded: with zero channels, bhsd
   DeviceBuffer q_work, k_work, v_work;  // what the attention reads, when not the uploads
   DeviceBuffer q_scale, k_scale, v_scale, k_mean;
   DeviceBuffer k_mean_work;  // block sums and counters of channel_means or K's head groups, zeroed once
@@ -145,31 +161,47 @@ struct Attention::State {
   AttentionArgs args;
   Order attention_order = Order::after_all;  // overlapping right after prepare_inputs
 
-  InputView view(const DeviceBuffer& buffer, std::int64_t heads, std::int64_t seq) const {
+  static InputView view(const Problem& problem, const DeviceBuffer& buffer, std::int64_t heads, std::int64_t seq,
+                        std::int64_t d) {
     InputView v;
     v.data = buffer.as();
-    const std::int64_t d = p.shape.head_dim_qk;
-    if (p.bshd) v.stride_b = seq * heads * d, v.stride_h = d, v.stride_s = heads * d;
+    if (problem.bshd) v.stride_b = seq * heads * d, v.stride_h = d, v.stride_s = heads * d;
     else v.stride_b = heads * seq * d, v.stride_h = seq * d, v.stride_s = d;
-    v.batch = static_cast<int>(p.shape.batch);
+    v.batch = static_cast<int>(problem.shape.batch);
     v.heads = static_cast<int>(heads);
     v.seq = seq;
     v.head_dim = static_cast<int>(d);
-    v.element = p.element;
+    v.element = problem.element;
     return v;
   }
-  InputView q_view() const { return view(q_in, p.shape.heads_q, p.shape.seq_q); }
-  InputView k_view() const { return view(k_in, p.shape.heads_kv, p.shape.seq_kv); }
-  InputView v_view() const { return view(v_in, p.shape.heads_kv, p.shape.seq_kv); }
+  // What the preparation reads, as the kernels run the problem.
+  InputView q_view() const { return view(p, q_in, p.shape.heads_q, p.shape.seq_q, p.shape.head_dim_qk); }
+  InputView k_view() const { return view(p, k_in, p.shape.heads_kv, p.shape.seq_kv, p.shape.head_dim_qk); }
+  InputView v_view() const { return view(p, v_in, p.shape.heads_kv, p.shape.seq_kv, p.shape.head_dim_vo); }
 };
 
 namespace {
 
-// Bytes of Q (and the output) and of K or V, in the 2-byte element types.
-std::pair<std::size_t, std::size_t> input_bytes(const Problem& p) {
-  const std::size_t d = static_cast<std::size_t>(p.shape.head_dim_qk);
-  return {static_cast<std::size_t>(p.shape.batch * p.shape.heads_q * p.shape.seq_q) * d * 2,
-          static_cast<std::size_t>(p.shape.batch * p.shape.heads_kv * p.shape.seq_kv) * d * 2};
+// Bytes of Q, K, V and the output, in the 2-byte element types.
+struct InputBytes {
+  std::size_t q = 0, k = 0, v = 0, out = 0;
+};
+InputBytes input_bytes(const Problem& p) {
+  const AttentionShape& s = p.shape;
+  const auto rows_q = static_cast<std::size_t>(s.batch * s.heads_q * s.seq_q);
+  const auto rows_kv = static_cast<std::size_t>(s.batch * s.heads_kv * s.seq_kv);
+  const auto d_qk = static_cast<std::size_t>(s.head_dim_qk), d_vo = static_cast<std::size_t>(s.head_dim_vo);
+  return {rows_q * d_qk * 2, rows_kv * d_qk * 2, rows_kv * d_vo * 2, rows_q * d_vo * 2};
+}
+
+// Where the call's head dims are not the kernels', the problem the kernels run: both padded, bhsd.
+Problem as_run(const Problem& given) {
+  Problem run = given;
+  const std::int64_t d = kernel_head_dim(given.shape);
+  if (d == given.shape.head_dim_qk && d == given.shape.head_dim_vo) return run;
+  run.shape.head_dim_qk = run.shape.head_dim_vo = d;
+  run.bshd = false;
+  return run;
 }
 
 }  // namespace
@@ -179,14 +211,18 @@ Attention::Attention(QuantizedKind kind, const Problem& p, const QuantOptions& o
     : state_(std::make_unique<State>()) {
   if (const std::string reason = problem_unsupported_reason(p); !reason.empty()) throw std::invalid_argument(reason);
   State& s = *state_;
-  const auto [q_bytes, kv_bytes] = input_bytes(p);
-  s.q_in.allocate(nullptr, q_bytes, "Q");
-  s.k_in.allocate(nullptr, kv_bytes, "K");
-  s.v_in.allocate(nullptr, kv_bytes, "V");
-  ATTNREPLAY_CUDA_CHECK(cudaMemcpy(s.q_in.as(), q, s.q_in.bytes(), cudaMemcpyHostToDevice));
-  ATTNREPLAY_CUDA_CHECK(cudaMemcpy(s.k_in.as(), k, s.k_in.bytes(), cudaMemcpyHostToDevice));
-  ATTNREPLAY_CUDA_CHECK(cudaMemcpy(s.v_in.as(), v, s.v_in.bytes(), cudaMemcpyHostToDevice));
-  s.out.allocate(nullptr, q_bytes, "the output");
+  const InputBytes bytes = input_bytes(p);
+  const bool padded = !(as_run(p).shape == p.shape);
+  DeviceBuffer& q_upload = padded ? s.q_given : s.q_in;
+  DeviceBuffer& k_upload = padded ? s.k_given : s.k_in;
+  DeviceBuffer& v_upload = padded ? s.v_given : s.v_in;
+  q_upload.allocate(nullptr, bytes.q, "Q");
+  k_upload.allocate(nullptr, bytes.k, "K");
+  v_upload.allocate(nullptr, bytes.v, "V");
+  ATTNREPLAY_CUDA_CHECK(cudaMemcpy(q_upload.as(), q, q_upload.bytes(), cudaMemcpyHostToDevice));
+  ATTNREPLAY_CUDA_CHECK(cudaMemcpy(k_upload.as(), k, k_upload.bytes(), cudaMemcpyHostToDevice));
+  ATTNREPLAY_CUDA_CHECK(cudaMemcpy(v_upload.as(), v, v_upload.bytes(), cudaMemcpyHostToDevice));
+  s.out.allocate(nullptr, bytes.out, "the output");
   set_up(kind, p, options, nullptr, nullptr);
   synchronize();
 }
@@ -196,26 +232,37 @@ Attention::Attention(QuantizedKind kind, const Problem& p, const QuantOptions& o
     : state_(std::make_unique<State>()) {
   if (const std::string reason = problem_unsupported_reason(p); !reason.empty()) throw std::invalid_argument(reason);
   State& s = *state_;
-  const auto [q_bytes, kv_bytes] = input_bytes(p);
-  s.q_in.borrow(inputs.q, q_bytes);
-  s.k_in.borrow(inputs.k, kv_bytes);
-  s.v_in.borrow(inputs.v, kv_bytes);
-  s.out.borrow(inputs.out, q_bytes);
+  const InputBytes bytes = input_bytes(p);
+  const bool padded = !(as_run(p).shape == p.shape);
+  (padded ? s.q_given : s.q_in).borrow(inputs.q, bytes.q);
+  (padded ? s.k_given : s.k_in).borrow(inputs.k, bytes.k);
+  (padded ? s.v_given : s.v_in).borrow(inputs.v, bytes.v);
+  s.out.borrow(inputs.out, bytes.out);
   set_up(kind, p, options, &memory, stream);
 }
 
 // The work buffers of `kind` (from `memory`, or cudaMalloc where null) and the input preparation,
 // queued on `stream`.
-void Attention::set_up(QuantizedKind kind, const Problem& p, const QuantOptions& options, DeviceMemory* memory,
+void Attention::set_up(QuantizedKind kind, const Problem& given, const QuantOptions& options, DeviceMemory* memory,
                        cudaStream_t stream) {
   State& s = *state_;
   s.kind = kind;
-  s.p = p;
+  s.given = given;
+  s.p = as_run(given);
+  s.padded = !(s.p.shape == given.shape);
   s.options = options;
+  const Problem& p = s.p;
   const std::size_t d = static_cast<std::size_t>(p.shape.head_dim_qk);
+  if (s.padded) {  // the inputs with zero channels up to the kernels' head dim, filled by prepare_inputs
+    const InputBytes bytes = input_bytes(p);
+    s.q_in.allocate(memory, bytes.q, "Q (padded)");
+    s.k_in.allocate(memory, bytes.k, "K (padded)");
+    s.v_in.allocate(memory, bytes.v, "V (padded)");
+  }
 
   AttentionArgs& a = s.args;
   a.out = s.out.as();
+  a.out_dim = static_cast<int>(given.shape.head_dim_vo);
   a.seq_q = p.shape.seq_q;
   a.seq_kv = p.shape.seq_kv;
   a.heads_q = static_cast<int>(p.shape.heads_q);
@@ -326,7 +373,9 @@ void Attention::set_up(QuantizedKind kind, const Problem& p, const QuantOptions&
 
 Attention::~Attention() = default;
 
-bool Attention::has_preparation() const { return state_->kind != QuantizedKind::flash || state_->p.bshd; }
+bool Attention::has_preparation() const {
+  return state_->kind != QuantizedKind::flash || state_->p.bshd || state_->padded;
+}
 
 std::size_t Attention::preparation_bytes() const {
   const State& s = *state_;
@@ -334,6 +383,11 @@ std::size_t Attention::preparation_bytes() const {
   // A work buffer exists for each input the preparation makes; V stays as uploaded for sage1 on
   // bhsd inputs. Intermediate maxima (a few bytes a head) are left out.
   std::size_t read = 0, written = 0;
+  // Padding reads the inputs as given and writes them with their zero channels.
+  if (s.padded) {
+    read += s.q_given.bytes() + s.k_given.bytes() + s.v_given.bytes();
+    written += s.q_in.bytes() + s.k_in.bytes() + s.v_in.bytes();
+  }
   for (const auto& [in, work] : {std::pair{&s.q_in, &s.q_work}, {&s.k_in, &s.k_work}, {&s.v_in, &s.v_work}}) {
     if (work->bytes() > 0) read += in->bytes(), written += work->bytes();
   }
@@ -349,6 +403,19 @@ void Attention::prepare_inputs(cudaStream_t stream) {
   // writes); each later one overlaps the last wave of the one before (device_utils.cuh).
   Order order = Order::after_all;
   auto next = [&order] { return std::exchange(order, Order::overlapping); };
+  if (s.padded) {
+    const AttentionShape& given = s.given.shape;
+    const int d = static_cast<int>(s.p.shape.head_dim_qk);
+    copy_to_bhsd(State::view(s.given, s.q_given, given.heads_q, given.seq_q, given.head_dim_qk), s.q_in.as(), next(),
+                 stream, d);
+    copy_to_bhsd(State::view(s.given, s.k_given, given.heads_kv, given.seq_kv, given.head_dim_qk), s.k_in.as(), next(),
+                 stream, d);
+    copy_to_bhsd(State::view(s.given, s.v_given, given.heads_kv, given.seq_kv, given.head_dim_vo), s.v_in.as(), next(),
+                 stream, d);
+    // The kernels below read "the uploaded inputs" without waiting for the kernel before them,
+    // and these are now the copies' outputs: the next starts once the copies are done.
+    order = Order::after_all;
+  }
   switch (s.kind) {
     case QuantizedKind::flash:
       if (s.p.bshd) {

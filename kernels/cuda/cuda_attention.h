@@ -17,7 +17,9 @@ namespace attnreplay::cuda_attention {
 enum class Element { bf16, fp16 };
 
 struct Problem {
-  AttentionShape shape;  // head_dim_qk is V's and the output's too
+  // Head dims multiples of 8 up to 128, Q's and K's and V's (the output's) apart: the kernels run 64
+  // or 128, and take others by padding the inputs' channels with zeros in the preparation.
+  AttentionShape shape;
   Element element = Element::bf16;
   bool bshd = false;  // Q, K, V are (batch, seq, heads, dim); otherwise (batch, heads, seq, dim)
   bool causal = false;
@@ -44,7 +46,7 @@ class DeviceMemory {
 };
 
 // A call's inputs where a model has them, contiguous in the problem's layout, and where its output
-// goes, (batch, heads_q, seq_q, head_dim): all on the current device, none owned by the kernel.
+// goes, (batch, heads_q, seq_q, head_dim_vo): all on the current device, none owned by the kernel.
 struct ResidentInputs {
   const void* q = nullptr;
   const void* k = nullptr;
@@ -69,7 +71,7 @@ class Attention {
   Attention(const Attention&) = delete;
   Attention& operator=(const Attention&) = delete;
 
-  // Whether prepare_inputs() does any work (it does not for flash on bhsd inputs).
+  // Whether prepare_inputs() does any work (it does not for flash on bhsd inputs of head dim 64 or 128).
   bool has_preparation() const;
   // Redoes the input preparation from the uploaded inputs.
   void prepare_inputs(cudaStream_t stream = nullptr);
@@ -81,7 +83,7 @@ class Attention {
   void run(cudaStream_t stream = nullptr);
   // Waits for queued work; reports a kernel fault with the place it was noticed.
   void synchronize();
-  // The output (batch, heads_q, seq_q, head_dim) in the input element type: `bytes` must be its size.
+  // The output (batch, heads_q, seq_q, head_dim_vo) in the input element type: `bytes` must be its size.
   void download_output(void* host, std::size_t bytes);
   // The same output where it is, on the device, valid while this lives.
   const void* device_output() const;

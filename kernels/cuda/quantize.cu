@@ -103,9 +103,9 @@ __device__ __forceinline__ float channel_max(const float (&partial)[kRows][kDim]
 
 // ---- Layout change ----
 
-__global__ void copy_to_bhsd_kernel(const InputView in, uint4* out) {
+__global__ void copy_to_bhsd_kernel(const InputView in, uint4* out, int out_dim) {
   let_next_kernel_start();
-  const int vectors_per_row = in.head_dim * 2 / 16;
+  const int vectors_in = in.head_dim * 2 / 16, vectors_per_row = out_dim * 2 / 16;
   const std::int64_t total = static_cast<std::int64_t>(in.batch) * in.heads * in.seq * vectors_per_row;
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
@@ -113,7 +113,7 @@ __global__ void copy_to_bhsd_kernel(const InputView in, uint4* out) {
     const std::int64_t row = i / vectors_per_row;
     const std::int64_t s = row % in.seq, bh = row / in.seq;
     const auto* src = reinterpret_cast<const uint4*>(row_pointer<std::uint16_t>(in, bh / in.heads, bh % in.heads, s));
-    out[i] = src[vector];
+    out[i] = vector < vectors_in ? src[vector] : uint4{0u, 0u, 0u, 0u};
   }
   complete_after_prior_kernel();  // it reads the uploaded inputs only
 }
@@ -1294,10 +1294,15 @@ bool launch_int8_key_heads(const Int8Target& keys, QuantGranularity granularity,
 
 }  // namespace
 
-void copy_to_bhsd(const InputView& in, void* out, Order order, cudaStream_t stream) {
-  const std::int64_t vectors = static_cast<std::int64_t>(in.batch) * in.heads * in.seq * (in.head_dim * 2 / 16);
+void copy_to_bhsd(const InputView& in, void* out, Order order, cudaStream_t stream, int out_dim) {
+  if (out_dim == 0) out_dim = in.head_dim;
+  if (out_dim < in.head_dim || in.head_dim % 8 != 0 || out_dim % 8 != 0) {
+    throw std::invalid_argument("copy_to_bhsd: head dim " + std::to_string(in.head_dim) + " into " +
+                                std::to_string(out_dim) + " (multiples of 8, never narrower)");
+  }
+  const std::int64_t vectors = static_cast<std::int64_t>(in.batch) * in.heads * in.seq * (out_dim * 2 / 16);
   launch_kernel("copy_to_bhsd_kernel", copy_to_bhsd_kernel, grid_for(vectors, kQuantThreads), kQuantThreads, 0, order,
-                stream, in, static_cast<uint4*>(out));
+                stream, in, static_cast<uint4*>(out), out_dim);
 }
 
 std::size_t channel_means_work_bytes(const InputView& keys) {

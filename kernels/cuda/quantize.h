@@ -28,8 +28,9 @@ struct InputView {
   Element element = Element::bf16;
 };
 
-// A contiguous (batch, heads, seq, head_dim) copy.
-void copy_to_bhsd(const InputView& in, void* out, Order order, cudaStream_t stream);
+// A contiguous (batch, heads, seq, out_dim) copy, channels from in.head_dim on 0 (a head dim the
+// kernels take by padding; out_dim 0: in.head_dim). Head dims are multiples of 8 (16-byte rows).
+void copy_to_bhsd(const InputView& in, void* out, Order order, cudaStream_t stream, int out_dim = 0);
 
 struct Int8Output {
   std::int8_t* codes = nullptr;  // (batch, heads, rows, head_dim), rows >= seq padded with 0

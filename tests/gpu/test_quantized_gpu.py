@@ -99,7 +99,14 @@ SHAPES = {
     "long-keys-two-pass-d128": ["--shape", "1,2,64,128", "--s_kv", "50688"],
     # Heads too long for a group (over half the CTAs an H100 or H200 holds): two passes.
     "long-keys-two-pass": ["--shape", "1,2,64,64", "--s_kv", "131072"],
+    # Head dims the kernels pad with zero channels, to 128 and to 64, from either layout; Q·Kᵀ's and
+    # V's apart (the output keeps V's).
+    "padded-d96-causal": ["--shape", "1,4,300,96", "--causal"],
+    "padded-d32-gqa-bshd": ["--shape", "1,4,257,32", "--num_kv_heads", "2", "--layout", "bshd"],
+    "padded-dqk128-dvo64": ["--shape", "2,2,200,128", "--head_dim_vo", "64"],
+    "padded-dqk80-dvo112-decode": ["--shape", "1,4,1,80", "--head_dim_vo", "112", "--s_kv", "700"],
 }
+PADDED = {flags_id for flags_id in SHAPES if flags_id.startswith("padded-")}
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
@@ -107,8 +114,10 @@ SHAPES = {
 def test_cuda_kernel_agrees_with_its_emulation(tmp_path, kernel, flags):
     rows = check_against_emulation(tmp_path, kernel, *flags)
     assert rows[kernel]["timing"]["method"] == "cuda-event"
-    # Every kind but flash on (b, h, s, d) inputs prepares them (layout, smoothing, quantization).
-    prepares = kernel != "flash" or "bshd" in flags
+    # Every kind but flash on (b, h, s, d) inputs of head dim 64 or 128 prepares them (layout,
+    # padding, smoothing, quantization).
+    padded = any(flags == SHAPES[name] for name in PADDED)
+    prepares = kernel != "flash" or "bshd" in flags or padded
     assert (rows[kernel].get("timing_with_preparation") is not None) == prepares, rows[kernel]
 
 
@@ -201,8 +210,8 @@ def test_fp8_scale_reaches_the_kernel(tmp_path, scale):
 
 @pytest.mark.parametrize("flags, reason", [
     (["--shape", "1,2,64,64", "--dtype", "fp32"], "bfloat16 or float16"),
-    (["--shape", "1,2,64,96"], "64 or 128"),
-    (["--shape", "1,2,64,64", "--head_dim_vo", "128"], "head_dim_qk = head_dim_vo"),
+    (["--shape", "1,2,64,100"], "multiples of 8 up to 128"),
+    (["--shape", "1,2,64,64", "--head_dim_vo", "256"], "multiples of 8 up to 128"),
 ])
 def test_unsupported_calls_are_declined_with_a_reason(tmp_path, flags, reason):
     rows, _ = replay(tmp_path, *flags, "--kernels", ",".join(KERNELS))
