@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <memory>
+#include <mutex>
 #include <sstream>
 
 #include "formats/errors.h"
@@ -63,6 +65,41 @@ std::vector<std::string> load_plugins(const PluginFiles& files, bool with_adapte
 std::vector<std::pair<std::string, std::string>> unavailable_plugin_kernels() {
   loaded_plugin_code = true;  // Python starts to tell
   return unavailable_python_kernels();
+}
+
+namespace {
+
+class UnavailableKernel final : public Kernel {
+ public:
+  UnavailableKernel(const std::string& name, std::string reason) : reason_(std::move(reason)) {
+    description_.name = name;
+    description_.summary = "unavailable here: " + reason_;
+    description_.device = "cuda";  // the libraries adapted are GPU libraries
+  }
+  const KernelDescription& description() const override { return description_; }
+  std::optional<std::string> unsupported_reason(const AttentionCall&) const override { return reason_; }
+  std::unique_ptr<PreparedKernel> prepare(const AttentionCall&, const KernelOptions&) const override {
+    throw KernelNotSupported(reason_);
+  }
+
+ private:
+  KernelDescription description_;
+  std::string reason_;
+};
+
+}  // namespace
+
+const Kernel* unavailable_plugin_kernel(const std::string& name) {
+  static std::mutex mutex;
+  static std::vector<std::unique_ptr<Kernel>> made;  // for the process's life, as registered kernels are
+  const std::lock_guard lock(mutex);
+  for (const auto& kernel : made) {
+    if (kernel->name() == name) return kernel.get();
+  }
+  for (const auto& [unavailable, reason] : unavailable_plugin_kernels()) {
+    if (unavailable == name) return made.emplace_back(std::make_unique<UnavailableKernel>(name, reason)).get();
+  }
+  return nullptr;
 }
 
 bool plugin_code_loaded() { return loaded_plugin_code; }

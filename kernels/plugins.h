@@ -8,6 +8,8 @@
 
 namespace attnreplay {
 
+class Kernel;
+
 struct PluginFiles {
   std::vector<std::string> modules;    // Python files or importable module names
   std::vector<std::string> libraries;  // shared libraries of C++ kernels
@@ -28,6 +30,10 @@ std::vector<std::string> load_plugins(const PluginFiles& files, bool with_adapte
 // Kernels the library adapters cannot offer here, with why (their package does not import):
 // (name, reason).
 std::vector<std::pair<std::string, std::string>> unavailable_plugin_kernels();
+// One of those as a kernel that declines every call with why, so that a run naming it (a test list
+// written for a machine with the library) reports it beside the others rather than failing; null
+// for a name no adapter has.
+const Kernel* unavailable_plugin_kernel(const std::string& name);
 
 // True once this process has loaded any plug-in code (a C++ library, or Python for modules or
 // adapters): code whose destructors or exit handlers may still have something to write.

@@ -3,6 +3,7 @@ the CSV and its rerun commands, `info`, and the generated-shape flags (GQA, cros
 with bottom-right alignment, head_dim_vo != head_dim_qk)."""
 
 import csv
+import importlib.util
 import math
 import os
 import re
@@ -152,6 +153,21 @@ def test_a_preloaded_tool_gets_the_ordinary_exit(tmp_path):
     assert load_json(out)["calls"][0]["kernels"][0]["status"] == "not_verified"
     assert "1 calls, 1 results" in result.stdout  # the output is flushed either way
     assert mark.read_text() == "destructors ran\n"
+
+
+def test_an_adapter_whose_library_is_missing_is_reported_not_run(tmp_path):
+    """A test list written for a machine with the library: its kernel declines each call with the
+    import error, beside the kernels that run, rather than failing the run."""
+    if importlib.util.find_spec("flashinfer"):
+        pytest.skip("flashinfer is installed here")
+    out = tmp_path / "r.json"
+    result = run_attnreplay("run", "--shape", "1,2,16,8", "--kernels", "flashinfer-prefill,torch-math", "--json", out,
+                            *FAST)
+    kernels = {k["kernel"]: k for k in load_json(out)["calls"][0]["kernels"]}
+    assert kernels["torch-math"]["status"] == "not_verified"
+    assert kernels["flashinfer-prefill"]["status"] == "not_supported"
+    assert "flashinfer" in kernels["flashinfer-prefill"]["reason"], kernels["flashinfer-prefill"]
+    assert "not run, flashinfer" in result.stdout
 
 
 def test_unknown_kernel_is_a_clear_error(tmp_path):
