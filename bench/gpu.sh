@@ -29,7 +29,8 @@ step() { echo; echo "== $* ($(date -u +%H:%M:%S))"; }
 # each of E2E_KERNELS substituted for its attention, then a Flux-sized transformer with each of
 # E2E_FLUX_KERNELS (attnreplay e2e); "steptime" times both jobs' steps as is and substituted, with
 # nothing captured (STEP_ROUNDS alternating rounds); "paged" times capture's cost on a paged decode
-# loop alone (the "capture" step includes it).
+# loop alone (the "capture" step includes it); "llm" runs attnreplay's own kernels on a padded bf16
+# decoder's captured calls beside unpadded ones, padding's cost and substitution (bench/llm_calls.py).
 STEPS="${GPU_STEPS:-tests dobench suite quant capture}"
 wants() { [[ " $STEPS " == *" $1 "* ]]; }
 
@@ -221,6 +222,12 @@ python3 "$ROOT/bench/substitution_step_time.py" --attncap "$ATTNREPLAY_ATTNCAP_L
   --kernels ${E2E_KERNELS:-torch-cudnn sage2-int8-fp8 fa3-fp8 sageattn-triton} --json "$OUT/steps_decoder.json" -- \
   python3 "$ROOT/tests/e2e/jobs/decoder_job.py" --device cuda --dtype bfloat16 --head-dim 128 --new-tokens 32 \
   --no-padding --timed-generates 5 | tee -a "$OUT/steps.txt" || status=1
+fi
+
+if wants llm; then
+step "attnreplay's own kernels on an LLM's calls: padded beside unpadded, padding's cost, substitution (bench/llm_calls.py)"
+python3 "$ROOT/bench/llm_calls.py" --attnreplay "$BIN" --attncap "$ATTNREPLAY_ATTNCAP_LIB" --out "$OUT/llm.json" \
+  | tee "$OUT/llm.txt" || status=1
 fi
 
 if wants batches; then
