@@ -14,6 +14,7 @@
 #include "formats/torch_tensor.h"
 #include "kernels/cuda/cuda_attention.h"
 #include "kernels/device_output.h"
+#include "kernels/per_sequence.h"
 #include "kernels/torch_inputs.h"
 
 namespace attnreplay {
@@ -45,7 +46,7 @@ cudaStream_t current_stream() {
 #endif
 }
 
-class PreparedCudaAttention final : public PreparedKernel, public DeviceOutput {
+class PreparedCudaAttention final : public PreparedKernel, public DeviceOutput, public JoinsLaunches {
  public:
   PreparedCudaAttention(const AttentionCall& call, QuantizedKind kind, const QuantOptions& options)
       : dtype_(call.q.dtype),
@@ -71,8 +72,22 @@ class PreparedCudaAttention final : public PreparedKernel, public DeviceOutput {
                          {shape_.batch, shape_.heads_q, shape_.seq_q, shape_.head_dim_vo},
                          at::TensorOptions().dtype(torch_scalar_type(dtype_)).device(current_gpu()));
   }
+  std::unique_ptr<JointLaunch> join(const std::vector<PreparedKernel*>& calls) override {
+    std::vector<cu::Attention*> attentions;
+    for (PreparedKernel* call : calls) attentions.push_back(&dynamic_cast<PreparedCudaAttention&>(*call).attention_);
+    return std::make_unique<Together>(attentions);
+  }
 
  private:
+  class Together final : public JointLaunch {
+   public:
+    explicit Together(const std::vector<cu::Attention*>& calls) : together_(calls) {}
+    void run() override { together_.run(current_stream()); }
+
+   private:
+    cu::AttentionTogether together_;
+  };
+
   DType dtype_;
   AttentionShape shape_;
   cu::Attention attention_;

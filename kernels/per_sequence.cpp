@@ -23,14 +23,21 @@ class PreparedPerSequence final : public PreparedKernel, public DeviceOutput {
     std::unique_ptr<PreparedKernel> kernel;  // null: no keys
   };
   PreparedPerSequence(std::vector<Part> parts, AttentionShape shape) : parts_(std::move(parts)), shape_(shape) {
+    std::vector<PreparedKernel*> prepared;
     for (const Part& part : parts_) {
       if (!part.kernel) continue;
+      prepared.push_back(part.kernel.get());
       preparation_ = preparation_ || part.kernel->has_preparation();
       on_stream_ = on_stream_ && part.kernel->runs_on_current_stream();
       on_device_ = on_device_ && dynamic_cast<DeviceOutput*>(part.kernel.get()) != nullptr;
     }
+    // Where the kernel's calls join launches, one launch for them all rather than one each.
+    if (prepared.size() > 1) {
+      if (auto* joins = dynamic_cast<JoinsLaunches*>(prepared.front())) together_ = joins->join(prepared);
+    }
   }
   void run() override {
+    if (together_) return together_->run();
     for (Part& part : parts_)
       if (part.kernel) part.kernel->run();
   }
@@ -93,6 +100,7 @@ class PreparedPerSequence final : public PreparedKernel, public DeviceOutput {
  private:
   std::vector<Part> parts_;
   AttentionShape shape_;
+  std::unique_ptr<JointLaunch> together_;
   bool preparation_ = false, on_stream_ = true, on_device_ = true;
 };
 

@@ -128,15 +128,6 @@ struct AttentionTile {
   static_assert(kSmemQ % 1024 == 0 && kSmemK % 1024 == 0 && kSmemV % 1024 == 0, "tiles on 1024-byte boundaries");
 };
 
-// What the kernel reads: the buffers, and a TMA descriptor for each of Q, K and V (as bytes, in
-// the layout below).
-struct AttentionParams {
-  AttentionArgs args;
-  CUtensorMap q_map;
-  CUtensorMap k_map;
-  CUtensorMap v_map;
-};
-
 // Shared-memory tiles are laid out as TMA writes them and the MMA descriptors read them: rows of
 // 128 bytes (wider rows split into 128-byte column blocks, one after the other, each kRows rows)
 // or of 64 bytes, the 16-byte chunks of each 8 rows permuted by the 128-byte (64-byte) swizzle,
@@ -298,9 +289,17 @@ struct QuantizedQBlock {
   }
 };
 
-template <class Tile>
-__global__ void __launch_bounds__(Tile::kThreads, Tile::kCtasPerSm) attention_kernel(const __grid_constant__ AttentionParams params) {
+// The launch's call, or (kParts) grid z's call of several, whose parameters are in global memory.
+template <bool kParts>
+__device__ __forceinline__ const AttentionParams& call_parameters(const AttentionParams& launch) {
+  if constexpr (kParts) return launch.parts[blockIdx.z];
+  else return launch;
+}
+
+template <class Tile, bool kParts>
+__global__ void __launch_bounds__(Tile::kThreads, Tile::kCtasPerSm) attention_kernel(const __grid_constant__ AttentionParams launch) {
   using Elem = typename Tile::Elem;
+  const AttentionParams& params = call_parameters<kParts>(launch);
   const AttentionArgs& a = params.args;
   constexpr int kDim = Tile::kDim;
   constexpr float kInf = INFINITY;
@@ -323,8 +322,11 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kCtasPerSm) attention_ke
   // Causal query blocks late in the sequence see the most keys: start them first, so that the
   // last wave is short.
   const std::int64_t cta_block = static_cast<std::int64_t>(gridDim.x) - 1 - blockIdx.x;
+  // A call of several has batch 1 and may have fewer query blocks than the grid's (the longest's):
+  // the CTAs past its own leave before anything.
+  if (kParts && cta_block * kCtaQ >= a.seq_q) return;
   const int h = static_cast<int>(blockIdx.y);
-  const int b = static_cast<int>(blockIdx.z);
+  const int b = kParts ? 0 : static_cast<int>(blockIdx.z);
   const int h_kv = h / (a.heads_q / a.heads_kv);
   const std::int64_t head_q = static_cast<std::int64_t>(b) * a.heads_q + h;
   const std::int64_t head_kv = static_cast<std::int64_t>(b) * a.heads_kv + h_kv;
@@ -866,26 +868,29 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kCtasPerSm) attention_ke
   }
 }
 
-template <class Tile>
-void launch_attention(const AttentionArgs& a, Order order, cudaStream_t stream) {
-  // Once per instantiation: more than 48 KB of dynamic shared memory must be asked for.
+// Once per instantiation: more than 48 KB of dynamic shared memory must be asked for.
+template <class Tile, bool kParts>
+void configure_attention_kernel() {
   static const cudaError_t configured = [] {
-    const cudaError_t error = cudaFuncSetAttribute(attention_kernel<Tile>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                   Tile::kSmemBytes);
+    const cudaError_t error = cudaFuncSetAttribute(attention_kernel<Tile, kParts>,
+                                                   cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSmemBytes);
     if (error != cudaSuccess) {
       (void)cudaGetLastError();  // not left for the next launch's check to report
       return error;
     }
     // All of an SM's shared memory as such, none as L1: solo CTAs share an SM three or four ways.
-    const cudaError_t carveout = cudaFuncSetAttribute(attention_kernel<Tile>,
+    const cudaError_t carveout = cudaFuncSetAttribute(attention_kernel<Tile, kParts>,
                                                       cudaFuncAttributePreferredSharedMemoryCarveout,
                                                       cudaSharedmemCarveoutMaxShared);
     if (carveout != cudaSuccess) (void)cudaGetLastError();
     return carveout;
   }();
   ATTNREPLAY_CUDA_CHECK(configured);
-  const dim3 grid(static_cast<unsigned>(ceil_div(a.seq_q, Tile::kCtaQ)), static_cast<unsigned>(a.heads_q),
-                  static_cast<unsigned>(a.batch));
+}
+
+// One call's parameters: its buffers' TMA descriptors, made on the host.
+template <class Tile>
+AttentionParams attention_parameters(const AttentionArgs& a) {
   AttentionParams params;
   params.args = a;
   if constexpr (!Tile::kQuantizesQ)
@@ -896,27 +901,56 @@ void launch_attention(const AttentionArgs& a, Order order, cudaStream_t stream) 
   } else {
     params.v_map = make_tile_map(a.v, Tile::kDim * 2, a.v_length, std::int64_t{a.batch} * a.heads_kv, kBlockK, "V");
   }
-  launch_kernel("attention_kernel", attention_kernel<Tile>, grid, Tile::kThreads, Tile::kSmemBytes, order, stream,
-                params);
+  return params;
+}
+
+template <class Tile>
+void launch_attention(const AttentionArgs& a, Order order, cudaStream_t stream) {
+  configure_attention_kernel<Tile, false>();
+  const dim3 grid(static_cast<unsigned>(ceil_div(a.seq_q, Tile::kCtaQ)), static_cast<unsigned>(a.heads_q),
+                  static_cast<unsigned>(a.batch));
+  launch_kernel("attention_kernel", attention_kernel<Tile, false>, grid, Tile::kThreads, Tile::kSmemBytes, order, stream,
+                attention_parameters<Tile>(a));
+}
+
+template <class Tile>
+void run_job(const KernelJob& job) {
+  switch (job.what) {
+    case KernelJob::What::launch: return launch_attention<Tile>(*job.args, job.order, job.stream);
+    case KernelJob::What::make_parts:
+      for (const AttentionArgs& part : *job.parts) job.made->push_back(attention_parameters<Tile>(part));
+      return;
+    case KernelJob::What::launch_parts: {
+      configure_attention_kernel<Tile, true>();
+      const dim3 grid(static_cast<unsigned>(ceil_div(job.longest_seq_q, Tile::kCtaQ)),
+                      static_cast<unsigned>(job.args->heads_q), static_cast<unsigned>(job.part_count));
+      AttentionParams params;  // the calls' own are in device memory
+      params.args = *job.args;
+      params.parts = job.device_parts;
+      return launch_kernel("attention_kernel over several calls", attention_kernel<Tile, true>, grid, Tile::kThreads,
+                           Tile::kSmemBytes, job.order, job.stream, params);
+    }
+  }
 }
 
 // Picks the instantiation for the call's head dim, element type and (Sage) K scale granularity.
 template <QuantizedKind kKind, PvAccum kPv, bool kPerThreadK>
-void dispatch_head_dim(const AttentionArgs& a, Order order, cudaStream_t stream) {
+void dispatch_head_dim(const KernelJob& job) {
+  const AttentionArgs& a = *job.args;
   const bool bf16 = a.element == Element::bf16;
-  if (a.head_dim == 64 && bf16) return launch_attention<AttentionTile<kKind, 64, __nv_bfloat16, kPv, kPerThreadK>>(a, order, stream);
-  if (a.head_dim == 64) return launch_attention<AttentionTile<kKind, 64, __half, kPv, kPerThreadK>>(a, order, stream);
-  if (a.head_dim == 128 && bf16) return launch_attention<AttentionTile<kKind, 128, __nv_bfloat16, kPv, kPerThreadK>>(a, order, stream);
-  if (a.head_dim == 128) return launch_attention<AttentionTile<kKind, 128, __half, kPv, kPerThreadK>>(a, order, stream);
+  if (a.head_dim == 64 && bf16) return run_job<AttentionTile<kKind, 64, __nv_bfloat16, kPv, kPerThreadK>>(job);
+  if (a.head_dim == 64) return run_job<AttentionTile<kKind, 64, __half, kPv, kPerThreadK>>(job);
+  if (a.head_dim == 128 && bf16) return run_job<AttentionTile<kKind, 128, __nv_bfloat16, kPv, kPerThreadK>>(job);
+  if (a.head_dim == 128) return run_job<AttentionTile<kKind, 128, __half, kPv, kPerThreadK>>(job);
   throw std::invalid_argument("attention kernel: head dim " + std::to_string(a.head_dim) + " (64 or 128 only)");
 }
 
 template <QuantizedKind kKind, PvAccum kPv>
-void dispatch_attention(const AttentionArgs& a, Order order, cudaStream_t stream) {
+void dispatch_attention(const KernelJob& job) {
   if constexpr (kKind == QuantizedKind::sage1_int8 || kKind == QuantizedKind::sage2_int8_fp8) {
-    if (a.granularity == QuantGranularity::per_thread) return dispatch_head_dim<kKind, kPv, true>(a, order, stream);
+    if (job.args->granularity == QuantGranularity::per_thread) return dispatch_head_dim<kKind, kPv, true>(job);
   }
-  dispatch_head_dim<kKind, kPv, false>(a, order, stream);
+  dispatch_head_dim<kKind, kPv, false>(job);
 }
 
 }  // namespace attnreplay::cuda_attention

@@ -1,10 +1,12 @@
 #pragma once
-// What the attention kernels read, as prepared by kernels/cuda/quantize.cu, and one launcher per
-// kind (kernels/cuda/{flash,sage1_int8,sage2_int8_fp8,fa3_fp8}.cu), each queued in `order` after
-// the work before it on `stream`. Internal to kernels/cuda.
+// What the attention kernels read, as prepared by kernels/cuda/quantize.cu, and one entry point per
+// kind (kernels/cuda/{flash,sage1_int8,sage2_int8_fp8,fa3_fp8}.cu) for its launches, each queued in
+// `order` after the work before it on `stream`. Internal to kernels/cuda.
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "kernels/cuda/cuda_attention.h"
 #include "kernels/cuda/device_utils.cuh"
@@ -61,9 +63,39 @@ struct AttentionArgs {
   std::int64_t causal_offset = 0;  // key j visible to row i when j <= i + causal_offset
 };
 
-void launch_flash(const AttentionArgs& args, Order order, cudaStream_t stream);
-void launch_sage1_int8(const AttentionArgs& args, Order order, cudaStream_t stream);
-void launch_sage2_int8_fp8(const AttentionArgs& args, Order order, cudaStream_t stream);
-void launch_fa3_fp8(const AttentionArgs& args, Order order, cudaStream_t stream);
+// What the kernel reads: the buffers, and a TMA descriptor for each of Q, K and V (as bytes, in
+// the layout attention_kernel.cuh gives). A launch over several calls (`parts`) reads each call's
+// own from global memory, call c's by the CTAs of grid z = c.
+struct AttentionParams {
+  AttentionArgs args;
+  CUtensorMap q_map;
+  CUtensorMap k_map;
+  CUtensorMap v_map;
+  const AttentionParams* parts = nullptr;
+};
+
+// What to do with a kind's attention kernel, at the tile the calls' head dim, element type and
+// options pick: launch it for one call; make several calls' parameters (each of batch 1: a padded
+// batch's entries, a ragged batch's sequences; kind, head dims, heads and options alike); or launch
+// it once over those, uploaded.
+struct KernelJob {
+  enum class What { launch, make_parts, launch_parts };
+  What what = What::launch;
+  const AttentionArgs* args = nullptr;  // the call; for parts, the first
+  Order order = Order::after_all;
+  cudaStream_t stream = nullptr;
+  const std::vector<AttentionArgs>* parts = nullptr;  // make_parts: the calls
+  std::vector<AttentionParams>* made = nullptr;        // make_parts: their parameters, in order
+  const AttentionParams* device_parts = nullptr;      // launch_parts: those, in device memory
+  int part_count = 0;
+  std::int64_t longest_seq_q = 0;                     // launch_parts: the grid's query blocks
+};
+
+void flash_attention(const KernelJob& job);
+void sage1_int8_attention(const KernelJob& job);
+void sage2_int8_fp8_attention(const KernelJob& job);
+void fa3_fp8_attention(const KernelJob& job);
+// The one of the four for `kind`.
+void kind_attention(QuantizedKind kind, const KernelJob& job);
 
 }  // namespace attnreplay::cuda_attention

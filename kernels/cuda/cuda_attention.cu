@@ -517,15 +517,21 @@ void Attention::prepare_inputs(cudaStream_t stream) {
   s.attention_order = order;
 }
 
-void Attention::run(cudaStream_t stream) {
-  const AttentionArgs& a = state_->args;
-  const Order order = std::exchange(state_->attention_order, Order::after_all);
-  switch (state_->kind) {
-    case QuantizedKind::flash: return launch_flash(a, order, stream);
-    case QuantizedKind::sage1_int8: return launch_sage1_int8(a, order, stream);
-    case QuantizedKind::sage2_int8_fp8: return launch_sage2_int8_fp8(a, order, stream);
-    case QuantizedKind::fa3_fp8: return launch_fa3_fp8(a, order, stream);
+void kind_attention(QuantizedKind kind, const KernelJob& job) {
+  switch (kind) {
+    case QuantizedKind::flash: return flash_attention(job);
+    case QuantizedKind::sage1_int8: return sage1_int8_attention(job);
+    case QuantizedKind::sage2_int8_fp8: return sage2_int8_fp8_attention(job);
+    case QuantizedKind::fa3_fp8: return fa3_fp8_attention(job);
   }
+}
+
+void Attention::run(cudaStream_t stream) {
+  KernelJob job;
+  job.args = &state_->args;
+  job.order = std::exchange(state_->attention_order, Order::after_all);
+  job.stream = stream;
+  kind_attention(state_->kind, job);
 }
 
 void Attention::synchronize() { ATTNREPLAY_CUDA_CHECK(cudaDeviceSynchronize()); }
@@ -539,5 +545,65 @@ void Attention::download_output(void* host, std::size_t bytes) {
 }
 
 const void* Attention::device_output() const { return state_->out.as(); }
+
+struct AttentionTogether::State {
+  QuantizedKind kind = QuantizedKind::flash;
+  AttentionArgs first;
+  DeviceBuffer parts;  // the calls' AttentionParams, in order
+  int count = 0;
+  std::int64_t longest_seq_q = 0;
+};
+
+AttentionTogether::AttentionTogether(const std::vector<Attention*>& calls) : state_(std::make_unique<State>()) {
+  State& s = *state_;
+  if (calls.empty()) return;
+  constexpr std::size_t kGridLimit = 65535;  // grid z
+  if (calls.size() > kGridLimit) {
+    throw std::invalid_argument("attention of " + std::to_string(calls.size()) + " calls in one launch (at most 65535)");
+  }
+  const Attention::State& first = *calls.front()->state_;
+  std::vector<AttentionArgs> args;
+  for (const Attention* call : calls) {
+    const Attention::State& c = *call->state_;
+    const AttentionArgs& a = c.args;
+    const AttentionArgs& f = first.args;
+    if (c.kind != first.kind || a.batch != 1 || a.head_dim != f.head_dim || a.out_dim != f.out_dim ||
+        a.element != f.element || a.heads_q != f.heads_q || a.heads_kv != f.heads_kv ||
+        a.granularity != f.granularity || a.pv_accumulation != f.pv_accumulation) {
+      throw std::invalid_argument("attention in one launch: calls of one kind, element type, head dims, heads and "
+                                  "options, of batch 1 each");
+    }
+    args.push_back(a);
+    s.longest_seq_q = std::max(s.longest_seq_q, a.seq_q);
+  }
+  std::vector<AttentionParams> made;
+  KernelJob job;
+  job.what = KernelJob::What::make_parts;
+  job.args = &args.front();
+  job.parts = &args;
+  job.made = &made;
+  kind_attention(first.kind, job);
+  s.parts.allocate(nullptr, made.size() * sizeof(AttentionParams), "the calls' kernel parameters");
+  ATTNREPLAY_CUDA_CHECK(cudaMemcpy(s.parts.as(), made.data(), s.parts.bytes(), cudaMemcpyHostToDevice));
+  s.kind = first.kind;
+  s.first = args.front();
+  s.count = static_cast<int>(made.size());
+}
+
+AttentionTogether::~AttentionTogether() = default;
+
+void AttentionTogether::run(cudaStream_t stream) {
+  const State& s = *state_;
+  if (s.count == 0 || s.longest_seq_q == 0) return;  // no rows to compute
+  KernelJob job;
+  job.what = KernelJob::What::launch_parts;
+  job.args = &s.first;
+  job.order = Order::after_all;  // the calls' preparations were queued apart, each its own chain
+  job.stream = stream;
+  job.device_parts = s.parts.as<AttentionParams>();
+  job.part_count = s.count;
+  job.longest_seq_q = s.longest_seq_q;
+  kind_attention(s.kind, job);
+}
 
 }  // namespace attnreplay::cuda_attention

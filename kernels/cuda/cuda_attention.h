@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "formats/attention_shape.h"
 #include "kernels/quant_options.h"
@@ -89,8 +90,28 @@ class Attention {
   const void* device_output() const;
 
  private:
+  friend class AttentionTogether;
   void set_up(QuantizedKind kind, const Problem& problem, const QuantOptions& options, DeviceMemory* memory,
               cudaStream_t stream);
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+// Several prepared calls of batch 1 (a padded batch's entries, a ragged batch's sequences:
+// kernels/per_sequence.h) whose attention runs in one launch, each call's CTAs on a grid z of their
+// own and each output where the call's own run() writes it. One kind, element type, head dims,
+// heads and options; lengths and causality their own.
+class AttentionTogether {
+ public:
+  // Makes the calls' kernel parameters and uploads them (and waits); the calls must outlive this.
+  explicit AttentionTogether(const std::vector<Attention*>& calls);
+  ~AttentionTogether();
+  AttentionTogether(const AttentionTogether&) = delete;
+  AttentionTogether& operator=(const AttentionTogether&) = delete;
+  // Queues the launch after all work before it on `stream` (the calls' preparations among it).
+  void run(cudaStream_t stream = nullptr);
+
+ private:
   struct State;
   std::unique_ptr<State> state_;
 };

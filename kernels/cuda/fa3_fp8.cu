@@ -4,6 +4,6 @@
 
 namespace attnreplay::cuda_attention {
 
-void launch_fa3_fp8(const AttentionArgs& args, Order order, cudaStream_t stream) { dispatch_attention<QuantizedKind::fa3_fp8, PvAccum::fp32_fp32>(args, order, stream); }
+void fa3_fp8_attention(const KernelJob& job) { dispatch_attention<QuantizedKind::fa3_fp8, PvAccum::fp32_fp32>(job); }
 
 }  // namespace attnreplay::cuda_attention

@@ -4,6 +4,6 @@
 
 namespace attnreplay::cuda_attention {
 
-void launch_flash(const AttentionArgs& args, Order order, cudaStream_t stream) { dispatch_attention<QuantizedKind::flash, PvAccum::fp32_fp32>(args, order, stream); }
+void flash_attention(const KernelJob& job) { dispatch_attention<QuantizedKind::flash, PvAccum::fp32_fp32>(job); }
 
 }  // namespace attnreplay::cuda_attention

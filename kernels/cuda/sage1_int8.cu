@@ -4,8 +4,6 @@
 
 namespace attnreplay::cuda_attention {
 
-void launch_sage1_int8(const AttentionArgs& args, Order order, cudaStream_t stream) {
-  dispatch_attention<QuantizedKind::sage1_int8, PvAccum::fp32_fp32>(args, order, stream);
-}
+void sage1_int8_attention(const KernelJob& job) { dispatch_attention<QuantizedKind::sage1_int8, PvAccum::fp32_fp32>(job); }
 
 }  // namespace attnreplay::cuda_attention

@@ -4,11 +4,11 @@
 
 namespace attnreplay::cuda_attention {
 
-void launch_sage2_int8_fp8(const AttentionArgs& args, Order order, cudaStream_t stream) {
-  switch (args.pv_accumulation) {
-    case PvAccum::fp32: return dispatch_attention<QuantizedKind::sage2_int8_fp8, PvAccum::fp32>(args, order, stream);
-    case PvAccum::fp32_fp32: return dispatch_attention<QuantizedKind::sage2_int8_fp8, PvAccum::fp32_fp32>(args, order, stream);
-    case PvAccum::fp32_fp16: return dispatch_attention<QuantizedKind::sage2_int8_fp8, PvAccum::fp32_fp16>(args, order, stream);
+void sage2_int8_fp8_attention(const KernelJob& job) {
+  switch (job.args->pv_accumulation) {
+    case PvAccum::fp32: return dispatch_attention<QuantizedKind::sage2_int8_fp8, PvAccum::fp32>(job);
+    case PvAccum::fp32_fp32: return dispatch_attention<QuantizedKind::sage2_int8_fp8, PvAccum::fp32_fp32>(job);
+    case PvAccum::fp32_fp16: return dispatch_attention<QuantizedKind::sage2_int8_fp8, PvAccum::fp32_fp16>(job);
   }
   throw std::invalid_argument("sage2-int8-fp8: unknown P·V accumulation");
 }

@@ -245,14 +245,35 @@ def padded_call(path, batch, heads, kv_heads, seq_q, seq_kv, dim, pads, causal):
 
 @pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("case", ["prefill", "decode"])
-def test_padded_batches_run_an_entry_at_a_time_as_their_emulations(tmp_path, kernel, case):
-    """docs/masks.md: a padded batch's entries cut to their keys, causal at a moved diagonal; the
-    rows that see no key 0."""
+def test_padded_batches_run_in_one_launch_as_their_emulations(tmp_path, kernel, case):
+    """docs/masks.md: a padded batch's entries cut to their keys, causal at a moved diagonal, each
+    prepared alone and all attended in one launch (grid z an entry); the rows that see no key 0."""
     if case == "prefill":
         call = padded_call(tmp_path / "p.pt", 3, 8, 2, 600, 600, 128, [0, 37, 300], causal=True)
     else:
         call = padded_call(tmp_path / "p.pt", 4, 8, 2, 1, 2000, 128, [0, 129, 700, 1999], causal=False)
     check_against_emulation(tmp_path, kernel, call)
+
+
+BATCHES = {
+    # Every sequence's own length, so that the launch's shorter sequences leave CTAs early.
+    "decode-paged": ["--routine", "BatchDecodeWithPagedKVCacheWrapper", "--page_size", "16", "--batch_size", "9",
+                     "--s_qo", "1", "--s_kv", "1500", "--num_qo_heads", "16", "--num_kv_heads", "4"],
+    "prefill-paged-causal": ["--routine", "BatchPrefillWithPagedKVCacheWrapper", "--page_size", "16", "--batch_size",
+                             "5", "--s_qo", "300", "--s_kv", "700", "--num_qo_heads", "8", "--num_kv_heads", "2",
+                             "--causal"],
+    "prefill-ragged-causal": ["--routine", "BatchPrefillWithRaggedKVCacheWrapper", "--batch_size", "6", "--s_qo", "400",
+                              "--s_kv", "400", "--num_qo_heads", "8", "--num_kv_heads", "8", "--causal"],
+}
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("flags", BATCHES.values(), ids=BATCHES.keys())
+def test_ragged_and_paged_batches_run_in_one_launch_as_their_emulations(tmp_path, kernel, flags):
+    """A ragged or paged batch's sequences each prepared alone (their pages gathered), all attended in
+    one launch, against the emulation of the same sequences."""
+    check_against_emulation(tmp_path, kernel, *flags, "--head_dim_qk", "128", "--dtype", "bf16",
+                            "--random_actual_seq_len", "--seed", "4")
 
 
 @pytest.mark.parametrize("timing", ["graph", "cupti"])

@@ -221,3 +221,81 @@ TEST_CASE("a padded batch runs a batch entry at a time, cut to its keys, for ker
                                   return padded;
                                 }()));
 }
+
+namespace {
+
+// flash-cpu, with its prepared calls joining launches as attnreplay's CUDA kernels' do: counts the
+// joins, the joint runs and the runs of a call alone.
+struct JoinCounts {
+  int joins = 0, joined_calls = 0, joint_runs = 0, lone_runs = 0;
+};
+
+class JoiningKernel final : public Kernel {
+ public:
+  JoiningKernel(const Kernel& inner, JoinCounts& counts) : inner_(inner), counts_(counts) {}
+  const KernelDescription& description() const override { return inner_.description(); }
+  std::optional<std::string> unsupported_reason(const AttentionCall& call) const override {
+    return inner_.unsupported_reason(call);
+  }
+  std::unique_ptr<PreparedKernel> prepare(const AttentionCall& call, const KernelOptions& options) const override {
+    return std::make_unique<Prepared>(inner_.prepare(call, options), counts_);
+  }
+
+ private:
+  class Prepared final : public PreparedKernel, public JoinsLaunches {
+   public:
+    Prepared(std::unique_ptr<PreparedKernel> inner, JoinCounts& counts) : inner_(std::move(inner)), counts_(counts) {}
+    void run() override {
+      ++counts_.lone_runs;
+      inner_->run();
+    }
+    HostTensor output() override { return inner_->output(); }
+    std::unique_ptr<JointLaunch> join(const std::vector<PreparedKernel*>& calls) override {
+      ++counts_.joins;
+      counts_.joined_calls += static_cast<int>(calls.size());
+      std::vector<PreparedKernel*> inners;
+      for (PreparedKernel* call : calls) inners.push_back(dynamic_cast<Prepared&>(*call).inner_.get());
+      return std::make_unique<Joint>(std::move(inners), counts_);
+    }
+
+   private:
+    struct Joint final : JointLaunch {
+      Joint(std::vector<PreparedKernel*> calls, JoinCounts& counts) : calls(std::move(calls)), counts(counts) {}
+      void run() override {
+        ++counts.joint_runs;
+        for (PreparedKernel* call : calls) call->run();
+      }
+      std::vector<PreparedKernel*> calls;
+      JoinCounts& counts;
+    };
+    std::unique_ptr<PreparedKernel> inner_;
+    JoinCounts& counts_;
+  };
+  const Kernel& inner_;
+  JoinCounts& counts_;
+};
+
+}  // namespace
+
+TEST_CASE("a kernel whose prepared calls join launches runs a padded batch's entries in one", "[mask]") {
+  const StructuredCase prefill = structured_cases()[0];
+  AttentionCall call = generated(prefill.shape);
+  call.is_causal = prefill.causal;
+  call.causal_alignment = prefill.alignment;
+  call.mask = bool_mask(prefill.shape, prefill.visible);
+  call.visibility = std::make_shared<const CallVisibility>(read_call_visibility(call));
+  const Kernel& flash = *KernelRegistry::instance().find("flash-cpu");
+  JoinCounts counts;
+  const JoiningKernel joining(flash, counts);
+  auto prepared = PerSequenceKernel(joining).prepare(call, KernelOptions{});
+  CHECK(counts.joins == 1);
+  CHECK(counts.joined_calls == 3);  // the three entries, each cut to its keys
+  prepared->run();
+  prepared->run();
+  CHECK(counts.joint_runs == 2);
+  CHECK(counts.lone_runs == 0);  // no entry's own run(): the joint launch covers them
+  // The same output as the entries run one by one.
+  auto alone = PerSequenceKernel(flash).prepare(call, KernelOptions{});
+  alone->run();
+  CHECK(*prepared->output().bytes == *alone->output().bytes);
+}
