@@ -7,7 +7,8 @@
 // online softmax in fp32 and exp2. The producer gives its registers to the consumers
 // (setmaxnreg). Stages pass between them on mbarriers: "loaded" (the copy engine counts the bytes
 // in) and "free" (every consumer thread arrives once done). A solo CTA (sage2) is one consumer
-// that copies for itself, three or four CTAs to an SM.
+// that copies for itself, three or four CTAs to an SM. One launch may cover several calls of batch
+// 1 (a batch's sequences), grid z a call, each call's parameters read from global memory.
 //
 // Overlapped schedule: the consumers take turns to issue their MMAs (FlashAttention-3's
 // ping-pong); in one turn a consumer issues Q·Kᵀ of block kb and P·V of block kb - 1, so while one
