@@ -7,7 +7,8 @@ the real package finds them here.
   BatchPrefillWithRaggedKVCacheWrapper; decode.py: single_decode_with_kv_cache,
   BatchDecodeWithPagedKVCacheWrapper; mla/_core.py: BatchMLAPagedAttentionWrapper (laid out as
   FlashInfer's main branch lays it out); quantization.py: packbits.
-- The last single_prefill_with_kv_cache call's arguments are in LAST_CALL.
+- The last single_prefill_with_kv_cache call's arguments are in LAST_CALL, the last batch wrapper
+  plan's in _batch.LAST_PLAN.
 """
 __version__ = "0.6.18"
 

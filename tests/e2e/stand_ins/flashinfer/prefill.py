@@ -15,7 +15,8 @@ import torch
 from _stand_in_math import attention_fp64, causal_visible
 from _stand_in_record import record
 
-from ._batch import PagedPlan, RaggedPlan, check_layout, index_copy, pages_of, paged_keys, run_batch, unsupported
+from ._batch import (PagedPlan, RaggedPlan, as_torch_dtype, check_layout, check_page_lists, check_run, index_copy,
+                     pages_of, paged_keys, record_plan, run_batch, unsupported)
 from .quantization import _unpack_little, packbits
 
 LAST_CALL = {}
@@ -66,13 +67,14 @@ def single_prefill_with_kv_cache(q, k, v, scale_q=None, scale_k=None, scale_v=No
 
 class BatchPrefillWithPagedKVCacheWrapper:
     """Batch prefill over a paged KV cache (flashinfer.prefill, 0.6.18's signatures); _batch.py
-    says what is computed."""
+    says what is computed and checked."""
 
     def __init__(self, float_workspace_buffer, kv_layout="NHD", use_cuda_graph=False, qo_indptr_buf=None,
                  paged_kv_indptr_buf=None, paged_kv_indices_buf=None, paged_kv_last_page_len_buf=None,
                  custom_mask_buf=None, mask_indptr_buf=None, backend="auto", jit_args=None, jit_kwargs=None):
         check_layout(kv_layout)
         self._kv_layout = kv_layout
+        self._workspace_device = float_workspace_buffer.device
         self._plan = None
 
     def plan(self, qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads, num_kv_heads,
@@ -82,9 +84,13 @@ class BatchPrefillWithPagedKVCacheWrapper:
              o_data_type=None, non_blocking=True, prefix_len_ptr=None, token_pos_in_items_ptr=None,
              token_pos_in_items_len=0, max_item_len_ptr=None, seq_lens=None, seq_lens_q=None, block_tables=None,
              max_token_per_sequence=None, max_sequence_kv=None, fixed_split_size=None, disable_split_kv=False):
+        record_plan(self, locals())
         unsupported(pos_encoding_mode, custom_mask=custom_mask, packed_custom_mask=packed_custom_mask)
+        check_page_lists(paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, page_size)
+        q_dtype = as_torch_dtype(q_data_type)
         self._plan = PagedPlan(index_copy(qo_indptr), index_copy(paged_kv_indptr), index_copy(paged_kv_indices),
-                               index_copy(paged_kv_last_page_len), causal, window_left, logits_soft_cap, sm_scale)
+                               index_copy(paged_kv_last_page_len), causal, window_left, logits_soft_cap, sm_scale,
+                               q_dtype, as_torch_dtype(kv_data_type) if kv_data_type is not None else q_dtype)
 
     begin_forward = plan
 
@@ -93,6 +99,7 @@ class BatchPrefillWithPagedKVCacheWrapper:
             skip_softmax_threshold_scale_factor=None, use_fp16_softmax=None, uses_spcompress=None):
         unsupported(scales=(q_scale, k_scale, v_scale, kv_cache_sf))
         k_pages, v_pages = pages_of(paged_kv_cache, self._kv_layout)
+        check_run(self._plan, self._workspace_device, q, k_pages)
         return run_batch(self._plan, q, paged_keys(self._plan, k_pages, v_pages), window_left, sinks, out, return_lse)
 
 
@@ -105,6 +112,7 @@ class BatchPrefillWithRaggedKVCacheWrapper:
                  jit_kwargs=None):
         check_layout(kv_layout)
         self._kv_layout = kv_layout
+        self._workspace_device = float_workspace_buffer.device
         self._plan = None
 
     def plan(self, qo_indptr, kv_indptr, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo=None, custom_mask=None,
@@ -114,15 +122,21 @@ class BatchPrefillWithRaggedKVCacheWrapper:
              token_pos_in_items_ptr=None, token_pos_in_items_len=0, max_item_len_ptr=None, fixed_split_size=None,
              disable_split_kv=False, seq_lens=None, seq_lens_q=None, max_token_per_sequence=None,
              max_sequence_kv=None, v_indptr=None, o_indptr=None):
+        record_plan(self, locals())
         unsupported(pos_encoding_mode, custom_mask=custom_mask, packed_custom_mask=packed_custom_mask)
+        if len(kv_indptr) != len(qo_indptr):
+            raise ValueError("The kv_indptr length should be equal to mask_indptr length.")
+        q_dtype = as_torch_dtype(q_data_type)
+        kv_dtype = as_torch_dtype(kv_data_type) if kv_data_type is not None else q_dtype
         self._plan = RaggedPlan(index_copy(qo_indptr), index_copy(kv_indptr), causal, window_left, logits_soft_cap,
-                                sm_scale)
+                                sm_scale, q_dtype, kv_dtype)
 
     begin_forward = plan
 
     def run(self, q, k, v, *args, q_scale=None, k_scale=None, v_scale=None, o_scale=None, out=None, lse=None,
             return_lse=False, enable_pdl=None, kv_cache_sf=None):
         unsupported(scales=(q_scale, k_scale, v_scale, o_scale, kv_cache_sf))
+        check_run(self._plan, self._workspace_device, q, k)
         if self._kv_layout == "HND":
             k, v = k.transpose(0, 1), v.transpose(0, 1)
         starts = self._plan.kv_indptr
