@@ -1,8 +1,9 @@
 """Library adapters (kernels/adapters/, docs/adapters.md), on the CPU: each adapter run against the
 stand-in of its library (tests/e2e/stand_ins/, which follows that library's own conventions and
 rejects what it rejects) and judged against an independent fp64 computation of attnreplay's call
-semantics (torch SDPA in float64 with an explicit mask); its declines and their reasons; and, with
-the libraries absent, every adapter's kernels listed as unavailable with the import error.
+semantics (torch SDPA in float64 with an explicit mask; for ragged and paged batches, each sequence's
+own keys, causal bottom-right within it); its declines and their reasons; and, with the libraries
+absent, every adapter's kernels listed as unavailable with the import error.
 
 flex-attention runs real torch code (there is no stand-in for it), uncompiled: torch.compile on the
 CPU needs a C++ toolchain and minutes; what compilation changes is not the mapping tested here.
@@ -66,6 +67,7 @@ def kernels(plugin):
     found["flex-attention"].compile = False
     found["sage2-cuda"].compute_capability = (9, 0)
     found["flash-attn-4"].compute_capability = (9, 0)
+    found["flash-attn-4-varlen"].compute_capability = (9, 0)
     found["flash-attn-3"].compute_capability = (9, 0)
     return found
 
@@ -143,14 +145,17 @@ def last_call(module):
     return importlib.import_module(module).LAST_CALL
 
 
-ALL = sorted(CASES)
+DENSE = sorted(CASES)
+# The adapters of layout "thd", tested apart below (they take ragged and paged batches only).
+RAGGED = ["flash-attn-4-varlen", "flashinfer-batch-prefill", "flashinfer-decode"]
+ALL = sorted(DENSE + RAGGED)
 
 
 def test_every_adapter_registers_with_its_stand_in(kernels):
     assert sorted(kernels) == ALL
 
 
-@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("name", DENSE)
 def test_plain_cross_attention_with_explicit_scale(plugin, kernels, name):
     batch = 1 if name == "flashinfer-prefill" else 2
     check_call(plugin, kernels[name], batch=batch)
@@ -160,7 +165,7 @@ def test_plain_cross_attention_with_explicit_scale(plugin, kernels, name):
 
 
 @pytest.mark.parametrize("alignment", ["top_left", "bottom_right"])
-@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("name", DENSE)
 def test_causal_alignment_with_seq_q_below_seq_kv(plugin, kernels, name, alignment):
     kernel = kernels[name]
     batch = 1 if name == "flashinfer-prefill" else 2
@@ -174,7 +179,7 @@ def test_causal_alignment_with_seq_q_below_seq_kv(plugin, kernels, name, alignme
         check_call(plugin, kernel, batch=batch, seq_q=48, seq_kv=48, causal=alignment)
 
 
-@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("name", DENSE)
 def test_gqa(plugin, kernels, name):
     kernel = kernels[name]
     batch = 1 if name == "flashinfer-prefill" else 2
@@ -193,7 +198,7 @@ def test_gqa_reaches_the_libraries_with_fewer_kv_heads(plugin, kernels):
     assert last_call("transformer_engine.pytorch")["init"]["num_gqa_groups"] == 2
 
 
-@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("name", DENSE)
 def test_head_dim_vo_differing_from_head_dim_qk(plugin, kernels, name):
     kernel = kernels[name]
     batch = 1 if name == "flashinfer-prefill" else 2
@@ -207,7 +212,7 @@ def test_head_dim_vo_differing_from_head_dim_qk(plugin, kernels, name):
 
 
 @pytest.mark.parametrize("kind", ["bool", "float"])
-@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("name", DENSE)
 def test_masks(plugin, kernels, name, kind):
     kernel = kernels[name]
     batch = 1 if name == "flashinfer-prefill" else 2
@@ -256,7 +261,7 @@ def test_a_nan_in_the_inputs_is_not_taken_for_a_write(plugin, kernels):
     assert prepared.problem() == "the kernel wrote into its input 'k'"
 
 
-@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("name", DENSE)
 def test_dtypes_outside_the_library_are_declined(plugin, kernels, name):
     kernel = kernels[name]
     spec = make_call(plugin, kernel, batch=1, dtype="float64")[0]
@@ -533,3 +538,329 @@ print(json.dumps({{"failures": failures, "registered": [k.name for k, _ in ar._e
         assert " does not import: ModuleNotFoundError: No module named " in reason, (name, reason)
     assert report["unavailable"]["flex-attention"].startswith("torch.nn.attention.flex_attention does not import")
     assert report["unavailable"]["sage2-cuda"].startswith("sageattention does not import")
+
+
+# -- Ragged and paged batches (layout "thd": flash-attn-4-varlen, flashinfer-decode, flashinfer-batch-prefill) --
+
+RAGGED_DTYPE = {"flash-attn-4-varlen": "bfloat16", "flashinfer-decode": "bfloat16",
+                "flashinfer-batch-prefill": "float16"}
+RAGGED_TOLERANCE = {"bfloat16": 1e-2, "float16": 2e-3}
+
+
+@dataclasses.dataclass
+class RaggedCall:
+    spec: object
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    batch: dict  # cu_seqlens_q, cu_seqlens_k, seqused_k, block_table: what a thd kernel receives
+
+
+def make_ragged_call(plugin, kernel, q_lens, k_lens, *, page_size=0, capacities=None, heads_q=8, heads_kv=2,
+                     head_dim=64, head_dim_vo=None, causal=None, dtype=None, seed=0):
+    """A ragged call as attnreplay hands it to a thd kernel: q packed (total_q, heads_q, d); keys packed
+    (segments of `capacities` rows, default k_lens, with seqused_k where a sequence uses fewer), or with
+    page_size, a cache of shuffled pages (two more than the sequences use) read through a block table
+    padded with -1, and seqused_k."""
+    dtype = getattr(torch, dtype or RAGGED_DTYPE[kernel.name.removesuffix("-on-cpu")])
+    head_dim_vo = head_dim_vo or head_dim
+    generator = torch.Generator().manual_seed(seed)
+
+    def rows(count, heads, dim):
+        return torch.randn(count, heads, dim, generator=generator).to(dtype)
+
+    def offsets(lengths):
+        return torch.tensor([0] + list(lengths)).cumsum(0).to(torch.int32)
+
+    q = rows(sum(q_lens), heads_q, head_dim)
+    batch = dict(cu_seqlens_q=offsets(q_lens), cu_seqlens_k=None, seqused_k=None, block_table=None)
+    if page_size:
+        counts = [-(-n // page_size) for n in k_lens]
+        pages = sum(counts) + 2
+        order = torch.randperm(pages, generator=generator).tolist()
+        table = torch.full((len(k_lens), max(counts)), -1, dtype=torch.int32)
+        for b, count in enumerate(counts):
+            table[b, :count] = torch.tensor([order.pop() for _ in range(count)], dtype=torch.int32)
+        k = rows(pages * page_size, heads_kv, head_dim).view(pages, page_size, heads_kv, head_dim)
+        v = rows(pages * page_size, heads_kv, head_dim_vo).view(pages, page_size, heads_kv, head_dim_vo)
+        batch.update(block_table=table, seqused_k=torch.tensor(k_lens, dtype=torch.int32))
+        seq_kv = pages * page_size
+    else:
+        capacities = capacities or k_lens
+        k, v = rows(sum(capacities), heads_kv, head_dim), rows(sum(capacities), heads_kv, head_dim_vo)
+        batch["cu_seqlens_k"] = offsets(capacities)
+        if list(capacities) != list(k_lens):
+            batch["seqused_k"] = torch.tensor(k_lens, dtype=torch.int32)
+        seq_kv = sum(capacities)
+    fields = dict(index=0, op="test", dtype=str(dtype).removeprefix("torch."), model_layout="thd", batch=1,
+                  heads_q=heads_q, heads_kv=heads_kv, seq_q=sum(q_lens), seq_kv=seq_kv, head_dim_qk=head_dim,
+                  head_dim_vo=head_dim_vo, is_causal=causal is not None, causal_alignment=causal or "bottom_right",
+                  scale=SCALE, mask_kind=None, mask_shape=None, metadata={}, quant=QUANT_DEFAULTS,
+                  q_lens=tuple(q_lens), k_lens=tuple(k_lens), page_size=page_size)
+    return RaggedCall(plugin._make_spec(kernel, fields), q, k, v, batch)
+
+
+def ragged_reference(call):
+    """(output, seen) in fp64: each sequence's queries over its own keys (its packed segment's first
+    seqused_k rows, or its pages through the block table), K and V repeated for GQA, causal bottom-right
+    within the sequence; `seen` marks the rows that see a key (the others have no defined output)."""
+    spec, batch = call.spec, call.batch
+    cu_q = batch["cu_seqlens_q"].tolist()
+    out = torch.zeros(call.q.shape[0], spec.heads_q, spec.head_dim_vo, dtype=torch.float64)
+    seen = torch.zeros(call.q.shape[0], dtype=torch.bool)
+    for b, (q_len, k_len) in enumerate(zip(spec.q_lens, spec.k_lens)):
+        if batch["block_table"] is not None:
+            pages = batch["block_table"][b, :-(-k_len // spec.page_size)].long()
+            keys, values = (t[pages].reshape(-1, *t.shape[2:])[:k_len] for t in (call.k, call.v))
+        else:
+            first = int(batch["cu_seqlens_k"][b])
+            keys, values = call.k[first:first + k_len], call.v[first:first + k_len]
+        group = spec.heads_q // spec.heads_kv
+        keys, values = (t.to(torch.float64).repeat_interleave(group, dim=1).transpose(0, 1) for t in (keys, values))
+        queries = call.q[cu_q[b]:cu_q[b + 1]].to(torch.float64).transpose(0, 1)
+        scores = queries @ keys.transpose(-1, -2) * spec.scale
+        rows = torch.arange(q_len)[:, None]
+        visible = torch.ones(q_len, k_len, dtype=torch.bool)
+        if spec.is_causal:
+            visible = torch.arange(k_len)[None, :] <= rows + (k_len - q_len)
+        row_seen = visible.any(dim=1)
+        weights = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1).nan_to_num(0.0)
+        out[cu_q[b]:cu_q[b + 1]] = (weights @ values).transpose(0, 1)
+        seen[cu_q[b]:cu_q[b + 1]] = row_seen
+    return out, seen
+
+
+def run_ragged(plugin, kernel, call):
+    """The kernel's output for `call` through the plug-in host's own path (its checks of the output's
+    shape, dtype and device, and of writes into the inputs)."""
+    assert kernel.decline_reason(call.spec) is None, kernel.decline_reason(call.spec)
+    prepared = plugin._Prepared(kernel, call.spec, call.q, call.k, call.v, None, call.batch)
+    prepared.run()
+    assert prepared.problem() is None, prepared.problem()
+    return prepared.out
+
+
+def check_ragged(plugin, kernel, call):
+    out = run_ragged(plugin, kernel, call)
+    want, seen = ragged_reference(call)
+    assert seen.any()
+    got = out.to(torch.float64)[seen]
+    assert torch.isfinite(got).all()
+    error = (got - want[seen]).norm() / want[seen].norm()
+    assert error < RAGGED_TOLERANCE[call.spec.dtype], f"{kernel.name}: relative L2 error {error:.3g}"
+    return out
+
+
+def flashinfer_plan():
+    return importlib.import_module("flashinfer._batch").LAST_PLAN
+
+
+def test_ragged_adapters_take_thd_batches_and_read_pages(kernels):
+    for name in RAGGED:
+        kernel = kernels[name]
+        assert kernel.layout == "thd" and kernel.paged and kernel.native_gqa, name
+        assert kernel.causal_alignments == ("bottom_right",) and kernel.masks == (), name
+    # The wrappers' run() is what an engine calls per layer; plan() is its set-up once a step.
+    assert kernels["flashinfer-decode"].headline == kernels["flashinfer-batch-prefill"].headline == "run"
+    assert not kernels["flash-attn-4-varlen"].has_preparation()
+
+
+# Sequences of different lengths: with pages of 16, 16 and 48 keys fill their last page, 33 leaves one
+# key in it, 5 is one partial page.
+DECODE_K_LENS = [16, 33, 5, 48]
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("name", ["flashinfer-decode", "flash-attn-4-varlen"])
+def test_paged_decode_with_gqa(plugin, kernels, name, page_size):
+    kernel = kernels[name]
+    for causal in (None, "bottom_right"):  # one query row: bottom-right causality hides nothing
+        call = make_ragged_call(plugin, kernel, [1] * 4, DECODE_K_LENS, page_size=page_size, heads_q=8, heads_kv=2,
+                                causal=causal)
+        check_ragged(plugin, kernel, call)
+    if name == "flashinfer-decode":
+        plan = flashinfer_plan()
+        assert plan["wrapper"] == "BatchDecodeWithPagedKVCacheWrapper" and plan["page_size"] == page_size
+        full = [page_size if page_size == 1 else n for n in (16, 1, 5, 16)]
+        assert plan["last_page_len"].tolist() == full
+        pages = torch.tensor([-(-n // page_size) for n in DECODE_K_LENS])
+        assert plan["indptr"].tolist() == [0, *pages.cumsum(0).tolist()]
+        assert plan["q_data_type"] == plan["kv_data_type"] == torch.bfloat16 and plan["sm_scale"] == SCALE
+        assert (plan["window_left"], plan["logits_soft_cap"], plan["pos_encoding_mode"]) == (-1, 0.0, "NONE")
+        assert plan["use_tensor_cores"] is False  # 4 query heads a KV head: the CUDA-core kernel
+    else:
+        varlen = last_call("flash_attn.cute.interface")
+        assert varlen["page_table"] is not None and varlen["cu_seqlens_k"] is None
+        assert (varlen["max_seqlen_q"], varlen["max_seqlen_k"]) == (1, 48) and varlen["softmax_scale"] == SCALE
+        assert varlen["k.shape"][1:] == (page_size, 2, 64)  # the pages as they are, 2 KV heads
+
+
+@pytest.mark.parametrize("heads_q, tensor_cores", [(2, False), (8, False), (10, True), (16, True)])
+def test_flashinfer_decode_takes_tensor_cores_above_4_query_heads_a_kv_head(plugin, kernels, heads_q, tensor_cores):
+    # The stand-in's CUDA-core path, as FlashInfer's, has no kernel for 5 query heads a KV head.
+    kernel = kernels["flashinfer-decode"]
+    check_ragged(plugin, kernel, make_ragged_call(plugin, kernel, [1, 1], [20, 7], page_size=16, heads_q=heads_q,
+                                                  heads_kv=2))
+    assert flashinfer_plan()["use_tensor_cores"] is tensor_cores
+
+
+def test_flashinfer_decode_reads_packed_keys_as_pages_of_one_row(plugin, kernels):
+    kernel = kernels["flashinfer-decode"]
+    # The second sequence uses 6 of its 9 keys (seqused_k).
+    call = make_ragged_call(plugin, kernel, [1, 1, 1], [12, 6, 30], capacities=[12, 9, 30])
+    check_ragged(plugin, kernel, call)
+    plan = flashinfer_plan()
+    assert plan["page_size"] == 1 and plan["last_page_len"].tolist() == [1, 1, 1]
+    assert plan["indices"].tolist() == list(range(12)) + list(range(12, 18)) + list(range(21, 51))
+
+
+@pytest.mark.parametrize("causal", [None, "bottom_right"])
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("name", ["flashinfer-batch-prefill", "flash-attn-4-varlen"])
+def test_paged_prefill(plugin, kernels, name, page_size, causal):
+    # Queries fewer than keys in most sequences (a prefill over a cached prefix), as many in one.
+    kernel = kernels[name]
+    call = make_ragged_call(plugin, kernel, [5, 17, 1, 32], [40, 17, 9, 64], page_size=page_size, causal=causal)
+    check_ragged(plugin, kernel, call)
+    if name == "flashinfer-batch-prefill":
+        plan = flashinfer_plan()
+        assert plan["wrapper"] == "BatchPrefillWithPagedKVCacheWrapper" and plan["causal"] is (causal is not None)
+        assert plan["qo_indptr"].tolist() == [0, 5, 22, 23, 55] and plan["q_data_type"] == torch.float16
+    else:
+        assert last_call("flash_attn.cute.interface")["causal"] is (causal is not None)
+
+
+@pytest.mark.parametrize("causal", [None, "bottom_right"])
+@pytest.mark.parametrize("name", ["flashinfer-batch-prefill", "flash-attn-4-varlen"])
+def test_packed_ragged_prefill(plugin, kernels, name, causal):
+    kernel = kernels[name]
+    call = make_ragged_call(plugin, kernel, [7, 1, 20, 3], [7, 30, 25, 3], causal=causal, heads_q=6, heads_kv=3)
+    check_ragged(plugin, kernel, call)
+    if name == "flashinfer-batch-prefill":
+        plan = flashinfer_plan()
+        assert plan["wrapper"] == "BatchPrefillWithRaggedKVCacheWrapper"
+        assert plan["kv_indptr"].tolist() == [0, 7, 37, 62, 65] and plan["causal"] is (causal is not None)
+    else:
+        varlen = last_call("flash_attn.cute.interface")
+        assert varlen["seqused_k"] is None and varlen["page_table"] is None
+        assert (varlen["max_seqlen_q"], varlen["max_seqlen_k"]) == (20, 30)
+
+
+@pytest.mark.parametrize("name", ["flashinfer-batch-prefill", "flash-attn-4-varlen"])
+def test_packed_prefill_whose_seqused_k_leaves_keys_unused(plugin, kernels, name):
+    kernel = kernels[name]
+    call = make_ragged_call(plugin, kernel, [4, 6], [10, 3], capacities=[16, 8], causal="bottom_right")
+    check_ragged(plugin, kernel, call)
+    if name == "flashinfer-batch-prefill":
+        # kv_indptr cannot skip rows: the paged wrapper, over the packed rows as pages of one row.
+        plan = flashinfer_plan()
+        assert plan["wrapper"] == "BatchPrefillWithPagedKVCacheWrapper" and plan["page_size"] == 1
+        assert plan["paged_kv_indices"].tolist() == list(range(10)) + [16, 17, 18]
+    else:
+        assert last_call("flash_attn.cute.interface")["seqused_k"].tolist() == [10, 3]
+
+
+def test_flash_attn_4_varlen_different_head_dim_vo(plugin, kernels):
+    kernel = kernels["flash-attn-4-varlen"]
+    check_ragged(plugin, kernel, make_ragged_call(plugin, kernel, [3, 9], [11, 9], page_size=16, head_dim=192,
+                                                  head_dim_vo=128, causal="bottom_right"))
+
+
+def test_flashinfer_ragged_prefill_takes_a_sequence_without_keys(plugin, kernels):
+    # The ragged wrapper's planner takes an empty key segment (its rows see nothing and are not judged).
+    kernel = kernels["flashinfer-batch-prefill"]
+    check_ragged(plugin, kernel, make_ragged_call(plugin, kernel, [3, 4, 2], [8, 0, 5]))
+
+
+def ragged_decline(plugin, kernel, *args, **kwargs):
+    return kernel.decline_reason(make_ragged_call(plugin, kernel, *args, **kwargs).spec)
+
+
+def test_flashinfer_decode_declines_more_than_one_query_row_and_sequences_without_keys(plugin, kernels):
+    kernel = kernels["flashinfer-decode"]
+    reason = ragged_decline(plugin, kernel, [1, 3, 1, 2], [10, 10, 10, 10], page_size=16)
+    assert reason == ("sequence 1 has 3 query rows (2 of 4 sequences have other than 1): "
+                      "BatchDecodeWithPagedKVCacheWrapper decodes one query row a sequence "
+                      "(flashinfer-batch-prefill takes the others)"), reason
+    reason = ragged_decline(plugin, kernel, [1, 1], [10, 0], page_size=16)
+    assert reason == ("sequence 1 has no keys: FlashInfer's page table gives every sequence "
+                      "1 <= last_page_len <= page_size keys in its last page"), reason
+    # Packed keys are read as pages too: the same rule.
+    assert ragged_decline(plugin, kernel, [1, 1], [0, 4]).startswith("sequence 0 has no keys")
+
+
+def test_flashinfer_batch_prefill_declines_sequences_without_keys_where_it_reads_pages(plugin, kernels):
+    kernel = kernels["flashinfer-batch-prefill"]
+    assert ragged_decline(plugin, kernel, [2, 2], [0, 9], page_size=4).startswith("sequence 0 has no keys")
+    assert ragged_decline(plugin, kernel, [2, 2], [0, 9], capacities=[3, 9]).startswith("sequence 0 has no keys")
+    assert ragged_decline(plugin, kernel, [2, 2], [0, 9]) is None  # the ragged wrapper
+
+
+@pytest.mark.parametrize("name", RAGGED)
+def test_ragged_adapters_decline_dense_calls_dtypes_head_dims_and_top_left_causality(plugin, kernels, name):
+    kernel = kernels[name]
+    dense = dataclasses.replace(make_ragged_call(plugin, kernel, [1], [8]).spec, model_layout="bhsd")
+    assert kernel.decline_reason(dense) == "takes ragged (thd) batches only"
+    reason = ragged_decline(plugin, kernel, [1, 1], [8, 8], page_size=4, dtype="float32")
+    assert reason.startswith("dtype float32 is not supported (takes float16, bfloat16"), reason
+    # Top-left causality differs from bottom-right in a sequence with fewer queries than keys.
+    reason = ragged_decline(plugin, kernel, [1, 1], [8, 1], page_size=4, causal="top_left")
+    assert "top_left" in reason and "computes bottom_right" in reason, reason
+    assert ragged_decline(plugin, kernel, [1, 1], [1, 1], page_size=4, causal="top_left") is None
+    if name.startswith("flashinfer"):
+        reason = ragged_decline(plugin, kernel, [1], [8], page_size=4, head_dim=96)
+        assert reason == "head_dim 96 is not supported (takes 64, 128, 256)", reason
+        reason = ragged_decline(plugin, kernel, [1], [8], page_size=4, head_dim=64, head_dim_vo=128)
+        assert reason == "head_dim_vo 128 != head_dim_qk 64 is not supported", reason
+    else:
+        reason = ragged_decline(plugin, kernel, [1], [8], page_size=4, head_dim=60)
+        assert reason == "head dims (60, 60) must be multiples of 8 for FlashAttention-4", reason
+
+
+def test_flash_attn_4_varlen_declines_by_architecture(plugin, kernels):
+    kernel = kernels["flash-attn-4-varlen"]
+    for major in (8, 12):
+        kernel.compute_capability = (major, 0)
+        assert ragged_decline(plugin, kernel, [2], [9], page_size=4) == \
+            f"FlashAttention-4 has no paged KV kernel on sm{major}x"
+        assert ragged_decline(plugin, kernel, [2], [9]) is None  # packed keys
+    kernel.compute_capability = (10, 0)
+    big = dict(head_dim=256, head_dim_vo=256)
+    reason = ragged_decline(plugin, kernel, [2], [9], page_size=4, **big)
+    assert "takes no seqused_k, which a paged batch needs" in reason, reason
+    assert "packed batch using part of its keys" in ragged_decline(plugin, kernel, [2], [9], capacities=[12], **big)
+    assert ragged_decline(plugin, kernel, [2], [9], **big) is None
+    assert ragged_decline(plugin, kernel, [2], [9], page_size=4) is None
+
+
+def test_the_stand_ins_reject_what_the_libraries_do(plugin):
+    """The checks that make these tests able to fail: FlashInfer's run() refuses q of another dtype than
+    plan()'s q_data_type (float16 unless told), its page lists' documented preconditions hold, FA4's
+    varlen function takes no cu_seqlens_k beside a page table and int32 offsets only."""
+    flashinfer = importlib.import_module("flashinfer")
+    interface = importlib.import_module("flash_attn.cute.interface")
+    workspace = torch.zeros(16, dtype=torch.uint8)
+    pages = torch.randn(3, 4, 1, 64).to(torch.bfloat16)
+    decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace)
+    lists = (torch.tensor([0, 2], dtype=torch.int32), torch.tensor([2, 0], dtype=torch.int32))
+    decode.plan(*lists, torch.tensor([4], dtype=torch.int32), 1, 1, 64, 4)
+    with pytest.raises(ValueError, match="does not match the q_data_type torch.float16"):
+        decode.run(torch.randn(1, 1, 64).to(torch.bfloat16), (pages, pages))
+    with pytest.raises(ValueError, match="last_page_len .* within"):
+        decode.plan(*lists, torch.tensor([0], dtype=torch.int32), 1, 1, 64, 4)
+    decode.plan(*lists, torch.tensor([4], dtype=torch.int32), 5, 1, 64, 4, q_data_type=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="Unsupported group_size: 5"):
+        decode.run(torch.randn(1, 5, 64).to(torch.bfloat16), (pages, pages))
+    q = torch.randn(3, 1, 64).to(torch.bfloat16)
+    offsets = torch.tensor([0, 3], dtype=torch.int32)
+    with pytest.raises(AssertionError, match="page_table is not supported with cu_seqlens_k"):
+        interface.flash_attn_varlen_func(q, pages, pages, cu_seqlens_q=offsets, cu_seqlens_k=offsets,
+                                         page_table=torch.tensor([[0]], dtype=torch.int32))
+    with pytest.raises(AssertionError, match="cu_seqlens_k must be int32"):
+        interface.flash_attn_varlen_func(q, q, q, cu_seqlens_q=offsets, cu_seqlens_k=offsets.long())
+    # Bottom-right within each sequence: 2 queries over 5 keys, the first sees keys 0..3.
+    k = torch.randn(5, 1, 64).to(torch.bfloat16)
+    out, _ = interface.flash_attn_varlen_func(q[:2], k, k, cu_seqlens_q=torch.tensor([0, 2], dtype=torch.int32),
+                                              cu_seqlens_k=torch.tensor([0, 5], dtype=torch.int32), causal=True)
+    scores = (q[0, 0].double() @ k[:4, 0].double().T) * 64 ** -0.5
+    assert torch.allclose(out[0, 0].double(), torch.softmax(scores, -1) @ k[:4, 0].double(), atol=1e-2)
