@@ -16,6 +16,9 @@ CALLS = ["varlen", "window_softcap_used", "paged", "fa3_paged_decode", "fa3_varl
          "fa3_appended"]
 Q_LENS = [5, 1, 9]
 PLUGINS = os.path.join(os.path.dirname(__file__), "plugins", "varlen_plugins.py")
+# The library adapters registered again as '<name>-on-cpu', run against the libraries' stand-ins.
+ADAPTERS_ON_CPU = os.path.join(os.path.dirname(__file__), "plugins", "adapters_on_cpu.py")
+STAND_INS = os.path.join(os.path.dirname(__file__), "stand_ins")
 
 
 @pytest.fixture(scope="module")
@@ -198,3 +201,65 @@ def test_plugins_take_a_ragged_batch_as_one(replayed, tmp_path):
             assert paged["status"] == "not_verified" and paged["error"]["rel_l2"] < 1e-6, (name, paged)
         elif name in ("varlen", "fa3_dense_cache"):
             assert paged["status"] == "not_supported" and paged["reason"] == "takes paged batches", paged
+
+
+# The adapters that take a ragged or paged batch as one (docs/adapters.md), through attnreplay's own
+# path (the call's offsets, block table and pages handed over, the output checked and judged), against
+# their libraries' stand-ins on the CPU.
+
+RAGGED_ADAPTERS = ["flashinfer-decode-on-cpu", "flashinfer-batch-prefill-on-cpu", "flash-attn-4-varlen-on-cpu"]
+
+
+def run_ragged_adapters(tmp_path, *flags):
+    """Each call's sequences and its rows of the ragged adapters, by kernel."""
+    report = tmp_path / "adapters.json"
+    run_attnreplay("run", *flags, "--kernel-module", ADAPTERS_ON_CPU, "--kernels", ",".join(RAGGED_ADAPTERS),
+                   "--json", report, *FAST, env={**os.environ, "PYTHONPATH": STAND_INS}, check=0)
+    calls = load_json(report)["calls"]
+    for call in calls:
+        call["rows"] = {row["kernel"]: row for row in call["kernels"] if row["kernel"] != "model-output"}
+        assert sorted(call["rows"]) == sorted(RAGGED_ADAPTERS), sorted(call["rows"])
+    return calls
+
+
+def assert_judged_close(row, bound=1e-2):
+    assert row["status"] == "not_verified" and row["error"]["rel_l2"] < bound, row
+
+
+BATCH = ["--batch_size", "5", "--num_qo_heads", "8", "--num_kv_heads", "2", "--head_dim_qk", "64", "--dtype", "bf16",
+         "--random_actual_seq_len", "--seed", "5"]
+
+
+@pytest.mark.parametrize("page_size", ["1", "16"])
+def test_library_adapters_take_a_generated_paged_decode(tmp_path, page_size):
+    [call] = run_ragged_adapters(tmp_path, "--routine", "BatchDecodeWithPagedKVCacheWrapper", "--page_size", page_size,
+                                 "--s_qo", "1", "--s_kv", "100", *BATCH)
+    assert len(set(call["sequences"]["k_lens"])) > 1, call["sequences"]
+    for row in call["rows"].values():
+        assert_judged_close(row)
+
+
+@pytest.mark.parametrize("routine", ["BatchPrefillWithPagedKVCacheWrapper", "BatchPrefillWithRaggedKVCacheWrapper"])
+def test_library_adapters_take_a_generated_causal_prefill(tmp_path, routine):
+    pages = ["--page_size", "16"] if "Paged" in routine else []
+    [call] = run_ragged_adapters(tmp_path, "--routine", routine, *pages, "--s_qo", "40", "--s_kv", "90", "--causal",
+                                 *BATCH)
+    rows = call["rows"]
+    assert_judged_close(rows["flashinfer-batch-prefill-on-cpu"])
+    assert_judged_close(rows["flash-attn-4-varlen-on-cpu"])
+    decode = rows["flashinfer-decode-on-cpu"]
+    assert decode["status"] == "not_supported" and "BatchDecodeWithPagedKVCacheWrapper decodes one query row a " \
+        "sequence" in decode["reason"], decode
+
+
+def test_library_adapters_are_refused_windows_and_softcaps(replayed, tmp_path):
+    # attnreplay hands a Python kernel no window or softcap: it refuses such calls for it, by name.
+    folder, _, _, _ = replayed
+    calls = run_ragged_adapters(tmp_path, the_capture(folder / "caps"))
+    windowed = [call for name, call in zip(CALLS, calls) if name in ("window_softcap_used", "fa3_varlen_window")]
+    assert len(windowed) == 2
+    for call in windowed:
+        for row in call["rows"].values():
+            assert row["status"] == "not_supported", row
+            assert row["reason"].startswith("the call has a sliding window") and \
+                row["reason"].endswith("which this kernel does not compute"), row
