@@ -16,13 +16,14 @@ listed as such.
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 
 import torch
 import triton.testing
+
+from attnreplay_record import run_for_record
 
 # (batch, heads, seq, head_dim, dtype, causal): the shape, Flux, SageAttention's sweep, a causal bf16 one.
 SHAPES = [(2, 16, 2048, 64, torch.float16, True), (1, 24, 4608, 128, torch.bfloat16, False),
@@ -76,11 +77,10 @@ ADAPTERS = {"sageattn-triton": sageattn_call, "flex-attention": flex_call}
 def attnreplay_headline(binary, shape, kernel, timing):
     batch, heads, seq, dim, dtype, causal = shape
     with tempfile.NamedTemporaryFile(suffix=".json") as report:
-        command = [binary, "run", "--shape", f"{batch},{heads},{seq},{dim}", "--dtype", DTYPE_FLAGS[dtype],
-                   "--kernels", kernel, "--json", report.name, "-q", "--no-ceilings", "--timing", timing]
-        command += ["--causal"] if causal else []
-        subprocess.run(command, check=False)
-        replay = json.load(open(report.name))
+        arguments = ["run", "--shape", f"{batch},{heads},{seq},{dim}", "--dtype", DTYPE_FLAGS[dtype],
+                     "--kernels", kernel, "-q", "--no-ceilings", "--timing", timing]
+        arguments += ["--causal"] if causal else []
+        replay, _ = run_for_record(binary, arguments, report.name, capture_output=False)
     row = replay["calls"][0]["kernels"][0]
     return row
 

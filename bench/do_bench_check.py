@@ -7,12 +7,13 @@ agree within 3 %. Both flush the L2 before each sample.
 """
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 
 import torch
 import triton.testing
+
+from attnreplay_record import run_for_record
 
 SHAPE = (1, 24, 4608, 128)
 BACKENDS = {
@@ -38,10 +39,9 @@ def main():
         median_ms = triton.testing.do_bench(lambda: fn(q, k, v), warmup=100, rep=1000, return_mode="median")
         results["kernels"][name] = {"do_bench_median_s": median_ms * 1e-3}
     with tempfile.NamedTemporaryFile(suffix=".json") as report:
-        command = [args.attnreplay, "run", "--shape", ",".join(map(str, SHAPE)), "--dtype", "bf16",
-                   "--kernels", ",".join(BACKENDS), "--json", report.name, "-q", "--no-ceilings"]
-        subprocess.run(command, check=True)
-        replay = json.load(open(report.name))
+        replay, _ = run_for_record(args.attnreplay, ["run", "--shape", ",".join(map(str, SHAPE)), "--dtype", "bf16",
+                                                     "--kernels", ",".join(BACKENDS), "-q", "--no-ceilings"],
+                                   report.name, exits=(0,), capture_output=False)
     for kernel in replay["calls"][0]["kernels"]:
         entry = results["kernels"][kernel["kernel"]]
         entry["attnreplay_median_s"] = kernel["timing"]["median_s"]

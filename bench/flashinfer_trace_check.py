@@ -21,6 +21,8 @@ import sys
 import tempfile
 import types
 
+from attnreplay_record import run_for_record
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -51,9 +53,12 @@ def main():
     print(run([args.attnreplay, "convert", capture, fi, "--to", "flashinfer-trace"]).strip())
     traces_path = os.path.join(work, "traces.jsonl")
     before, after = os.path.join(work, "before.json"), os.path.join(work, "after.json")
-    print(run([args.attnreplay, "run", fi, "--kernels", args.kernels, "--baseline", args.baseline, "--json", after,
-               "--fib-traces", traces_path, "-q"]).strip())
-    run([args.attnreplay, "run", capture, "--kernels", "reference", "--json", before, "-q"])
+    after_record, done = run_for_record(args.attnreplay, ["run", fi, "--kernels", args.kernels, "--baseline",
+                                                          args.baseline, "--fib-traces", traces_path, "-q"],
+                                        after, exits=(0, 3))
+    print(done.stdout.strip())
+    before_record, _ = run_for_record(args.attnreplay, ["run", capture, "--kernels", "reference", "-q"], before,
+                                      exits=(0, 3))
 
     site = os.path.join(work, "site")
     run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", site, args.fib_wheel, *args.wheels])
@@ -79,9 +84,9 @@ def main():
         print(f"  {kernel:<16} {dict(statuses)}  median latency "
               f"{results['kernels'][kernel]['median_latency_ms'] or float('nan'):.4f} ms  worst max_rel "
               f"{results['kernels'][kernel]['worst_max_relative_error'] or float('nan'):.3g}")
-    original = {c["call_index"]: c for c in json.load(open(before))["calls"]}
+    original = {c["call_index"]: c for c in before_record["calls"]}
     worst = 0.0
-    for call in json.load(open(after))["calls"]:
+    for call in after_record["calls"]:
         origin = original[int(call["metadata"]["capture.call_index"])]
         want = {k["kernel"]: k for k in origin["kernels"]}["model-output"]["error"]
         got = {k["kernel"]: k for k in call["kernels"]}["model-output"]["error"]

@@ -43,6 +43,8 @@ from pathlib import Path
 import torch
 import triton.testing
 
+from attnreplay_record import run_for_record
+
 # (name, batch, heads, seq, head_dim, causal): the suite's shapes (bench/suite_quant.txt).
 SHAPES = [
     ("Flux", 1, 24, 4608, 128, False),
@@ -194,15 +196,15 @@ def attnreplay_run(binary, b, h, s, d, causal, run_ms, kernels, extra=()):
     time and clock, the preparation's time, its memory-bandwidth bound and their ratio."""
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "r.json"
-        command = [binary, "run", "--shape", f"{b},{h},{s},{d}", "--dtype", "bf16", "--kernels", ",".join(kernels),
-                   "--ref-sample-rows", "32", "--json", str(report), "-q",
-                   "--warmup", str(max(3, math.ceil(WARMUP_MS / run_ms))), "--min-time", str(SAMPLE_MS / 1e3),
-                   "--max-noise", "0", "--timeout", str(2 * SAMPLE_MS / 1e3), *extra]
+        arguments = ["run", "--shape", f"{b},{h},{s},{d}", "--dtype", "bf16", "--kernels", ",".join(kernels),
+                     "--ref-sample-rows", "32", "-q",
+                     "--warmup", str(max(3, math.ceil(WARMUP_MS / run_ms))), "--min-time", str(SAMPLE_MS / 1e3),
+                     "--max-noise", "0", "--timeout", str(2 * SAMPLE_MS / 1e3), *extra]
         if causal:
-            command.append("--causal")
-        subprocess.run(command, check=True)
+            arguments.append("--causal")
+        record, _ = run_for_record(binary, arguments, report, exits=(0,), capture_output=False)
         figures = {}
-        for k in json.loads(report.read_text())["calls"][0]["kernels"]:
+        for k in record["calls"][0]["kernels"]:
             alone = k.get("timing") or {}
             whole, preparation = k.get("timing_with_preparation") or {}, k.get("preparation") or {}
             ms = lambda seconds: seconds * 1e3 if seconds is not None else None

@@ -23,6 +23,7 @@ import time
 
 import torch
 
+from attnreplay_record import read_record, record_command
 from pt_calls import save_call
 
 SHAPE = (1, 24, 4608, 128)
@@ -52,19 +53,20 @@ def main():
     print(f"capture: {args.calls} calls, {size / 1e9:.2f} GB", flush=True)
 
     def timed(command):
+        """The process's wall time, and the process."""
         start = time.perf_counter()
-        subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
-        return time.perf_counter() - start
+        done = subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+        return time.perf_counter() - start, done
 
     timed(["cat", capture])  # the page cache holds it from here on, for every reader alike
-    cat_s = min(timed(["cat", capture]) for _ in range(3))
+    cat_s = min(timed(["cat", capture])[0] for _ in range(3))
     print(f"cat: {cat_s:.2f} s, {size / cat_s / 1e9:.2f} GB/s", flush=True)
 
     def replay(name, *flags):
         report = os.path.join(folder, f"{name}.json")
-        seconds = timed([args.attnreplay, "run", capture, "--kernels", args.kernel, "--no-ceilings", "-q",
-                         "--json", report, *flags])
-        record = json.load(open(report))
+        seconds, done = timed(record_command(args.attnreplay, ["run", capture, "--kernels", args.kernel,
+                                                               "--no-ceilings", "-q", *flags], report))
+        record = read_record(done, report)
         kernel_s = sum(k["timing"]["median_s"] for c in record["calls"] for k in c["kernels"]
                        if k.get("timing") and k["kernel"] == args.kernel)
         stages = {}

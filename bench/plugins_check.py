@@ -12,7 +12,6 @@ import argparse
 import json
 import math
 import os
-import subprocess
 import sys
 import tempfile
 
@@ -23,6 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [os.path.join(ROOT, "kernels", "python"), os.path.join(ROOT, "formats", "python")]
 import attnreplay_h5  # noqa: E402
 import attnreplay_plugin as ar  # noqa: E402
+from attnreplay_record import run_for_record  # noqa: E402
 
 # (flags, label): the peers' shapes, long enough that a kernel takes well over 50 us.
 SHAPES = [
@@ -94,10 +94,10 @@ def main():
     with tempfile.TemporaryDirectory() as folder:
         for flags, label in SHAPES:
             capture, report_path = os.path.join(folder, f"{label}.h5"), os.path.join(folder, f"{label}.json")
-            command = [args.attnreplay, "run", *flags, "--dtype", "bf16", "--kernels", ",".join(sorted(kernels)),
-                       *module_flags, "--save-inputs", capture, "--json", report_path, "-q", "--no-ceilings"]
-            subprocess.run(command, check=False)
-            report = json.load(open(report_path))
+            report, _ = run_for_record(args.attnreplay, ["run", *flags, "--dtype", "bf16", "--kernels",
+                                                         ",".join(sorted(kernels)), *module_flags, "--save-inputs",
+                                                         capture, "-q", "--no-ceilings"],
+                                       report_path, capture_output=False)
             call = attnreplay_h5.read_calls(capture, as_torch=True)[0]
             for key in ("q", "k", "v"):
                 call[key] = call[key].cuda()

@@ -20,6 +20,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from attnreplay_record import run_for_record
+
 ROOT = Path(__file__).resolve().parent.parent
 KINDS = ["sage1-int8", "sage2-int8-fp8", "fa3-fp8"]
 # name -> environment. Add the variables a change under measurement reads.
@@ -91,12 +93,11 @@ def median_stderr(timing):
 def run_case(binary, case_args, kinds, env_extra, timeout):
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out.json"
-        command = [binary, "run", *case_args, "--kernels", ",".join(kinds), "--ref-sample-rows", "64", "--json", str(out)]
         env = dict(os.environ, **env_extra)
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
-        if done.returncode != 0 or not out.exists():
-            raise RuntimeError(f"{shlex.join(command)}: exit {done.returncode}\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
-        report = json.loads(out.read_text())
+        report, done = run_for_record(binary, ["run", *case_args, "--kernels", ",".join(kinds), "--ref-sample-rows",
+                                               "64"], out, check_record=False, env=env, timeout=timeout)
+        if done.returncode != 0 or report is None:
+            raise RuntimeError(f"{shlex.join(done.args)}: exit {done.returncode}\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
         call = report["calls"][0]
     # How the GPU's SMs are grouped (docs/cli.md): the cluster kernels' speed may differ with it.
     layout = {key: report["environment"].get(key) for key in CLUSTER_KEYS}

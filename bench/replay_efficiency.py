@@ -40,6 +40,7 @@ import time
 
 import torch
 
+from attnreplay_record import read_record, record_command
 from pt_calls import save_call
 
 KERNELS = "torch-cudnn,torch-efficient,torch-flash,flash,sage2-int8-fp8"
@@ -132,20 +133,19 @@ def capture_decoder(folder):
 def replay(binary, capture, kernels, gpus, work, extra, launcher, env=None, name=""):
     """One replay on `gpus` GPUs; returns its figures."""
     out = os.path.join(work, f"{os.path.basename(capture)}{name}-{gpus}gpu.json")
-    flags = ["run", capture, *(["--kernels", kernels] if kernels else []), "--json", out, "-q", *extra]
+    flags = ["run", capture, *(["--kernels", kernels] if kernels else []), "-q", *extra]
     if gpus == 1:
-        command = [binary, *flags]
+        command = record_command(binary, flags, out)
     elif launcher == "torchrun":
-        command = ["torchrun", "--standalone", f"--nproc-per-node={gpus}", "--no-python", binary, *flags]
+        command = ["torchrun", "--standalone", f"--nproc-per-node={gpus}", "--no-python",
+                   *record_command(binary, flags, out)]
     else:
-        command = [binary, *flags, "--gpus", str(gpus)]
+        command = record_command(binary, [*flags, "--gpus", str(gpus)], out)
     start, start_epoch = time.perf_counter(), time.time()
     result = subprocess.run(command, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - start
     ended_epoch = time.time()
-    if not os.path.exists(out):
-        sys.exit(f"no record from {' '.join(command)}:\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}")
-    record = json.load(open(out))
+    record = read_record(result, out)
     timing_s = sum(call["replay_seconds"].get("measure", 0) for call in record["calls"])
     phases = {}
     for call in record["calls"]:

@@ -20,6 +20,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from attnreplay_record import run_for_record
+
 
 def testlist_lines(path, tags):
     """The test list's lines whose --case_tag is among `tags` (all when there are none)."""
@@ -36,9 +38,8 @@ def testlist_lines(path, tags):
 
 
 def medians(binary, testlist, json_path, flags):
-    subprocess.run([binary, "run", "--testlist", str(testlist), "--json", str(json_path), "-q", "--no-ceilings", *flags],
-                   check=False, stdout=subprocess.DEVNULL)
-    record = json.loads(Path(json_path).read_text())
+    record, _ = run_for_record(binary, ["run", "--testlist", testlist, "-q", "--no-ceilings", *flags], json_path,
+                               capture_output=False, stdout=subprocess.DEVNULL)
     out = {}
     for call in record["calls"]:
         for kernel in call["kernels"]:

@@ -19,6 +19,7 @@ import time
 
 import torch
 
+from attnreplay_record import read_record, record_command
 from pt_calls import write_small_shapes
 
 KERNELS = "torch-flash,torch-cudnn,flash"
@@ -47,14 +48,17 @@ def main():
         result = subprocess.run(command, cwd=cwd, capture_output=True, text=True)
         seconds = time.perf_counter() - start
         print(result.stdout + result.stderr, flush=True)
-        return seconds, result.returncode
+        return seconds, result
 
-    one_s, one_rc = timed([args.attnreplay, *flags, "--json", "one.json"], os.path.join(folder, "one"))
+    one_folder, sharded_folder = os.path.join(folder, "one"), os.path.join(folder, "sharded")
+    one_s, one_run = timed(record_command(args.attnreplay, flags, "one.json", cwd=one_folder), one_folder)
     torchrun = shutil.which("torchrun") or os.path.join(os.path.dirname(sys.executable), "torchrun")
-    sharded_s, sharded_rc = timed([torchrun, "--standalone", "--nproc-per-node", str(processes), "--no-python",
-                                   args.attnreplay, *flags, "--json", "out.json"], os.path.join(folder, "sharded"))
-    one = json.load(open(os.path.join(folder, "one", "one.json")))
-    joined = json.load(open(os.path.join(folder, "sharded", "out.json")))
+    sharded_s, sharded_run = timed([torchrun, "--standalone", "--nproc-per-node", str(processes), "--no-python",
+                                    *record_command(args.attnreplay, flags, "out.json", cwd=sharded_folder)],
+                                   sharded_folder)
+    one_rc, sharded_rc = one_run.returncode, sharded_run.returncode
+    one = read_record(one_run, "one.json", cwd=one_folder)
+    joined = read_record(sharded_run, "out.json", cwd=sharded_folder)
 
     def errors(record):
         return {(c["call_index"], k["kernel"]): k.get("error") for c in record["calls"] for k in c["kernels"]}

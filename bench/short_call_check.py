@@ -18,11 +18,12 @@ launch latency out that do_bench counts, so under 50 us it reads below do_bench 
 import argparse
 import json
 import statistics
-import subprocess
 import tempfile
 
 import torch
 import triton.testing
+
+from attnreplay_record import run_for_record
 
 # (batch, heads, seq_q, seq_kv, head_dim): decode steps from 5 us to about 60 us, and a prefill chunk.
 SHAPES = [(4, 8, 1, 512, 128), (8, 8, 1, 1024, 128), (8, 16, 1, 2048, 128), (16, 16, 1, 4096, 128),
@@ -83,10 +84,10 @@ def profiler_cupti(fn, runs=500):
 def attnreplay_timings(binary, shape, flags):
     b, h, sq, skv, d = shape
     with tempfile.NamedTemporaryFile(suffix=".json") as report:
-        command = [binary, "run", "--shape", f"{b},{h},{sq},{d}", "--s_kv", str(skv), "--dtype", "bf16",
-                   "--kernels", ",".join(BACKENDS), "--json", report.name, "-q", "--no-ceilings", *flags]
-        subprocess.run(command, check=True)
-        return {k["kernel"]: k.get("timing") for k in json.load(open(report.name))["calls"][0]["kernels"]}
+        record, _ = run_for_record(binary, ["run", "--shape", f"{b},{h},{sq},{d}", "--s_kv", str(skv), "--dtype",
+                                            "bf16", "--kernels", ",".join(BACKENDS), "-q", "--no-ceilings", *flags],
+                                   report.name, exits=(0,), capture_output=False)
+        return {k["kernel"]: k.get("timing") for k in record["calls"][0]["kernels"]}
 
 
 def main():

@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 
+from attnreplay_record import read_record, record_command
 from pt_calls import SMALL_SHAPES, write_small_shapes
 
 KERNELS = "torch-flash,torch-cudnn,torch-efficient,flash,sage2-int8-fp8"
@@ -35,12 +36,13 @@ def main():
 
         def replay(name, *flags):
             report = os.path.join(folder, f"{name}.json")
+            command = record_command(args.attnreplay, ["run", capture, "--kernels", KERNELS, "-q", "--no-ceilings",
+                                                       *flags], report)
             start = time.perf_counter()
-            subprocess.run([args.attnreplay, "run", capture, "--kernels", KERNELS, "--json", report, "-q",
-                            "--no-ceilings", *flags], check=False)
+            done = subprocess.run(command, check=False)
             seconds = time.perf_counter() - start
             print(f"{name}: {seconds:.1f} s", flush=True)
-            return seconds, json.load(open(report))
+            return seconds, read_record(done, report)
 
         grouped_s, grouped = replay("grouped")
         every_s, every = replay("every", "--time-every-call", "--calls", f"0-{args.every_calls - 1}")
