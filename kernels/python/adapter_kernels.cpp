@@ -156,6 +156,12 @@ void register_adapter_kernels(Interpreter& it, std::vector<std::string>& errors)
       file->path = path;
     }
     KernelDescription d;
+    try {
+      d.extensions = extensions_named(kernel["extensions"].cast<std::vector<std::string>>(), path, name);
+    } catch (const InputError& error) {
+      errors.push_back(error.what());
+      continue;
+    }
     d.name = name;
     d.summary = kernel["summary"].cast<std::string>();
     d.device = kernel["device"].cast<std::string>();

@@ -22,7 +22,7 @@ import attnreplay_plugin
 
 # The capabilities read, each as ar.Kernel gives it to a kernel that does not say.
 DEFAULTS = {key: getattr(attnreplay_plugin.Kernel, key)
-            for key in ("summary", "device", "layout", "headline", "reduced_precision")}
+            for key in ("summary", "device", "layout", "headline", "reduced_precision", "extensions")}
 
 
 def module_present(dotted: str) -> bool:
@@ -71,7 +71,7 @@ def _names_of(node, constants: dict) -> list:
 
 def describe_adapter(path: str) -> list:
     """One dict per kernel the adapter at `path` offers: name, summary, device, layout, headline,
-    reduced_precision, file, modules (the libraries it needs), missing (those not installed) and
+    reduced_precision, extensions, file, modules (the libraries it needs), missing (those not installed) and
     precompiles (its class compiles ahead: precompile())."""
     with open(path, encoding="utf-8") as f:
         tree = ast.parse(f.read(), filename=path)
@@ -87,7 +87,7 @@ def describe_adapter(path: str) -> list:
                 if keyword.arg == "kernels":
                     for name in _names_of(keyword.value, constants):
                         needs.setdefault(name, []).append(_literal(node.args[0]))
-    kernels = []
+    own = {}  # class name -> (its literal attributes, its methods, the names of its bases)
     for node in ast.walk(tree):
         if not isinstance(node, ast.ClassDef):
             continue
@@ -98,10 +98,33 @@ def describe_adapter(path: str) -> list:
                 attributes[statement.targets[0].id] = _literal(statement.value)
             elif isinstance(statement, ast.FunctionDef):
                 methods.add(statement.name)
-        name = attributes.get("name")
+        own[node.name] = (attributes, methods, [b.id for b in node.bases if isinstance(b, ast.Name)])
+
+    def inherited(class_name, seen=()):
+        """A class's attributes and methods with those of its bases in this file under them, as
+        Python resolves them (a kernel class that extends another, flash-attn-4-varlen's)."""
+        attributes, methods, bases = own[class_name]
+        merged_attributes, merged_methods = {}, set()
+        for base in reversed(bases):
+            if base in own and base not in seen:
+                base_attributes, base_methods = inherited(base, seen + (class_name,))
+                merged_attributes.update(base_attributes)
+                merged_methods |= base_methods
+        merged_attributes.update(attributes)
+        return merged_attributes, merged_methods | methods
+
+    kernels = []
+    for class_name in own:
+        attributes, methods = inherited(class_name)
+        name = own[class_name][0].get("name")
         if not isinstance(name, str) or not name:
             continue
         described = {key: attributes.get(key, default) for key, default in DEFAULTS.items()}
+        extensions = described["extensions"]
+        if not isinstance(extensions, (tuple, list)) or not all(isinstance(e, str) for e in extensions):
+            raise ValueError(f"kernel '{name}': extensions must be a literal tuple of names (attnreplay reads "
+                             f"adapters without running them), got {extensions!r}")
+        described["extensions"] = tuple(extensions)
         modules = needs.get(name, [])
         described.update(name=name, file=path, modules=modules, precompiles="precompile" in methods,
                          missing=[m for m in modules if not module_present(m)])

@@ -40,6 +40,9 @@ API_VERSION = 1
 LAYOUTS = ("bhsd", "bshd", "thd")
 CAUSAL_ALIGNMENTS = ("top_left", "bottom_right")
 MASK_KINDS = ("bool", "float")
+# What a kernel may compute beyond plain masked, causal attention (docs/format.md): a call that has
+# one of these reaches only a kernel that declares it in `extensions`; the others refuse it by name.
+EXTENSIONS = ("window", "softcap", "alibi", "sinks")
 
 
 class NotSupported(Exception):
@@ -91,6 +94,17 @@ class CallSpec:
     q_lens: tuple = ()
     k_lens: tuple = ()
     page_size: int = 0
+    # A sliding window (docs/format.md): query i sees keys i + o - window_left .. i + o + window_right,
+    # o = seq_kv - seq_q for causal_alignment "bottom_right" (per sequence in a ragged batch) and 0 for
+    # "top_left", whether or not the call is causal; None: unbounded on that side. Causality, where
+    # set, applies as well. Only a kernel with "window" in `extensions` sees a call that has one.
+    window_left: Optional[int] = None
+    window_right: Optional[int] = None
+    # > 0: each scaled score s becomes softcap * tanh(s / softcap), before mask and ALiBi; 0: none.
+    softcap: float = 0.0
+    # The shapes of the call's ALiBi slopes and sinks (Inputs carries the tensors); None: it has none.
+    alibi_shape: Optional[tuple] = None
+    sinks_shape: Optional[tuple] = None
 
     @property
     def torch_dtype(self):
@@ -120,6 +134,12 @@ class Inputs:
     cu_seqlens_k: Any = None
     seqused_k: Any = None
     block_table: Any = None
+    # For a kernel that declares "alibi" or "sinks" in `extensions`, the call's tensors as the record
+    # holds them (their dtype, on the kernel's device); None where the call has none.
+    # alibi_slopes: (heads_q) or (batch, heads_q), score -= slope * |i + o - j| after softcap.
+    # sinks: (heads_q), one logit per head in each row's softmax denominator, adding no value.
+    alibi_slopes: Any = None
+    sinks: Any = None
 
 
 class Kernel:
@@ -148,6 +168,10 @@ class Kernel:
     # users call it, which does that work inside (run() alone beside it); "run", run() is a
     # library's function as users call it and prepare() set-up they do once (a block mask).
     headline: str = "kernel"
+    # What it computes of a call's window, softcap, ALiBi and sinks (EXTENSIONS): the spec and the
+    # inputs carry them; a call with one not listed here is refused for it, named. A literal tuple
+    # in an adapter, which attnreplay reads without importing it.
+    extensions: Sequence[str] = ()
 
     def supports(self, spec: CallSpec) -> Optional[str]:
         """None when the kernel can run the call, else the reason, which the user reads."""
@@ -177,6 +201,10 @@ class Kernel:
 
     def decline_reason(self, spec: CallSpec) -> Optional[str]:
         """The capability checks over the class attributes, then supports()."""
+        # First, as attnreplay's runner refuses them (missing_extensions) before asking a kernel.
+        missing = [what for extension, what in _call_extensions(spec) if extension not in self.extensions]
+        if missing:
+            return f"the call has {' and '.join(missing)}, which this kernel does not compute"
         if (self.layout == "thd") != (spec.model_layout == "thd"):
             return ("takes ragged (thd) batches only" if self.layout == "thd"
                     else "takes dense calls; a ragged batch comes one sequence at a time")
@@ -200,6 +228,22 @@ class Kernel:
 
     def has_preparation(self) -> bool:
         return type(self).prepare is not Kernel.prepare
+
+
+def _call_extensions(spec: CallSpec) -> list:
+    """(extension, in words) for each of EXTENSIONS the call has, worded as attnreplay's refusals are."""
+    found = []
+    if spec.window_left is not None or spec.window_right is not None:
+        sides = [f"{side} {value}" for side, value in (("left", spec.window_left), ("right", spec.window_right))
+                 if value is not None]
+        found.append(("window", f"a sliding window ({', '.join(sides)})"))
+    if spec.softcap > 0:
+        found.append(("softcap", f"a softcap of {spec.softcap:g}"))
+    if spec.alibi_shape is not None:
+        found.append(("alibi", "ALiBi slopes"))
+    if spec.sinks_shape is not None:
+        found.append(("sinks", "attention sinks"))
+    return found
 
 
 def kernel(name: str, **capabilities) -> Callable:
@@ -274,6 +318,8 @@ def _check_capabilities(k: Kernel) -> None:
         problems.append(f"masks {tuple(k.masks)!r} must be among {MASK_KINDS}")
     if any(a not in CAUSAL_ALIGNMENTS for a in k.causal_alignments):
         problems.append(f"causal_alignments {tuple(k.causal_alignments)!r} must be among {CAUSAL_ALIGNMENTS}")
+    if isinstance(k.extensions, str) or any(e not in EXTENSIONS for e in k.extensions):
+        problems.append(f"extensions {k.extensions!r} must be a tuple of names among {EXTENSIONS}")
     if problems:
         raise ValueError(f"kernel {k.name!r}: " + "; ".join(problems))
 
@@ -381,8 +427,9 @@ def _make_spec(kernel_: Kernel, fields: dict) -> CallSpec:
     fields["quant"] = QuantOptions(**fields["quant"])
     fields["layout"] = kernel_.layout
     fields["device"] = kernel_.device
-    if fields.get("mask_shape") is not None:
-        fields["mask_shape"] = tuple(fields["mask_shape"])
+    for shape in ("mask_shape", "alibi_shape", "sinks_shape"):
+        if fields.get(shape) is not None:
+            fields[shape] = tuple(fields[shape])
     return CallSpec(**fields)
 
 
@@ -496,12 +543,12 @@ def _output_bhsd(kernel_: Kernel, out):
     return out
 
 
-def _run_resident(kernel_: Kernel, spec: CallSpec, q, k, v, mask):
+def _run_resident(kernel_: Kernel, spec: CallSpec, q, k, v, mask, extension_tensors=None):
     """Kernel substitution on a job's own tensors, on their device: prepare() and run() once, and
     the output as (b, h, s, d). Unlike _Prepared, nothing here waits for the GPU (no copies of the
     inputs to check against, no compile timing): that is what keeps the job's step time its own.
     The replay is where a plug-in's writes into its inputs are caught."""
-    out = kernel_.run(kernel_.prepare(_kernel_inputs(kernel_, spec, q, k, v, mask, {})))
+    out = kernel_.run(kernel_.prepare(_kernel_inputs(kernel_, spec, q, k, v, mask, dict(extension_tensors or {}))))
     problem = _output_problem(kernel_, spec, out)
     if problem:
         raise ValueError(problem)

@@ -64,6 +64,11 @@ bool have_cuda();
 // nullopt for any other text.
 std::optional<KernelDescription::Headline> headline_named(const std::string& text);
 
+// A kernel's `extensions` attribute ("window", "softcap", "alibi", "sinks") as the description
+// holds it; an InputError naming `source`, the kernel and the unknown name for any other.
+Extensions extensions_named(const std::vector<std::string>& names, const std::string& source,
+                            const std::string& kernel);
+
 // Python work on a thread of attnreplay's own, beside the replay of other kernels: importing the
 // libraries a run selected and compiling ahead. Its thread runs at a lower priority, so that the
 // replay's timing thread is not delayed by it, nor by the compiler processes it starts (which

@@ -152,7 +152,34 @@ std::optional<KernelDescription::Headline> headline_named(const std::string& tex
   return std::nullopt;
 }
 
+Extensions extensions_named(const std::vector<std::string>& names, const std::string& source,
+                            const std::string& kernel) {
+  Extensions extensions;
+  for (const std::string& name : names) {
+    bool* flag = name == "window"    ? &extensions.window
+                 : name == "softcap" ? &extensions.softcap
+                 : name == "alibi"   ? &extensions.alibi
+                 : name == "sinks"   ? &extensions.sinks
+                                     : nullptr;
+    if (!flag) {
+      throw InputError(fmt::format("{}: kernel '{}': extension '{}' is not one of \"window\", \"softcap\", "
+                                   "\"alibi\", \"sinks\"",
+                                   source, kernel, name));
+    }
+    *flag = true;
+  }
+  return extensions;
+}
+
 namespace {
+
+// The call's ALiBi slopes and sinks, on the kernel's device as the record holds them, for Inputs;
+// absent ones are None. Only a kernel that declares them gets this far (missing_extensions).
+void add_extension_tensors(py::dict& batch, const AttentionCall& call, at::Device device) {
+  for (const auto& [name, field] : {std::pair{"alibi_slopes", &call.alibi_slopes}, {"sinks", &call.sinks}}) {
+    batch[name] = *field ? py::cast(device_copy(**field, device).clone()) : py::none();
+  }
+}
 
 // A ragged call's q, k and v as stored, (total, heads, dim) or pages, the plug-in's own copies; and
 // its offsets, counts and block table as the varlen libraries take them (int32, on the device). A
@@ -196,6 +223,11 @@ py::dict spec_fields(const AttentionCall& call, const QuantOptions& quant) {
   fields["mask_kind"] = call.mask ? py::cast(call.mask->dtype == DType::boolean ? "bool" : "float") : py::none();
   fields["mask_shape"] = call.mask ? py::cast(call.mask->shape) : py::none();
   fields["metadata"] = call.metadata;
+  fields["window_left"] = call.window_left ? py::cast(*call.window_left) : py::none();
+  fields["window_right"] = call.window_right ? py::cast(*call.window_right) : py::none();
+  fields["softcap"] = call.softcap;
+  fields["alibi_shape"] = call.alibi_slopes ? py::cast(call.alibi_slopes->shape) : py::none();
+  fields["sinks_shape"] = call.sinks ? py::cast(call.sinks->shape) : py::none();
   if (call.is_ragged()) {
     std::vector<std::int64_t> q_lens, k_lens;
     for (const auto& sequence : call.sequences()) q_lens.push_back(sequence.q_len), k_lens.push_back(sequence.k_len);
@@ -293,9 +325,10 @@ class PythonPrepared final : public PreparedKernel, public DeviceOutput {
     has_preparation_ = kernel.object().attr("has_preparation")().cast<bool>();
     // The plug-in's own copies: it may write into them (problem() catches that and restores them).
     const at::Device device = on_gpu_ ? current_gpu() : at::Device(at::kCPU);
-    const auto [in, batch] = call.is_ragged()
-                                 ? ragged_inputs(call, device, kernel.object().attr("paged").cast<bool>())
-                                 : std::pair{model_inputs(call, device, /*writable=*/true), py::dict()};
+    auto [in, batch] = call.is_ragged()
+                           ? ragged_inputs(call, device, kernel.object().attr("paged").cast<bool>())
+                           : std::pair{model_inputs(call, device, /*writable=*/true), py::dict()};
+    add_extension_tensors(batch, call, device);
     try {
       prepared_ = plugin.attr("_Prepared")(kernel.object(), spec, in.q, in.k, in.v,
                                            in.mask ? py::cast(*in.mask) : py::none(), batch);
@@ -356,6 +389,8 @@ PythonKernel::PythonKernel(py::object kernel, const std::string& source) : kerne
                                  description_.name, headline));
   }
   description_.headline = *named;
+  description_.extensions = extensions_named(
+      py::getattr(kernel_, "extensions", py::tuple()).cast<std::vector<std::string>>(), source, description_.name);
   const py::object reduced = kernel_.attr("reduced_precision");
   if (!reduced.is_none()) {
     const std::string name = reduced.cast<std::string>();
@@ -416,9 +451,11 @@ at::Tensor PythonKernel::run_resident(const AttentionCall& call, const ModelInpu
   py::gil_scoped_acquire gil;
   ensure_torch();
   const py::object spec = accepted_spec(kernel_, call, options.quant);
+  py::dict extension_tensors;
+  add_extension_tensors(extension_tensors, call, inputs.q.device());
   try {
     return interpreter().plugin.attr("_run_resident")(kernel_, spec, inputs.q, inputs.k, inputs.v,
-                                         inputs.mask ? py::cast(*inputs.mask) : py::none())
+                                         inputs.mask ? py::cast(*inputs.mask) : py::none(), extension_tensors)
         .cast<at::Tensor>();
   } catch (py::error_already_set& error) {
     throw_failure(error, "run()");

@@ -330,3 +330,45 @@ def test_library_adapters_run_through_attnreplay_against_stand_ins(tmp_path):
     # SageAttention's Triton kernel computes top-left only: a bottom-right call is declined, by name.
     assert rows["sageattn-triton-on-cpu"]["status"] == "not_supported"
     assert "bottom_right" in rows["sageattn-triton-on-cpu"]["reason"]
+
+
+def extension_call(path, dtype, *, window_left=None, window_right=None, softcap=0.0, alibi=None, sinks=None,
+                   heads=4, seq_q=40, seq_kv=72, dim=64, causal=True):
+    """One .pt call (docs/format.md), bottom-right as flash-attn's ops record it, with the extensions given."""
+    import torch
+
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(1, heads, seq_q, dim, generator=g).to(dtype)
+    k, v = (torch.randn(1, heads, seq_kv, dim, generator=g).to(dtype) for _ in range(2))
+    torch.save({"format": "attnreplay.call", "schema_version": 2, "call_index": 0, "op": "test::extensions",
+                "backend": "", "layout": "bhsd", "is_causal": causal, "causal_alignment": "bottom_right",
+                "scale": 0.3, "dropout_p": 0.0, "enable_gqa": False, "window_left": window_left,
+                "window_right": window_right, "softcap": softcap, "q": q, "k": k, "v": v, "mask": None, "out": None,
+                "alibi_slopes": alibi, "sinks": sinks, "metadata": {}}, path)
+    return path
+
+
+def test_a_python_kernel_computes_the_extensions_it_declares_and_is_refused_the_others(tmp_path):
+    import torch
+
+    call = extension_call(tmp_path / "call.pt", torch.float64, window_left=3, window_right=1, softcap=2.5,
+                          alibi=torch.tensor([0.5, 0.25, 0.125, 0.0625]), sinks=torch.tensor([0.5, -1.0, 2.0, 0.0]),
+                          seq_q=5, seq_kv=9, dim=8)
+    out = tmp_path / "r.json"
+    run_attnreplay("run", call, "--kernel-module", PLUGINS / "extension_plugins.py", "--kernels",
+                   "reference,py-extensions,py-no-extensions", "--json", out, *FAST, check=0)
+    rows = kernels_by_name(load_json(out))
+    assert rows["py-extensions"]["status"] == "not_verified", rows["py-extensions"]
+    assert rows["py-extensions"]["error"]["max_abs"] < 1e-12
+    assert rows["py-no-extensions"]["status"] == "not_supported"
+    assert rows["py-no-extensions"]["reason"] == (
+        "the call has a sliding window (left 3, right 1) and a softcap of 2.5 and ALiBi slopes and attention sinks, "
+        "which this kernel does not compute")
+
+
+def test_an_unknown_extension_is_refused_naming_the_file_and_kernel(tmp_path):
+    module = PLUGINS / "bad_extension.py"
+    result = run_attnreplay("run", *GENERATED, "--kernel-module", module, "--kernels", "torch-math", *FAST, check=1)
+    assert str(module) in result.stderr and "kernel 'py-misspelled-extension'" in result.stderr
+    assert "('windows',)" in result.stderr and "Traceback" not in result.stderr
+
