@@ -47,3 +47,24 @@ def attention_fp64(q, k, v, scale, visible=None, bias=None, log2_bias=None, soft
     total = weights.sum(dim=-1, keepdim=True)
     out = (weights @ v) / torch.where(total > 0, total, torch.ones_like(total))
     return torch.where(seen, out, torch.zeros_like(out))
+
+
+def window_visible(seq_q: int, seq_kv: int, offset: int, left=None, right=None) -> torch.Tensor:
+    """(seq_q, seq_kv) bool: key j visible to query i when i + offset - left <= j <= i + offset + right;
+    None leaves a side unbounded."""
+    rows = torch.arange(seq_q)[:, None] + offset
+    cols = torch.arange(seq_kv)[None, :]
+    visible = torch.ones(seq_q, seq_kv, dtype=torch.bool)
+    if left is not None:
+        visible &= cols >= rows - left
+    if right is not None:
+        visible &= cols <= rows + right
+    return visible
+
+
+def alibi_bias(slopes: torch.Tensor, seq_q: int, seq_kv: int, offset: int) -> torch.Tensor:
+    """-slope · |i + offset - j|, (batch or 1, heads, seq_q, seq_kv), from slopes (heads) or (batch, heads)."""
+    distance = (torch.arange(seq_q)[:, None] + offset - torch.arange(seq_kv)[None, :]).abs().to(torch.float64)
+    slopes = slopes.to("cpu", torch.float64)
+    slopes = slopes[None] if slopes.dim() == 1 else slopes
+    return -slopes[:, :, None, None] * distance

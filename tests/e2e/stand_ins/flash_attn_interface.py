@@ -10,12 +10,14 @@ head_dim_v <= 512 (256 for FP8); q_descale, k_descale, v_descale float32 of shap
 FP8 only, each multiplying its tensor's values (a query head uses its kv head's q_descale); the
 output of FP8 inputs is bf16; causal aligned to the bottom right. It returns the output alone unless
 return_attn_probs, as FA3 does since commit 203b9b3; set RETURNS_LSE_ALWAYS to emulate the earlier
-versions, which always returned (out, softmax_lse). Other options raise. The last call's arguments
+versions, which always returned (out, softmax_lse). window_size (left, right) as mha_fwd takes it:
+bottom-right, -1 unbounded, left >= seq_kv - 1 and right >= seq_q - 1 made unbounded, causal setting
+right to 0; softcap s makes each scaled score x s·tanh(x / s). Other options raise. The last call's arguments
 are in LAST_CALL.
 """
 import torch
 
-from _stand_in_math import attention_fp64, causal_visible
+from _stand_in_math import attention_fp64, window_visible
 from _stand_in_record import record
 
 LAST_CALL = {}
@@ -58,15 +60,23 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descal
                            "headdim in (96, 128], or (Q/K <= 64 and V <= 512).")
     if not fp8 and any(d is not None for d in (q_descale, k_descale, v_descale)):
         raise NotImplementedError("the stand-in takes descales with FP8 inputs only")
-    if qv is not None or window_size != (-1, -1) or attention_chunk or softcap:
-        raise NotImplementedError("the stand-in does not emulate FA3's options beyond scale, causal and descales")
+    if qv is not None or attention_chunk:
+        raise NotImplementedError("the stand-in does not emulate qv or attention_chunk")
+    left, right = window_size
+    if left >= seq_kv - 1:
+        left = -1
+    if right >= seq_q - 1:
+        right = -1
+    if causal:
+        right = 0
     if softmax_scale is None:
         softmax_scale = head_dim ** -0.5
     q64 = _dequantize(q, q_descale, "q_descale", batch, heads_kv)
     k64 = _dequantize(k, k_descale, "k_descale", batch, heads_kv)
     v64 = _dequantize(v, v_descale, "v_descale", batch, heads_kv)
-    visible = causal_visible(seq_q, seq_kv, seq_kv - seq_q) if causal else None
-    out = attention_fp64(q64.transpose(1, 2), k64.transpose(1, 2), v64.transpose(1, 2), softmax_scale, visible)
+    visible = window_visible(seq_q, seq_kv, seq_kv - seq_q, left if left >= 0 else None, right if right >= 0 else None)
+    out = attention_fp64(q64.transpose(1, 2), k64.transpose(1, 2), v64.transpose(1, 2), softmax_scale, visible,
+                         softcap=softcap)
     out = out.to(torch.bfloat16 if fp8 else q.dtype).transpose(1, 2)
     lse = torch.zeros(batch, heads, seq_q)
     return (out, lse) if return_attn_probs or RETURNS_LSE_ALWAYS else out

@@ -7,12 +7,14 @@ one request, no batch dim; fp16 or bf16 (FP8 scales not emulated), heads_q a mul
 causal keeps key j for query i when j <= i + kv_len - qo_len (bottom-right) and is ignored when a
 custom mask is given; custom_mask bool (qo_len, kv_len), True = may attend, or packed_custom_mask, its
 bits packed little-endian by packbits(x, bitorder="little") (which wins when both are given); returns
-the output, or (output, lse) with return_lse. Positional encodings, windows and soft caps raise. The
-last call's arguments are in LAST_CALL. The batch wrappers follow _batch.py.
+the output, or (output, lse) with return_lse. window_left (-1 none) keeps key j for query i when j >= i +
+kv_len - qo_len - window_left (bottom-right, with or without causal or a custom mask); logits_soft_cap
+c makes each scaled score x c·tanh(x / c). Positional encodings raise. The last call's arguments are
+in LAST_CALL. The batch wrappers follow _batch.py.
 """
 import torch
 
-from _stand_in_math import attention_fp64, causal_visible
+from _stand_in_math import attention_fp64, causal_visible, window_visible
 from _stand_in_record import record
 
 from ._batch import (PagedPlan, RaggedPlan, as_torch_dtype, check_layout, check_page_lists, check_run, index_copy,
@@ -36,8 +38,8 @@ def single_prefill_with_kv_cache(q, k, v, scale_q=None, scale_k=None, scale_v=No
         raise ValueError("q, k, v must be 3-D: (qo_len, heads, head_dim) and (kv_len, heads_kv, head_dim) in NHD")
     if q.dtype not in (torch.float16, torch.bfloat16) or k.dtype != q.dtype or v.dtype != q.dtype:
         raise NotImplementedError("the stand-in takes fp16 or bf16 q, k, v of one dtype")
-    if pos_encoding_mode != "NONE" or window_left != -1 or logits_soft_cap or kv_cache_sf is not None:
-        raise NotImplementedError("the stand-in does not emulate positional encodings, windows or soft caps")
+    if pos_encoding_mode != "NONE" or kv_cache_sf is not None:
+        raise NotImplementedError("the stand-in does not emulate positional encodings or FP4 KV caches")
     if kv_layout == "HND":
         k, v = k.transpose(0, 1), v.transpose(0, 1)
     qo_len, heads, head_dim = q.shape
@@ -57,10 +59,13 @@ def single_prefill_with_kv_cache(q, k, v, scale_q=None, scale_k=None, scale_v=No
     elif causal:
         visible = causal_visible(qo_len, kv_len, kv_len - qo_len)
     else:
-        visible = None
+        visible = torch.ones(qo_len, kv_len, dtype=torch.bool)
+    if window_left >= 0:
+        visible = visible & window_visible(qo_len, kv_len, kv_len - qo_len, left=window_left)
     if sm_scale is None:
         sm_scale = head_dim ** -0.5
-    out = attention_fp64(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], sm_scale, visible)
+    out = attention_fp64(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], sm_scale, visible,
+                         softcap=logits_soft_cap or 0.0)
     out = out[0].transpose(0, 1).to(o_dtype or q.dtype)
     return (out, torch.zeros(qo_len, heads)) if return_lse else out
 

@@ -12,14 +12,17 @@ and no cu_seqlens_k; seqused_q and seqused_k (batch) cut each sequence's queries
 index tensor int32 and contiguous; sequence b attends to its own keys, causal bottom-right within it
 (seqlen_k - seqlen_q of that sequence); rows that see no key are zeros. max_seqlen_q and
 max_seqlen_k size the real kernel's grid and are not checked there: one below a sequence's length
-raises here. The CuTe-DSL hooks (score_mod, mask_mod, ...) and the other options are not emulated
-and raise. The last call's arguments are in LAST_CALL (either function).
+raises here. window_size (left, right), None unbounded, bottom-right (per sequence), causal setting
+right to 0 and a left + right below 0 dropping the window (_resolve_causal_local_window); softcap s
+makes each scaled score x s·tanh(x / s); learnable_sink (heads) fp16/bf16/fp32 joins each row's
+denominator as an unscaled logit. The CuTe-DSL hooks (score_mod, mask_mod, ...) and the other options
+are not emulated and raise. The last call's arguments are in LAST_CALL (either function).
 """
 import math
 
 import torch
 
-from _stand_in_math import attention_fp64, causal_visible
+from _stand_in_math import attention_fp64, window_visible
 from _stand_in_record import record
 
 LAST_CALL = {}
@@ -41,6 +44,26 @@ def _check_dtypes_and_dims(q, k, v):
     return head_dim
 
 
+def _window(causal, window_size):
+    """(left, right) as FlashAttention-4 resolves them with causal, None unbounded."""
+    left, right = window_size
+    if causal:
+        right = 0
+    if left is not None and right is not None and left + right < 0:
+        left = right = None
+    return left, right
+
+
+def _check_sink(learnable_sink, heads):
+    if learnable_sink is None:
+        return None
+    if tuple(learnable_sink.shape) != (heads,):
+        raise AssertionError(f"learnable_sink must have shape ({heads},), got {tuple(learnable_sink.shape)}")
+    if learnable_sink.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise AssertionError("learnable_sink must be float16, bfloat16, or float32")
+    return learnable_sink
+
+
 def flash_attn_func(q, k, v, qv=None, gather_kv_indices=None, softmax_scale=None, causal=False,
                     window_size=(None, None), learnable_sink=None, softcap=0.0, num_splits=1, pack_gqa=None,
                     deterministic=False, score_mod=None, score_mod_bwd=None, mask_mod=None, aux_tensors=None,
@@ -51,13 +74,17 @@ def flash_attn_func(q, k, v, qv=None, gather_kv_indices=None, softmax_scale=None
     _, seq_kv, heads_kv, _ = v.shape
     if tuple(k.shape) != (batch, seq_kv, heads_kv, head_dim):
         raise AssertionError(f"k must be {(batch, seq_kv, heads_kv, head_dim)}, got {tuple(k.shape)}")
-    if (qv is not None or gather_kv_indices is not None or window_size != (None, None) or learnable_sink is not None
-            or softcap or score_mod is not None or mask_mod is not None or block_sparse_tensors is not None):
-        raise NotImplementedError("the stand-in does not emulate FA4's options beyond scale and causal")
+    if (qv is not None or gather_kv_indices is not None or score_mod is not None or mask_mod is not None
+            or block_sparse_tensors is not None):
+        raise NotImplementedError("the stand-in does not emulate FA4's options beyond scale, causal, window_size, "
+                                  "softcap and learnable_sink")
+    sink = _check_sink(learnable_sink, q.shape[-2])
+    left, right = _window(causal, window_size)
     if softmax_scale is None:
         softmax_scale = head_dim ** -0.5
-    visible = causal_visible(seq_q, seq_kv, seq_kv - seq_q) if causal else None
-    out = attention_fp64(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), softmax_scale, visible)
+    visible = window_visible(seq_q, seq_kv, seq_kv - seq_q, left, right)
+    out = attention_fp64(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), softmax_scale, visible,
+                         softcap=softcap, sinks=sink)
     return out.to(q.dtype).transpose(1, 2), None
 
 
@@ -82,9 +109,12 @@ def flash_attn_varlen_func(q, k, v, qv=None, cu_seqlens_q=None, cu_seqlens_k=Non
                            scheduler_metadata=None, seqlen_k_per_split=None, disable_scheduler_metadata=False):
     record(LAST_CALL, locals(), tensors=("q", "k", "v"))
     head_dim = _check_dtypes_and_dims(q, k, v)
-    if (qv is not None or gather_kv_indices is not None or window_size != (None, None) or learnable_sink is not None
-            or softcap or score_mod is not None or mask_mod is not None or block_sparse_tensors is not None):
-        raise NotImplementedError("the stand-in does not emulate FA4's options beyond scale and causal")
+    if (qv is not None or gather_kv_indices is not None or score_mod is not None or mask_mod is not None
+            or block_sparse_tensors is not None):
+        raise NotImplementedError("the stand-in does not emulate FA4's options beyond scale, causal, window_size, "
+                                  "softcap and learnable_sink")
+    sink = _check_sink(learnable_sink, q.shape[-2])
+    left, right = _window(causal, window_size)
     batch = q.shape[0] if cu_seqlens_q is None else cu_seqlens_q.shape[0] - 1
     if page_table is not None:
         if cu_seqlens_k is not None:
@@ -123,9 +153,9 @@ def flash_attn_varlen_func(q, k, v, qv=None, cu_seqlens_q=None, cu_seqlens_k=Non
             keys, values = k[cu_k[b]:cu_k[b] + k_len], v[cu_k[b]:cu_k[b] + k_len]
         else:
             keys, values = k[b, :k_len], v[b, :k_len]
-        visible = causal_visible(q_len, k_len, k_len - q_len) if causal else None
+        visible = window_visible(q_len, k_len, k_len - q_len, left, right)
         attended = attention_fp64(queries.transpose(0, 1)[None], keys.transpose(0, 1)[None],
-                                  values.transpose(0, 1)[None], softmax_scale, visible)
+                                  values.transpose(0, 1)[None], softmax_scale, visible, softcap=softcap, sinks=sink)
         rows = attended[0].transpose(0, 1).to(q.dtype)
         if packed_q:
             out[q_first:q_first + q_len] = rows
