@@ -107,3 +107,36 @@ def compile_lock(kind: str):
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def sequence_lengths(spec) -> list:
+    """(seq_q, seq_kv) of each sequence: a ragged batch's own, else the call's."""
+    return list(zip(spec.q_lens, spec.k_lens)) if spec.q_lens else [(spec.seq_q, spec.seq_kv)]
+
+
+def has_window(spec) -> bool:
+    return spec.window_left is not None or spec.window_right is not None
+
+
+def bottom_right_problem(spec, library: str):
+    """Why a library whose windows and ALiBi distances are aligned bottom-right (flash-attn's,
+    FlashInfer's) cannot take the call's, or None: a top-left call means another diagonal wherever
+    seq_q != seq_kv, in any sequence."""
+    uses = (("a sliding window", has_window(spec)), ("ALiBi", spec.alibi_shape is not None))
+    aligned = [name for name, present in uses if present]
+    if not aligned or spec.causal_alignment == "bottom_right":
+        return None
+    if all(q == k for q, k in sequence_lengths(spec)):
+        return None
+    what = " and ".join(aligned)
+    return (f"{what} aligned top_left with seq_q != seq_kv: {library} aligns them bottom-right "
+            f"(query i at key i + seq_kv - seq_q)")
+
+
+def flash_attn_window(spec, unbounded):
+    """window_size as flash-attn takes it: (left, right), `unbounded` (-1, or None for FlashAttention-4)
+    on a side the call leaves open. Its causal flag then clips the right side to the diagonal, as the
+    record's causality does."""
+    left = unbounded if spec.window_left is None else spec.window_left
+    right = unbounded if spec.window_right is None else spec.window_right
+    return left, right

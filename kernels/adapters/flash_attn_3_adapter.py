@@ -18,8 +18,15 @@ which are per (batch, kv head) (`q_descale` is (batch, heads_kv), not (batch, he
 that kv head), under per_tensor one amax covers the whole tensor. Its output is bf16, as FA3's is for
 FP8 inputs.
 
+Windows and softcaps, both kernels (hopper/flash_api.cpp, mha_fwd): window_size (left, right), -1
+unbounded, keeps key j for query i when i + seq_kv - seq_q - left <= j <= i + seq_kv - seq_q + right,
+bottom-right whatever the causal flag, and causal sets right to 0 (the record's intersection); a left
+>= seq_kv - 1 or right >= seq_q - 1 is made unbounded, which is what it is. softcap s turns each scaled
+score x into s * tanh(x / s). No ALiBi, no sinks (flash_attn_func takes neither).
+
 Declines: other dtypes; head dims outside the rules above; masks; top-left causal calls with seq_q !=
-seq_kv; for FP8, head_dim_vo != head_dim_qk (not checked against FA3's FP8 instantiations).
+seq_kv; a window aligned top-left with seq_q != seq_kv; ALiBi; sinks; for FP8, head_dim_vo !=
+head_dim_qk (not checked against FA3's FP8 instantiations).
 """
 
 import dataclasses
@@ -28,7 +35,7 @@ from typing import Any, Optional
 import torch
 
 import attnreplay_plugin as ar
-from _adapter_common import gpu_capability, output_only
+from _adapter_common import bottom_right_problem, flash_attn_window, gpu_capability, output_only
 
 NAMES = ["flash-attn-3", "flash-attn-3-fp8"]
 flash_attn_interface = ar.optional_import("flash_attn_interface", kernels=NAMES)
@@ -56,6 +63,7 @@ class FlashAttention3(ar.Kernel):
     native_gqa = True
     different_vo = True
     causal_alignments = ("bottom_right",)
+    extensions = ("window", "softcap")
     # (major, minor) of the GPU; None: asked of torch when needed. Tests set it.
     compute_capability = None
 
@@ -64,12 +72,13 @@ class FlashAttention3(ar.Kernel):
         if problem is None and spec.head_dim_vo != spec.head_dim_qk and spec.device == "cuda":
             if gpu_capability(self)[0] != 9:
                 return "head_dim_vo != head_dim_qk is supported by FlashAttention-3 on Hopper (sm90) only"
-        return problem
+        return problem or bottom_right_problem(spec, "FlashAttention-3")
 
     def run(self, inputs):
         spec = inputs.spec
         return output_only(flash_attn_interface.flash_attn_func(
-            inputs.q, inputs.k, inputs.v, softmax_scale=spec.scale, causal=spec.is_causal))
+            inputs.q, inputs.k, inputs.v, softmax_scale=spec.scale, causal=spec.is_causal,
+            window_size=flash_attn_window(spec, -1), softcap=spec.softcap))
 
 
 def to_e4m3(x: torch.Tensor, heads_kv: int, granularity: str):
@@ -111,11 +120,12 @@ class FlashAttention3Fp8(ar.Kernel):
     causal_alignments = ("bottom_right",)
     reduced_precision = "float8_e4m3fn"
     output_dtype = "bfloat16"
+    extensions = ("window", "softcap")
 
     def supports(self, spec):
         if spec.quant.fp8_scale not in ("per_head", "per_tensor"):
             return f"--fp8_scale {spec.quant.fp8_scale} is not supported (takes per_head, per_tensor)"
-        return head_dim_problem(spec, alignment=16, largest_vo=256)
+        return head_dim_problem(spec, alignment=16, largest_vo=256) or bottom_right_problem(spec, "FlashAttention-3")
 
     def prepare(self, inputs):
         spec = inputs.spec
@@ -129,6 +139,7 @@ class FlashAttention3Fp8(ar.Kernel):
         spec = prepared.spec
         return output_only(flash_attn_interface.flash_attn_func(
             prepared.q, prepared.k, prepared.v, softmax_scale=spec.scale, causal=spec.is_causal,
+            window_size=flash_attn_window(spec, -1), softcap=spec.softcap,
             q_descale=prepared.q_descale, k_descale=prepared.k_descale, v_descale=prepared.v_descale))
 
 

@@ -25,16 +25,27 @@ the longest sequence's queries and keys, as vLLM passes them (they size its grid
 it takes total_q and every key row held). seqused_k is passed only where it limits a packed sequence,
 or with pages: the sm100 kernel for (256, 256) takes no seqused_k.
 
+Windows, softcaps and sinks, both functions: window_size (left, right), None unbounded, keeps key j for
+query i when i + seq_kv - seq_q - left <= j <= i + seq_kv - seq_q + right (flash_attn/cute/mask.py,
+within each sequence for varlen), bottom-right whatever the causal flag; causal sets right to 0
+(_resolve_causal_local_window), the record's intersection of both. softcap s turns each scaled
+score x into s * tanh(x / s). learnable_sink, (heads_q) fp16/bf16/fp32, is one logit per head added
+to each row's softmax denominator, unscaled (softmax.py's finalize), and a row with no key gives 0.
+The sm80 kernel (sm8x, sm12x) takes no learnable_sink, and the sm100 kernel for head dims (256, 256)
+neither a softcap nor a learnable_sink (interface.py's asserts). No ALiBi.
+
 Masks are CuTe DSL callables there (score_mod / mask_mod), not tensors, so none is taken.
 Declines: other dtypes; head dims outside the rules above for the GPU's architecture; masks;
-top-left causal calls with seq_q != seq_kv (for flash-attn-4-varlen, in any sequence);
+top-left causal calls with seq_q != seq_kv (for flash-attn-4-varlen, in any sequence); a window aligned
+top-left with seq_q != seq_kv (in any sequence); ALiBi; sinks on sm8x and sm12x; softcaps and sinks on
+sm100/sm110 with head dims (256, 256);
 flash-attn-4-varlen: dense calls; paged batches on sm8x and sm12x (FlashAttention-4 has no paged
 kernel there); on sm100/sm110 with head dims (256, 256), paged batches and packed ones whose
 seqused_k leaves keys unused.
 """
 
 import attnreplay_plugin as ar
-from _adapter_common import gpu_capability, output_only
+from _adapter_common import bottom_right_problem, flash_attn_window, gpu_capability, output_only
 
 interface = ar.optional_import("flash_attn.cute.interface", kernels=["flash-attn-4", "flash-attn-4-varlen"])
 
@@ -47,6 +58,7 @@ class FlashAttention4(ar.Kernel):
     native_gqa = True
     different_vo = True
     causal_alignments = ("bottom_right",)
+    extensions = ("window", "softcap", "sinks")
     # (major, minor) of the GPU; None: asked of torch on first use. Tests set it.
     compute_capability = None
 
@@ -67,12 +79,26 @@ class FlashAttention4(ar.Kernel):
                     f"(192, 128), (256, 256), or head_dim_vo 512 with head_dim_qk 64 or 512)")
         if d != dv and major not in (9, 10, 11):
             return f"head_dim_vo {dv} != head_dim_qk {d} is supported by FlashAttention-4 on sm90 and sm100 only"
-        return None
+        if spec.sinks_shape is not None and major in (8, 12):
+            return f"sinks: FlashAttention-4's kernel for sm{major}x takes no learnable_sink"
+        if major in (10, 11) and (d, dv) == (256, 256) and (spec.softcap > 0 or spec.sinks_shape is not None):
+            what = " and ".join(name for name, present in (("a softcap", spec.softcap > 0),
+                                                           ("sinks", spec.sinks_shape is not None)) if present)
+            return f"{what}: FlashAttention-4's sm{major}0 kernel for head dims (256, 256) takes neither"
+        return bottom_right_problem(spec, "FlashAttention-4")
 
     def run(self, inputs):
         spec = inputs.spec
         return output_only(interface.flash_attn_func(inputs.q, inputs.k, inputs.v, softmax_scale=spec.scale,
-                                                     causal=spec.is_causal))
+                                                     causal=spec.is_causal, **extension_arguments(inputs)))
+
+
+def extension_arguments(inputs) -> dict:
+    """window_size, softcap and learnable_sink as both of FlashAttention-4's functions take them."""
+    sinks = inputs.sinks
+    # fp32 holds any sink the record's fp16 or bf16 holds exactly, and is the dtype it computes in.
+    return dict(window_size=flash_attn_window(inputs.spec, None), softcap=inputs.spec.softcap,
+                learnable_sink=None if sinks is None else sinks.float().contiguous())
 
 
 def seqused_limits_keys(spec) -> bool:
@@ -109,7 +135,8 @@ class FlashAttention4Varlen(FlashAttention4):
             cu_seqlens_k=None if paged else inputs.cu_seqlens_k,
             max_seqlen_q=max(spec.q_lens), max_seqlen_k=max(spec.k_lens),
             seqused_k=inputs.seqused_k if paged or seqused_limits_keys(spec) else None,
-            page_table=inputs.block_table, softmax_scale=spec.scale, causal=spec.is_causal))
+            page_table=inputs.block_table, softmax_scale=spec.scale, causal=spec.is_causal,
+            **extension_arguments(inputs)))
 
 
 if interface is not None:

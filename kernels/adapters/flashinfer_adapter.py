@@ -40,9 +40,17 @@ prefill kernels) when more than 4 query heads share a KV head, vLLM's rule; its 
 dispatched for group sizes 1, 2, 3, 4, 6 and 8 only. The prefill wrappers' causal flag is
 bottom-right within each sequence, as single_prefill's; the decode wrapper has none, and a single
 query row sees all its sequence's keys bottom-right. sm_scale is always passed, and so are
-window_left=-1 and logits_soft_cap=0 (none): a call with a window, a softcap, ALiBi or sinks never
-reaches the adapter, since attnreplay refuses it for every Python kernel (the plug-in API does not
-hand those arguments over).
+window_left and logits_soft_cap.
+
+Windows and softcaps, every kernel: window_left (-1: none) keeps key j for query i when j >= i +
+kv_len - qo_len - window_left, bottom-right within each sequence whatever the causal flag, and there
+is no right window: the right side is the causal diagonal or unbounded. A call's right window is
+therefore taken only where it hides nothing beyond that: the call is causal, or window_right >=
+seq_q - 1 in every sequence (query i's bound i + seq_kv - seq_q + right is then past the last key).
+logits_soft_cap c turns each scaled score x into c * tanh(x / c). ALiBi: FlashInfer's
+pos_encoding_mode="ALIBI" computes its own slopes from the head count, not the call's, so none is
+taken. Sinks: run() takes them only for some backends (trtllm-gen; the cute-dsl one as a plan-time
+variant), not the fa2/fa3 ones backend="auto" picks, so none are taken.
 
 Declines, every kernel: dtypes other than fp16 and bf16; head dims other than 64, 128, 256 (a
 cautious choice: FlashInfer compiles other head dims, and head_dim_vo != head_dim_qk, through its JIT,
@@ -52,7 +60,9 @@ a ragged batch one sequence at a time, each a batch of one); float masks (FlashI
 masks that differ between heads or batch entries. flashinfer-decode and flashinfer-batch-prefill:
 dense calls; a sequence without keys whose keys go through a paged wrapper (its last_page_len would
 be 0; the ragged wrapper takes an empty segment). flashinfer-decode: a sequence with other than one
-query row.
+query row. Every kernel: a window aligned top-left with seq_q != seq_kv (in any sequence); a right
+window that hides keys (above); ALiBi; sinks. flashinfer-prefill: a window with a mask (FlashInfer's
+custom mask beside window_left has not been tried here).
 """
 
 import dataclasses
@@ -62,7 +72,7 @@ from typing import Any
 import torch
 
 import attnreplay_plugin as ar
-from _adapter_common import leading_dims_vary, visible_keys
+from _adapter_common import bottom_right_problem, leading_dims_vary, sequence_lengths, visible_keys
 
 flashinfer = ar.optional_import("flashinfer", kernels=["flashinfer-prefill", "flashinfer-decode",
                                                        "flashinfer-batch-prefill"])
@@ -71,6 +81,19 @@ flashinfer = ar.optional_import("flashinfer", kernels=["flashinfer-prefill", "fl
 WORKSPACE_BYTES = 128 * 1024 * 1024
 # vLLM's rule for the decode wrapper: tensor cores (the prefill kernels) above 4 query heads a KV head.
 TENSOR_CORE_GROUP_ABOVE = 4
+
+
+def window_problem(spec):
+    """Why FlashInfer cannot take the call's window, or None (the module's docstring)."""
+    right = spec.window_right
+    if right is not None and not spec.is_causal and any(right < q - 1 for q, _ in sequence_lengths(spec)):
+        return (f"window_right {right}: FlashInfer takes a left window only (window_left), and this one hides "
+                f"keys from query rows beyond what causality would")
+    return bottom_right_problem(spec, "FlashInfer")
+
+
+def window_left(spec) -> int:
+    return -1 if spec.window_left is None else spec.window_left
 
 
 @dataclasses.dataclass
@@ -93,6 +116,7 @@ class FlashInferPrefill(ar.Kernel):
     native_gqa = True
     masks = ("bool",)
     causal_alignments = ("bottom_right",)
+    extensions = ("window", "softcap")
 
     def supports(self, spec):
         if spec.batch != 1:
@@ -101,7 +125,9 @@ class FlashInferPrefill(ar.Kernel):
         if spec.mask_kind is not None and any(leading_dims_vary(spec)):
             return (f"a mask of shape {tuple(spec.mask_shape)} differs between heads or batch entries; FlashInfer's "
                     f"custom_mask is one (seq_q, seq_kv) mask for every head")
-        return None
+        if spec.mask_kind is not None and (spec.window_left is not None or spec.window_right is not None):
+            return "a sliding window with a mask: FlashInfer's custom mask beside window_left is not tried here"
+        return window_problem(spec)
 
     def prepare(self, inputs):
         spec = inputs.spec
@@ -116,7 +142,8 @@ class FlashInferPrefill(ar.Kernel):
         spec = prepared.spec
         out = flashinfer.single_prefill_with_kv_cache(
             prepared.q, prepared.k, prepared.v, packed_custom_mask=prepared.packed_custom_mask,
-            causal=spec.is_causal and prepared.packed_custom_mask is None, kv_layout="NHD", sm_scale=spec.scale)
+            causal=spec.is_causal and prepared.packed_custom_mask is None, kv_layout="NHD", sm_scale=spec.scale,
+            window_left=window_left(spec), logits_soft_cap=spec.softcap)
         return out.unsqueeze(0)
 
 
@@ -193,8 +220,8 @@ class PlannedBatch:
 
 def planned_options(spec) -> dict:
     """plan()'s keyword arguments beside the batch's layout, each set, none left to FlashInfer's defaults."""
-    return dict(pos_encoding_mode="NONE", window_left=-1, logits_soft_cap=0.0, sm_scale=spec.scale,
-                q_data_type=spec.torch_dtype, kv_data_type=spec.torch_dtype)
+    return dict(pos_encoding_mode="NONE", window_left=window_left(spec), logits_soft_cap=spec.softcap,
+                sm_scale=spec.scale, q_data_type=spec.torch_dtype, kv_data_type=spec.torch_dtype)
 
 
 class FlashInferDecode(ar.Kernel):
@@ -210,6 +237,7 @@ class FlashInferDecode(ar.Kernel):
     native_gqa = True
     # A single query row sees every key of its sequence bottom-right: causal hides nothing.
     causal_alignments = ("bottom_right",)
+    extensions = ("window", "softcap")
 
     def supports(self, spec):
         rows = [b for b, n in enumerate(spec.q_lens) if n != 1]
@@ -218,7 +246,7 @@ class FlashInferDecode(ar.Kernel):
             return (f"sequence {b} has {spec.q_lens[b]} query rows ({len(rows)} of {len(spec.q_lens)} sequences have "
                     f"other than 1): BatchDecodeWithPagedKVCacheWrapper decodes one query row a sequence "
                     f"(flashinfer-batch-prefill takes the others)")
-        return sequence_without_keys(spec)
+        return sequence_without_keys(spec) or window_problem(spec)
 
     def prepare(self, inputs):
         spec = inputs.spec
@@ -247,11 +275,14 @@ class FlashInferBatchPrefill(ar.Kernel):
     head_dims = (64, 128, 256)
     native_gqa = True
     causal_alignments = ("bottom_right",)
+    extensions = ("window", "softcap")
 
     def supports(self, spec):
         if spec.page_size or keys_unused(spec):
-            return sequence_without_keys(spec)
-        return None
+            problem = sequence_without_keys(spec)
+            if problem:
+                return problem
+        return window_problem(spec)
 
     def prepare(self, inputs):
         spec = inputs.spec

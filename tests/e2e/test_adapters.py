@@ -12,6 +12,7 @@ CPU needs a C++ toolchain and minutes; what compilation changes is not the mappi
 import dataclasses
 import importlib
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -427,7 +428,7 @@ def test_adapters_are_read_without_importing_them_as_their_classes_say(plugin, k
     assert sorted(d["name"] for d in described) == ALL
     for d in described:
         kernel = type(kernels[d["name"]])  # the class: the fixture set instances' device to cpu
-        for field in ("summary", "device", "layout", "headline", "reduced_precision"):
+        for field in ("summary", "device", "layout", "headline", "reduced_precision", "extensions"):
             assert d[field] == getattr(kernel, field), (d["name"], field)
         assert d["missing"] == [], d
         assert d["file"].endswith(kernel.__module__.replace("attnreplay_plugin_", "") + ".py")
@@ -557,7 +558,8 @@ class RaggedCall:
 
 
 def make_ragged_call(plugin, kernel, q_lens, k_lens, *, page_size=0, capacities=None, heads_q=8, heads_kv=2,
-                     head_dim=64, head_dim_vo=None, causal=None, dtype=None, seed=0):
+                     head_dim=64, head_dim_vo=None, causal=None, dtype=None, seed=0, window_left=None,
+                     window_right=None, softcap=0.0, sinks=None):
     """A ragged call as attnreplay hands it to a thd kernel: q packed (total_q, heads_q, d); keys packed
     (segments of `capacities` rows, default k_lens, with seqused_k where a sequence uses fewer), or with
     page_size, a cache of shuffled pages (two more than the sequences use) read through a block table
@@ -596,7 +598,11 @@ def make_ragged_call(plugin, kernel, q_lens, k_lens, *, page_size=0, capacities=
                   heads_q=heads_q, heads_kv=heads_kv, seq_q=sum(q_lens), seq_kv=seq_kv, head_dim_qk=head_dim,
                   head_dim_vo=head_dim_vo, is_causal=causal is not None, causal_alignment=causal or "bottom_right",
                   scale=SCALE, mask_kind=None, mask_shape=None, metadata={}, quant=QUANT_DEFAULTS,
-                  q_lens=tuple(q_lens), k_lens=tuple(k_lens), page_size=page_size)
+                  q_lens=tuple(q_lens), k_lens=tuple(k_lens), page_size=page_size, window_left=window_left,
+                  window_right=window_right, softcap=softcap,
+                  sinks_shape=None if sinks is None else tuple(sinks.shape))
+    if sinks is not None:
+        batch["sinks"] = sinks
     return RaggedCall(plugin._make_spec(kernel, fields), q, k, v, batch)
 
 
@@ -619,12 +625,23 @@ def ragged_reference(call):
         keys, values = (t.to(torch.float64).repeat_interleave(group, dim=1).transpose(0, 1) for t in (keys, values))
         queries = call.q[cu_q[b]:cu_q[b + 1]].to(torch.float64).transpose(0, 1)
         scores = queries @ keys.transpose(-1, -2) * spec.scale
-        rows = torch.arange(q_len)[:, None]
+        if spec.softcap > 0:
+            scores = spec.softcap * torch.tanh(scores / spec.softcap)
+        diagonal = torch.arange(q_len)[:, None] + (k_len - q_len)
+        columns = torch.arange(k_len)[None, :]
         visible = torch.ones(q_len, k_len, dtype=torch.bool)
         if spec.is_causal:
-            visible = torch.arange(k_len)[None, :] <= rows + (k_len - q_len)
+            visible &= columns <= diagonal
+        if spec.window_left is not None:
+            visible &= columns >= diagonal - spec.window_left
+        if spec.window_right is not None:
+            visible &= columns <= diagonal + spec.window_right
         row_seen = visible.any(dim=1)
-        weights = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1).nan_to_num(0.0)
+        scores = scores.masked_fill(~visible, float("-inf"))
+        if batch.get("sinks") is not None:  # one more logit a head, in the denominator only
+            sink = batch["sinks"].to(torch.float64).view(-1, 1, 1).expand(spec.heads_q, q_len, 1)
+            scores = torch.cat([scores, sink], dim=-1)
+        weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)[..., :k_len]
         out[cu_q[b]:cu_q[b + 1]] = (weights @ values).transpose(0, 1)
         seen[cu_q[b]:cu_q[b + 1]] = row_seen
     return out, seen
@@ -864,3 +881,324 @@ def test_the_stand_ins_reject_what_the_libraries_do(plugin):
                                               cu_seqlens_k=torch.tensor([0, 5], dtype=torch.int32), causal=True)
     scores = (q[0, 0].double() @ k[:4, 0].double().T) * 64 ** -0.5
     assert torch.allclose(out[0, 0].double(), torch.softmax(scores, -1) @ k[:4, 0].double(), atol=1e-2)
+
+
+# -- Windows, softcaps, ALiBi and sinks (docs/format.md): honoured where the library computes them, or --
+# -- declined by name --------------------------------------------------------------------------------
+
+def make_extended_call(plugin, kernel, *, window_left=None, window_right=None, softcap=0.0, alibi=None, sinks=None,
+                       alignment="bottom_right", **call):
+    """(spec, q, k, v, mask, tensors): make_call's call with the extensions given, aligned as
+    `alignment` says whether or not it is causal (capture writes bottom_right for flash-attn's ops),
+    and the ALiBi slopes and sinks as attnreplay hands them over."""
+    spec, q, k, v, mask = make_call(plugin, kernel, **call)
+    spec = dataclasses.replace(spec, causal_alignment=alignment, window_left=window_left, window_right=window_right,
+                               softcap=softcap, alibi_shape=None if alibi is None else tuple(alibi.shape),
+                               sinks_shape=None if sinks is None else tuple(sinks.shape))
+    return spec, q, k, v, mask, dict(alibi_slopes=alibi, sinks=sinks)
+
+
+def extended_reference(spec, q, k, v, mask, tensors):
+    """The record's semantics in fp64, step by step as docs/format.md orders them: scores · scale;
+    softcap; + mask; − ALiBi · distance; keys outside causality and the window removed; softmax with
+    the sink in its denominator; · v. A row that sees no key gives 0."""
+    group = spec.heads_q // spec.heads_kv
+    q, k, v = (t.to(torch.float64) for t in (q, k, v))
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    scores = q @ k.transpose(-1, -2) * spec.scale
+    if spec.softcap > 0:
+        scores = spec.softcap * torch.tanh(scores / spec.softcap)
+    offset = spec.seq_kv - spec.seq_q if spec.causal_alignment == "bottom_right" else 0
+    diagonal = torch.arange(spec.seq_q)[:, None] + offset
+    columns = torch.arange(spec.seq_kv)[None, :]
+    allowed = torch.ones(spec.seq_q, spec.seq_kv, dtype=torch.bool)
+    if mask is not None:
+        if mask.dtype == torch.bool:
+            allowed = allowed & mask
+        else:
+            scores = scores + mask.to(torch.float64)
+    if tensors["alibi_slopes"] is not None:
+        slopes = tensors["alibi_slopes"].to(torch.float64)
+        slopes = slopes.view(-1, spec.heads_q, 1, 1)  # (heads) or (batch, heads)
+        scores = scores - slopes * (diagonal - columns).abs()
+    if spec.is_causal:
+        allowed = allowed & (columns <= diagonal)
+    if spec.window_left is not None:
+        allowed = allowed & (columns >= diagonal - spec.window_left)
+    if spec.window_right is not None:
+        allowed = allowed & (columns <= diagonal + spec.window_right)
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    if tensors["sinks"] is not None:
+        sink = tensors["sinks"].to(torch.float64).view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+        scores = torch.cat([scores, sink], dim=-1)
+    weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)[..., :spec.seq_kv]
+    return weights @ v
+
+
+def check_extended_call(plugin, kernel, **call):
+    spec, q, k, v, mask, tensors = make_extended_call(plugin, kernel, **call)
+    assert kernel.decline_reason(spec) is None, kernel.decline_reason(spec)
+    prepared = plugin._Prepared(kernel, spec, q, k, v, mask, tensors)
+    prepared.run()
+    assert prepared.problem() is None, prepared.problem()
+    out = prepared.output_bhsd()
+    want = extended_reference(spec, q, k, v, mask, tensors)
+    assert torch.isfinite(out.to(torch.float64)).all()
+    error = (out.to(torch.float64) - want).norm() / want.norm()
+    assert error < CASES[kernel.name]["tolerance"], f"{kernel.name}: relative L2 error {error:.3g}"
+    return spec, q, k, v, mask, tensors
+
+
+def extended_decline(plugin, kernel, **call):
+    reason = kernel.decline_reason(make_extended_call(plugin, kernel, **call)[0])
+    assert reason, f"{kernel.name} took {call}"
+    return reason
+
+
+def dense_batch(name):
+    return 1 if name == "flashinfer-prefill" else 2
+
+
+# (left, right, causal, seq_q, seq_kv), bottom-right as flash-attn's ops record them.
+WINDOWS = {
+    "left": (16, None, False, 40, 72),
+    "right": (None, 8, False, 40, 72),
+    "both": (16, 8, False, 40, 72),
+    "left-causal": (16, None, True, 40, 72),
+    "both-causal-more-queries": (16, 4, True, 72, 40),
+    "left-more-queries": (8, None, False, 72, 40),
+    "both-more-queries": (8, 50, False, 72, 40),
+    "both-equal-lengths": (10, 3, False, 48, 48),
+}
+# The forms a library reads otherwise, and the words its adapter declines them with.
+WINDOW_DECLINES = {
+    ("flash-attn-2", "left-more-queries"): "FlashAttention-2 takes its right side as 40",
+    ("flash-attn-2", "both-more-queries"): "FlashAttention-2 takes its right side as 40",
+    ("flashinfer-prefill", "right"): "FlashInfer takes a left window only",
+    ("flashinfer-prefill", "both"): "FlashInfer takes a left window only",
+    ("flashinfer-prefill", "both-more-queries"): "FlashInfer takes a left window only",
+    ("flashinfer-prefill", "both-equal-lengths"): "FlashInfer takes a left window only",
+}
+WINDOW_ARGUMENT = {"flash-attn-2": ("flash_attn", "window_size"), "flash-attn-3": ("flash_attn_interface", "window_size"),
+                   "flash-attn-3-fp8": ("flash_attn_interface", "window_size"),
+                   "flash-attn-4": ("flash_attn.cute.interface", "window_size"),
+                   "flashinfer-prefill": ("flashinfer", "window_left")}
+
+
+@pytest.mark.parametrize("case", sorted(WINDOWS))
+@pytest.mark.parametrize("name", DENSE)
+def test_sliding_windows(plugin, kernels, name, case):
+    kernel = kernels[name]
+    left, right, causal, seq_q, seq_kv = WINDOWS[case]
+    call = dict(batch=dense_batch(name), window_left=left, window_right=right, seq_q=seq_q, seq_kv=seq_kv,
+                causal="bottom_right" if causal else None)
+    if "window" not in kernel.extensions:
+        sides = ", ".join(f"{side} {value}" for side, value in (("left", left), ("right", right)) if value is not None)
+        assert extended_decline(plugin, kernel, **call) == (f"the call has a sliding window ({sides}), which this "
+                                                            f"kernel does not compute")
+        return
+    declined = WINDOW_DECLINES.get((name, case))
+    if declined:
+        assert declined in extended_decline(plugin, kernel, **call)
+        return
+    check_extended_call(plugin, kernel, **call)
+    module, key = WINDOW_ARGUMENT[name]
+    unbounded = None if name == "flash-attn-4" else -1
+    wanted = ((unbounded if left is None else left, unbounded if right is None else right) if key == "window_size"
+              else -1 if left is None else left)
+    assert last_call(module)[key] == wanted
+
+
+@pytest.mark.parametrize("name", sorted(WINDOW_ARGUMENT))
+def test_windows_aligned_top_left_are_declined_where_lengths_differ(plugin, kernels, name):
+    kernel = kernels[name]
+    call = dict(batch=dense_batch(name), window_left=16, alignment="top_left")
+    reason = extended_decline(plugin, kernel, **call)
+    assert "a sliding window aligned top_left with seq_q != seq_kv" in reason, reason
+    # Equal lengths put both diagonals in the same place.
+    check_extended_call(plugin, kernel, **call, seq_q=48, seq_kv=48)
+
+
+def test_the_window_tests_can_fail(plugin, kernels):
+    """A window dropped, or taken top-left where flash-attn aligns it bottom-right, is caught."""
+    kernel = kernels["flash-attn-3"]
+    spec, q, k, v, mask, tensors = make_extended_call(plugin, kernel, window_left=16, window_right=8)
+    unwindowed = dataclasses.replace(spec, window_left=None, window_right=None)
+    top_left = dataclasses.replace(spec, causal_alignment="top_left")
+    want = extended_reference(spec, q, k, v, mask, tensors)
+    for wrong in (unwindowed, top_left):
+        error = (extended_reference(wrong, q, k, v, mask, tensors) - want).norm() / want.norm()
+        assert error > 10 * CASES["flash-attn-3"]["tolerance"]
+
+
+SOFTCAP = 1.5  # below the scores' spread here (scale 0.3, head_dim 64), so that it bends them
+SOFTCAP_ARGUMENT = {"flash-attn-2": ("flash_attn", "softcap"), "flash-attn-3": ("flash_attn_interface", "softcap"),
+                    "flash-attn-3-fp8": ("flash_attn_interface", "softcap"),
+                    "flash-attn-4": ("flash_attn.cute.interface", "softcap"),
+                    "flashinfer-prefill": ("flashinfer", "logits_soft_cap")}
+
+
+@pytest.mark.parametrize("causal", [None, "bottom_right"])
+@pytest.mark.parametrize("name", DENSE)
+def test_softcap(plugin, kernels, name, causal):
+    kernel = kernels[name]
+    call = dict(batch=dense_batch(name), softcap=SOFTCAP, causal=causal)
+    if "softcap" not in kernel.extensions:
+        assert extended_decline(plugin, kernel, **call) == "the call has a softcap of 1.5, which this kernel does not compute"
+        return
+    spec, q, k, v, mask, tensors = check_extended_call(plugin, kernel, **call)
+    module, key = SOFTCAP_ARGUMENT[name]
+    assert last_call(module)[key] == SOFTCAP
+    # The test can fail: without the softcap the output is far from the call's.
+    uncapped = extended_reference(dataclasses.replace(spec, softcap=0.0), q, k, v, mask, tensors)
+    want = extended_reference(spec, q, k, v, mask, tensors)
+    assert (uncapped - want).norm() / want.norm() > 10 * CASES[name]["tolerance"]
+
+
+def test_softcap_with_a_window_and_gqa(plugin, kernels):
+    for name in ("flash-attn-2", "flash-attn-3", "flash-attn-4", "flashinfer-prefill"):
+        check_extended_call(plugin, kernels[name], batch=dense_batch(name), heads_q=4, heads_kv=2, softcap=SOFTCAP,
+                            window_left=12, causal="bottom_right")
+
+
+def slopes(*shape):
+    return torch.linspace(0.05, 0.4, math.prod(shape)).view(*shape).to(torch.float32)
+
+
+@pytest.mark.parametrize("causal", [None, "bottom_right"])
+@pytest.mark.parametrize("per_batch", [False, True])
+def test_flash_attn_2_alibi(plugin, kernels, per_batch, causal):
+    kernel = kernels["flash-attn-2"]
+    alibi = slopes(2, 4) if per_batch else slopes(4)
+    spec, q, k, v, mask, tensors = check_extended_call(plugin, kernel, alibi=alibi, causal=causal, heads_q=4,
+                                                       heads_kv=2)
+    assert last_call("flash_attn")["alibi_slopes"].dtype == torch.float32
+    no_alibi = dict(tensors, alibi_slopes=None)
+    want = extended_reference(spec, q, k, v, mask, tensors)
+    assert (extended_reference(spec, q, k, v, mask, no_alibi) - want).norm() / want.norm() > 0.1
+
+
+def test_flash_attn_2_alibi_after_the_softcap_in_a_window_from_bf16_slopes(plugin, kernels):
+    # The record may hold the slopes in another dtype: FlashAttention-2 takes fp32 only.
+    check_extended_call(plugin, kernels["flash-attn-2"], alibi=slopes(4).to(torch.bfloat16), softcap=SOFTCAP,
+                        window_left=20, window_right=5)
+
+
+def test_flash_attn_2_declines_alibi_aligned_top_left(plugin, kernels):
+    kernel = kernels["flash-attn-2"]
+    reason = extended_decline(plugin, kernel, alibi=slopes(4), alignment="top_left")
+    assert "ALiBi aligned top_left with seq_q != seq_kv" in reason, reason
+    check_extended_call(plugin, kernel, alibi=slopes(4), alignment="top_left", seq_q=48, seq_kv=48)
+
+
+@pytest.mark.parametrize("name", sorted(set(DENSE) - {"flash-attn-2"}))
+def test_alibi_is_declined_by_the_other_libraries(plugin, kernels, name):
+    reason = extended_decline(plugin, kernels[name], batch=dense_batch(name), alibi=slopes(4))
+    assert reason == "the call has ALiBi slopes, which this kernel does not compute"
+
+
+SINKS = torch.tensor([0.5, 2.0, -1.0, 3.0], dtype=torch.float32)
+
+
+@pytest.mark.parametrize("causal", [None, "bottom_right"])
+def test_flash_attn_4_sinks(plugin, kernels, causal):
+    kernel = kernels["flash-attn-4"]
+    spec, q, k, v, mask, tensors = check_extended_call(plugin, kernel, sinks=SINKS, causal=causal, heads_q=4,
+                                                       heads_kv=2, window_left=24, softcap=SOFTCAP)
+    sink = last_call("flash_attn.cute.interface")["learnable_sink"]
+    assert sink.dtype == torch.float32 and torch.equal(sink, SINKS)
+    want = extended_reference(spec, q, k, v, mask, tensors)
+    assert (extended_reference(spec, q, k, v, mask, dict(tensors, sinks=None)) - want).norm() / want.norm() > 0.1
+
+
+def test_flash_attn_4_declines_sinks_and_softcaps_where_its_kernels_take_none(plugin, kernels):
+    kernel = kernels["flash-attn-4"]
+    try:
+        kernel.compute_capability = (8, 0)
+        assert extended_decline(plugin, kernel, sinks=SINKS) == "sinks: FlashAttention-4's kernel for sm8x takes no learnable_sink"
+        kernel.compute_capability = (10, 0)
+        reason = extended_decline(plugin, kernel, sinks=SINKS, softcap=SOFTCAP, head_dim=256)
+        assert reason == "a softcap and sinks: FlashAttention-4's sm100 kernel for head dims (256, 256) takes neither"
+        assert kernel.decline_reason(make_extended_call(plugin, kernel, sinks=SINKS)[0]) is None
+    finally:
+        kernel.compute_capability = (9, 0)
+
+
+@pytest.mark.parametrize("name", sorted(set(DENSE) - {"flash-attn-4"}))
+def test_sinks_are_declined_by_the_other_libraries(plugin, kernels, name):
+    reason = extended_decline(plugin, kernels[name], batch=dense_batch(name), sinks=SINKS)
+    assert reason == "the call has attention sinks, which this kernel does not compute"
+
+
+def test_flashinfer_prefill_declines_a_window_beside_a_mask(plugin, kernels):
+    kernel = kernels["flashinfer-prefill"]
+    mask = random_mask("bool", 1, 4, 40, 72)
+    reason = extended_decline(plugin, kernel, batch=1, mask=mask, window_left=16)
+    assert reason.startswith("a sliding window with a mask"), reason
+
+
+# Ragged and paged batches: each sequence's window bottom-right within it.
+
+@pytest.mark.parametrize("page_size", [0, 16])
+@pytest.mark.parametrize("name", ["flash-attn-4-varlen", "flashinfer-batch-prefill"])
+def test_ragged_prefill_with_a_window_and_softcap(plugin, kernels, name, page_size):
+    kernel = kernels[name]
+    call = make_ragged_call(plugin, kernel, [5, 17, 1, 32], [40, 17, 9, 64], page_size=page_size,
+                            causal="bottom_right", window_left=6, softcap=SOFTCAP)
+    check_ragged(plugin, kernel, call)
+    if name == "flashinfer-batch-prefill":
+        plan = flashinfer_plan()
+        assert (plan["window_left"], plan["logits_soft_cap"]) == (6, SOFTCAP)
+    else:
+        varlen = last_call("flash_attn.cute.interface")
+        assert (varlen["window_size"], varlen["softcap"]) == ((6, None), SOFTCAP)
+
+
+def test_flash_attn_4_varlen_windows_on_both_sides_and_sinks(plugin, kernels):
+    kernel = kernels["flash-attn-4-varlen"]
+    sinks = torch.linspace(-1.0, 2.0, 8).to(torch.float32)
+    call = make_ragged_call(plugin, kernel, [5, 17, 1, 32], [40, 17, 9, 64], page_size=16, window_left=6,
+                            window_right=3, sinks=sinks)
+    check_ragged(plugin, kernel, call)
+    assert torch.equal(last_call("flash_attn.cute.interface")["learnable_sink"], sinks)
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_flashinfer_decode_with_a_window_and_softcap(plugin, kernels, page_size):
+    kernel = kernels["flashinfer-decode"]
+    # One query row: any right window hides nothing, bottom-right.
+    call = make_ragged_call(plugin, kernel, [1] * 4, DECODE_K_LENS, page_size=page_size, window_left=7,
+                            window_right=2, softcap=SOFTCAP)
+    check_ragged(plugin, kernel, call)
+    assert (flashinfer_plan()["window_left"], flashinfer_plan()["logits_soft_cap"]) == (7, SOFTCAP)
+
+
+def test_flashinfer_batch_prefill_declines_a_right_window_and_what_it_does_not_compute(plugin, kernels):
+    kernel = kernels["flashinfer-batch-prefill"]
+    reason = ragged_decline(plugin, kernel, [5, 17], [40, 17], window_left=6, window_right=2)
+    assert "FlashInfer takes a left window only" in reason, reason
+    # Causal clips the right side to the diagonal, which FlashInfer's causal flag does.
+    assert kernel.decline_reason(make_ragged_call(plugin, kernel, [5, 17], [40, 17], window_left=6, window_right=2,
+                                                  causal="bottom_right").spec) is None
+    assert ragged_decline(plugin, kernel, [5], [40], sinks=torch.zeros(8)) == (
+        "the call has attention sinks, which this kernel does not compute")
+    top_left = make_ragged_call(plugin, kernel, [5, 17], [40, 17], window_left=6)
+    top_left = dataclasses.replace(top_left.spec, causal_alignment="top_left")
+    assert "aligned top_left" in kernel.decline_reason(top_left)
+
+
+def test_the_stand_ins_reject_extension_arguments_as_the_libraries_do(plugin):
+    flash_attn = importlib.import_module("flash_attn")
+    interface = importlib.import_module("flash_attn.cute.interface")
+    q = torch.randn(1, 4, 2, 64).to(torch.bfloat16)
+    with pytest.raises(RuntimeError, match="ALiBi slopes must have dtype fp32"):
+        flash_attn.flash_attn_func(q, q, q, alibi_slopes=torch.zeros(2, dtype=torch.float64))
+    with pytest.raises(AssertionError, match="learnable_sink must have shape"):
+        interface.flash_attn_func(q, q, q, learnable_sink=torch.zeros(3))
+    # FlashAttention-2's own reading: a right side >= seq_kv is unbounded (mha_fwd), so with 8 queries
+    # over 2 keys, a window (-1, 2) shows query 0 both keys, where the record's bottom-right window
+    # would show it none (its last key 0 + 2 - 8 + 2 < 0).
+    q8 = torch.randn(1, 8, 1, 64).to(torch.bfloat16)
+    k2 = torch.randn(1, 2, 1, 64).to(torch.bfloat16)
+    out = flash_attn.flash_attn_func(q8, k2, k2, window_size=(-1, 2))
+    assert out[0, 0].abs().sum() > 0

@@ -372,3 +372,33 @@ def test_an_unknown_extension_is_refused_naming_the_file_and_kernel(tmp_path):
     assert str(module) in result.stderr and "kernel 'py-misspelled-extension'" in result.stderr
     assert "('windows',)" in result.stderr and "Traceback" not in result.stderr
 
+
+def test_library_adapters_honour_windows_softcaps_alibi_and_sinks_through_attnreplay(tmp_path):
+    """The extensions' whole path to an adapter (the call's fields in its CallSpec, the slopes and
+    sinks in its Inputs, the library's arguments) against the stand-ins, on the CPU."""
+    import torch
+
+    env = {**os.environ, "PYTHONPATH": str(STAND_INS)}
+    kernels = ["reference", *(name + "-on-cpu" for name in ("flash-attn-2", "flash-attn-3", "flash-attn-4",
+                                                            "flashinfer-prefill", "xformers"))]
+    rows = {}
+    for name, extensions in (("alibi", dict(window_left=12, softcap=2.0, alibi=torch.linspace(0.05, 0.2, 4))),
+                             ("sinks", dict(window_left=12, softcap=2.0, sinks=torch.tensor([0.5, 2.0, -1.0, 3.0])))):
+        call = extension_call(tmp_path / f"{name}.pt", torch.bfloat16, **extensions)
+        out = tmp_path / f"{name}.json"
+        run_attnreplay("run", call, "--kernel-module", PLUGINS / "adapters_on_cpu.py", "--kernels", ",".join(kernels),
+                       "--json", out, *FAST, check=0, env=env)
+        rows[name] = kernels_by_name(load_json(out))
+    honoured = {"alibi": ["flash-attn-2"], "sinks": ["flash-attn-4"]}
+    refused = {"alibi": {"flash-attn-3": "ALiBi slopes", "flash-attn-4": "ALiBi slopes",
+                         "flashinfer-prefill": "ALiBi slopes", "xformers": "a sliding window (left 12)"},
+               "sinks": {"flash-attn-2": "attention sinks", "flash-attn-3": "attention sinks",
+                         "flashinfer-prefill": "attention sinks", "xformers": "a sliding window (left 12)"}}
+    for case in rows:
+        for name in honoured[case]:
+            row = rows[case][name + "-on-cpu"]
+            assert row["status"] == "not_verified", (case, name, row.get("reason"))
+            assert row["error"]["rel_l2"] < 1e-2, (case, name, row["error"])
+        for name, what in refused[case].items():
+            row = rows[case][name + "-on-cpu"]
+            assert row["status"] == "not_supported" and what in row["reason"], (case, name, row.get("reason"))

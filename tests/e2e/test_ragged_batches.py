@@ -252,14 +252,36 @@ def test_library_adapters_take_a_generated_causal_prefill(tmp_path, routine):
         "sequence" in decode["reason"], decode
 
 
-def test_library_adapters_are_refused_windows_and_softcaps(replayed, tmp_path):
-    # attnreplay hands a Python kernel no window or softcap: it refuses such calls for it, by name.
-    folder, _, _, _ = replayed
-    calls = run_ragged_adapters(tmp_path, the_capture(folder / "caps"))
-    windowed = [call for name, call in zip(CALLS, calls) if name in ("window_softcap_used", "fa3_varlen_window")]
-    assert len(windowed) == 2
-    for call in windowed:
-        for row in call["rows"].values():
-            assert row["status"] == "not_supported", row
-            assert row["reason"].startswith("the call has a sliding window") and \
-                row["reason"].endswith("which this kernel does not compute"), row
+def ragged_extension_call(path, *, causal, window_left, window_right, softcap):
+    """A packed thd call in bf16 (docs/format.md) with the window and softcap given, bottom-right as
+    flash-attn's varlen ops record them: the capture's lengths (its own calls are fp32 with head dim
+    16, which the libraries do not take)."""
+    import torch
+
+    g = torch.Generator().manual_seed(7)
+    q_lens, k_lens = [5, 1, 9], [7, 4, 9]
+    q = torch.randn(sum(q_lens), 8, 64, generator=g).to(torch.bfloat16)
+    k, v = (torch.randn(sum(k_lens), 2, 64, generator=g).to(torch.bfloat16) for _ in range(2))
+    torch.save({"format": "attnreplay.call", "schema_version": 2, "call_index": 0, "op": "test::varlen_window",
+                "backend": "", "layout": "thd", "is_causal": causal, "causal_alignment": "bottom_right",
+                "scale": 0.125, "dropout_p": 0.0, "enable_gqa": True, "window_left": window_left,
+                "window_right": window_right, "softcap": softcap, "q": q, "k": k, "v": v, "mask": None, "out": None,
+                "cu_seqlens_q": torch.tensor([0, 5, 6, 15], dtype=torch.int32),
+                "cu_seqlens_k": torch.tensor([0, 7, 11, 20], dtype=torch.int32), "metadata": {}}, path)
+    return path
+
+
+def test_library_adapters_take_windows_and_softcaps_within_each_sequence(tmp_path):
+    # The capture's two windowed calls' arguments: flash-attn 2's (3, 0) causal with softcap 20, and
+    # FlashAttention-3's (2, 1) without causality, which FlashInfer (a left window only) declines.
+    causal = run_ragged_adapters(tmp_path, ragged_extension_call(tmp_path / "causal.pt", causal=True, window_left=3,
+                                                                  window_right=0, softcap=20.0))[0]["rows"]
+    for name in ("flashinfer-batch-prefill-on-cpu", "flash-attn-4-varlen-on-cpu"):
+        assert_judged_close(causal[name])
+    assert "decodes one query row a sequence" in causal["flashinfer-decode-on-cpu"]["reason"]
+    both_sides = run_ragged_adapters(tmp_path, ragged_extension_call(tmp_path / "both.pt", causal=False,
+                                                                      window_left=2, window_right=1,
+                                                                      softcap=0.0))[0]["rows"]
+    assert_judged_close(both_sides["flash-attn-4-varlen-on-cpu"])
+    prefill = both_sides["flashinfer-batch-prefill-on-cpu"]
+    assert prefill["status"] == "not_supported" and "FlashInfer takes a left window only" in prefill["reason"], prefill
