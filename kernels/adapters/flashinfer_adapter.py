@@ -224,9 +224,8 @@ def planned_options(spec) -> dict:
                 sm_scale=spec.scale, q_data_type=spec.torch_dtype, kv_data_type=spec.torch_dtype)
 
 
-class FlashInferDecode(ar.Kernel):
-    name = "flashinfer-decode"
-    summary = "FlashInfer BatchDecodeWithPagedKVCacheWrapper (decode over a paged KV cache, NHD, native GQA)"
+class FlashInferBatchKernel(ar.Kernel):
+    """What FlashInfer's batch wrappers share: ragged and paged batches, NHD, native GQA. Not registered."""
     # run() is the wrapper's run(), what a serving engine calls for every layer; prepare() is the page
     # table and plan(), which it does once a step for all layers.
     headline = "run"
@@ -235,9 +234,14 @@ class FlashInferDecode(ar.Kernel):
     dtypes = ("float16", "bfloat16")
     head_dims = (64, 128, 256)
     native_gqa = True
-    # A single query row sees every key of its sequence bottom-right: causal hides nothing.
     causal_alignments = ("bottom_right",)
     extensions = ("window", "softcap")
+
+
+class FlashInferDecode(FlashInferBatchKernel):
+    name = "flashinfer-decode"
+    summary = "FlashInfer BatchDecodeWithPagedKVCacheWrapper (decode over a paged KV cache, NHD, native GQA)"
+    # (A single query row sees every key of its sequence bottom-right: causal hides nothing.)
 
     def supports(self, spec):
         rows = [b for b, n in enumerate(spec.q_lens) if n != 1]
@@ -262,20 +266,10 @@ class FlashInferDecode(ar.Kernel):
         return prepared.wrapper.run(prepared.q, prepared.kv)
 
 
-class FlashInferBatchPrefill(ar.Kernel):
+class FlashInferBatchPrefill(FlashInferBatchKernel):
     name = "flashinfer-batch-prefill"
     summary = ("FlashInfer BatchPrefillWithPagedKVCacheWrapper (paged) / BatchPrefillWithRaggedKVCacheWrapper "
                "(packed keys), NHD, native GQA")
-    # run() is the wrapper's run(), what a serving engine calls for every layer; prepare() is the page
-    # table and plan(), which it does once a step for all layers.
-    headline = "run"
-    layout = "thd"
-    paged = True
-    dtypes = ("float16", "bfloat16")
-    head_dims = (64, 128, 256)
-    native_gqa = True
-    causal_alignments = ("bottom_right",)
-    extensions = ("window", "softcap")
 
     def supports(self, spec):
         if spec.page_size or keys_unused(spec):
