@@ -64,6 +64,12 @@ def _check_sink(learnable_sink, heads):
     return learnable_sink
 
 
+def _refuse_unemulated(*options):
+    if any(option is not None for option in options):
+        raise NotImplementedError("the stand-in does not emulate FA4's options beyond scale, causal, window_size, "
+                                  "softcap and learnable_sink")
+
+
 def flash_attn_func(q, k, v, qv=None, gather_kv_indices=None, softmax_scale=None, causal=False,
                     window_size=(None, None), learnable_sink=None, softcap=0.0, num_splits=1, pack_gqa=None,
                     deterministic=False, score_mod=None, score_mod_bwd=None, mask_mod=None, aux_tensors=None,
@@ -74,10 +80,7 @@ def flash_attn_func(q, k, v, qv=None, gather_kv_indices=None, softmax_scale=None
     _, seq_kv, heads_kv, _ = v.shape
     if tuple(k.shape) != (batch, seq_kv, heads_kv, head_dim):
         raise AssertionError(f"k must be {(batch, seq_kv, heads_kv, head_dim)}, got {tuple(k.shape)}")
-    if (qv is not None or gather_kv_indices is not None or score_mod is not None or mask_mod is not None
-            or block_sparse_tensors is not None):
-        raise NotImplementedError("the stand-in does not emulate FA4's options beyond scale, causal, window_size, "
-                                  "softcap and learnable_sink")
+    _refuse_unemulated(qv, gather_kv_indices, score_mod, mask_mod, block_sparse_tensors)
     sink = _check_sink(learnable_sink, q.shape[-2])
     left, right = _window(causal, window_size)
     if softmax_scale is None:
@@ -109,10 +112,7 @@ def flash_attn_varlen_func(q, k, v, qv=None, cu_seqlens_q=None, cu_seqlens_k=Non
                            scheduler_metadata=None, seqlen_k_per_split=None, disable_scheduler_metadata=False):
     record(LAST_CALL, locals(), tensors=("q", "k", "v"))
     head_dim = _check_dtypes_and_dims(q, k, v)
-    if (qv is not None or gather_kv_indices is not None or score_mod is not None or mask_mod is not None
-            or block_sparse_tensors is not None):
-        raise NotImplementedError("the stand-in does not emulate FA4's options beyond scale, causal, window_size, "
-                                  "softcap and learnable_sink")
+    _refuse_unemulated(qv, gather_kv_indices, score_mod, mask_mod, block_sparse_tensors)
     sink = _check_sink(learnable_sink, q.shape[-2])
     left, right = _window(causal, window_size)
     batch = q.shape[0] if cu_seqlens_q is None else cu_seqlens_q.shape[0] - 1
