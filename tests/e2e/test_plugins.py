@@ -2,6 +2,7 @@
 timed and judged like the built-in kernels; their failures isolated; their flags in every rerun."""
 
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -188,7 +189,11 @@ def test_kernels_lists_plug_ins_with_their_files_and_missing_adapters():
     # importing anything.
     assert "unavailable here:" in result.stdout
     unavailable = result.stdout.split("unavailable here:")[1]
-    assert "flash-attn-4         flash_attn.cute.interface is not installed" in unavailable
+    assert re.search(r"^flash-attn-4 +flash_attn.cute.interface is not installed$", unavailable, re.M), unavailable
+    # One column of names, as wide as the longest: every reason starts at the same place.
+    rows = [line for line in unavailable.splitlines() if line.strip()]
+    starts = {len(line) - len(line.split(None, 1)[1]) for line in rows}
+    assert len(starts) == 1 and max(len(line.split()[0]) for line in rows) < starts.pop(), rows
 
 
 def test_kernels_lists_the_adapters_importing_no_library():
