@@ -26,14 +26,16 @@ c10::ScalarType comparison_type(const at::Tensor& mask) {
                                                                                                            : at::kFloat;
 }
 
+// Where an additive mask's values (in comparison_type) add a bias: neither 0 nor hiding a key.
+at::Tensor biases(const at::Tensor& values) { return values.eq(0).logical_or(values.le(kHidingAddend)).logical_not(); }
+
 at::Tensor row_fields(const at::Tensor& block, std::int64_t seq_kv) {
   at::Tensor seen_keys = block, bias, finite_hider;
   if (block.scalar_type() != at::kBool) {
     const at::Tensor values = block.to(comparison_type(block));
     seen_keys = values.eq(0);
-    const at::Tensor hides = values.le(kHidingAddend);
-    bias = seen_keys.logical_or(hides).logical_not_();
-    finite_hider = hides.logical_and_(values.ne(-std::numeric_limits<double>::infinity()));
+    bias = biases(values);
+    finite_hider = values.le(kHidingAddend).logical_and_(values.ne(-std::numeric_limits<double>::infinity()));
   }
   // argmax gives the first of equal maxima: the first key seen, and from the end the last.
   const at::Tensor bytes = seen_keys.view(at::kByte);
@@ -50,8 +52,7 @@ at::Tensor row_fields(const at::Tensor& block, std::int64_t seq_kv) {
 // The first value of the row that is neither 0 nor hiding, for the reason given.
 double first_bias(const at::Tensor& row) {
   const at::Tensor values = row.to(comparison_type(row));
-  const at::Tensor bias = values.eq(0).logical_or(values.le(kHidingAddend)).logical_not();
-  return values.masked_select(bias)[0].item<double>();
+  return values.masked_select(biases(values))[0].item<double>();
 }
 
 MaskRows rows_of_tensor(const at::Tensor& mask, const AttentionShape& s) {

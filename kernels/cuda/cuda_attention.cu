@@ -137,6 +137,16 @@ std::int64_t kernel_head_dim(const AttentionShape& shape) {
   return shape.head_dim_qk <= 64 && shape.head_dim_vo <= 64 ? 64 : 128;
 }
 
+// Where the call's head dims are not the kernels', the problem the kernels run: both padded, bhsd.
+Problem as_run(const Problem& given) {
+  Problem run = given;
+  const std::int64_t d = kernel_head_dim(given.shape);
+  if (d == given.shape.head_dim_qk && d == given.shape.head_dim_vo) return run;
+  run.shape.head_dim_qk = run.shape.head_dim_vo = d;
+  run.bshd = false;
+  return run;
+}
+
 }  // namespace
 
 struct Attention::State {
@@ -160,6 +170,13 @@ struct Attention::State {
   DeviceBuffer out;
   AttentionArgs args;
   Order attention_order = Order::after_all;  // overlapping right after prepare_inputs
+
+  // The call's problem, and the one the kernels run, set once.
+  void take_problem(const Problem& call) {
+    given = call;
+    p = as_run(call);
+    padded = !(p.shape == call.shape);
+  }
 
   static InputView view(const Problem& problem, const DeviceBuffer& buffer, std::int64_t heads, std::int64_t seq,
                         std::int64_t d) {
@@ -194,16 +211,6 @@ InputBytes input_bytes(const Problem& p) {
   return {rows_q * d_qk * 2, rows_kv * d_qk * 2, rows_kv * d_vo * 2, rows_q * d_vo * 2};
 }
 
-// Where the call's head dims are not the kernels', the problem the kernels run: both padded, bhsd.
-Problem as_run(const Problem& given) {
-  Problem run = given;
-  const std::int64_t d = kernel_head_dim(given.shape);
-  if (d == given.shape.head_dim_qk && d == given.shape.head_dim_vo) return run;
-  run.shape.head_dim_qk = run.shape.head_dim_vo = d;
-  run.bshd = false;
-  return run;
-}
-
 }  // namespace
 
 Attention::Attention(QuantizedKind kind, const Problem& p, const QuantOptions& options, const void* q, const void* k,
@@ -211,11 +218,11 @@ Attention::Attention(QuantizedKind kind, const Problem& p, const QuantOptions& o
     : state_(std::make_unique<State>()) {
   if (const std::string reason = problem_unsupported_reason(p); !reason.empty()) throw std::invalid_argument(reason);
   State& s = *state_;
+  s.take_problem(p);
   const InputBytes bytes = input_bytes(p);
-  const bool padded = !(as_run(p).shape == p.shape);
-  DeviceBuffer& q_upload = padded ? s.q_given : s.q_in;
-  DeviceBuffer& k_upload = padded ? s.k_given : s.k_in;
-  DeviceBuffer& v_upload = padded ? s.v_given : s.v_in;
+  DeviceBuffer& q_upload = s.padded ? s.q_given : s.q_in;
+  DeviceBuffer& k_upload = s.padded ? s.k_given : s.k_in;
+  DeviceBuffer& v_upload = s.padded ? s.v_given : s.v_in;
   q_upload.allocate(nullptr, bytes.q, "Q");
   k_upload.allocate(nullptr, bytes.k, "K");
   v_upload.allocate(nullptr, bytes.v, "V");
@@ -223,7 +230,7 @@ Attention::Attention(QuantizedKind kind, const Problem& p, const QuantOptions& o
   ATTNREPLAY_CUDA_CHECK(cudaMemcpy(k_upload.as(), k, k_upload.bytes(), cudaMemcpyHostToDevice));
   ATTNREPLAY_CUDA_CHECK(cudaMemcpy(v_upload.as(), v, v_upload.bytes(), cudaMemcpyHostToDevice));
   s.out.allocate(nullptr, bytes.out, "the output");
-  set_up(kind, p, options, nullptr, nullptr);
+  set_up(kind, options, nullptr, nullptr);
   synchronize();
 }
 
@@ -232,24 +239,20 @@ Attention::Attention(QuantizedKind kind, const Problem& p, const QuantOptions& o
     : state_(std::make_unique<State>()) {
   if (const std::string reason = problem_unsupported_reason(p); !reason.empty()) throw std::invalid_argument(reason);
   State& s = *state_;
+  s.take_problem(p);
   const InputBytes bytes = input_bytes(p);
-  const bool padded = !(as_run(p).shape == p.shape);
-  (padded ? s.q_given : s.q_in).borrow(inputs.q, bytes.q);
-  (padded ? s.k_given : s.k_in).borrow(inputs.k, bytes.k);
-  (padded ? s.v_given : s.v_in).borrow(inputs.v, bytes.v);
+  (s.padded ? s.q_given : s.q_in).borrow(inputs.q, bytes.q);
+  (s.padded ? s.k_given : s.k_in).borrow(inputs.k, bytes.k);
+  (s.padded ? s.v_given : s.v_in).borrow(inputs.v, bytes.v);
   s.out.borrow(inputs.out, bytes.out);
-  set_up(kind, p, options, &memory, stream);
+  set_up(kind, options, &memory, stream);
 }
 
-// The work buffers of `kind` (from `memory`, or cudaMalloc where null) and the input preparation,
-// queued on `stream`.
-void Attention::set_up(QuantizedKind kind, const Problem& given, const QuantOptions& options, DeviceMemory* memory,
-                       cudaStream_t stream) {
+// The work buffers of `kind` for the problem taken (from `memory`, or cudaMalloc where null) and the
+// input preparation, queued on `stream`.
+void Attention::set_up(QuantizedKind kind, const QuantOptions& options, DeviceMemory* memory, cudaStream_t stream) {
   State& s = *state_;
   s.kind = kind;
-  s.given = given;
-  s.p = as_run(given);
-  s.padded = !(s.p.shape == given.shape);
   s.options = options;
   const Problem& p = s.p;
   const std::size_t d = static_cast<std::size_t>(p.shape.head_dim_qk);
@@ -262,7 +265,7 @@ void Attention::set_up(QuantizedKind kind, const Problem& given, const QuantOpti
 
   AttentionArgs& a = s.args;
   a.out = s.out.as();
-  a.out_dim = static_cast<int>(given.shape.head_dim_vo);
+  a.out_dim = static_cast<int>(s.given.shape.head_dim_vo);
   a.seq_q = p.shape.seq_q;
   a.seq_kv = p.shape.seq_kv;
   a.heads_q = static_cast<int>(p.shape.heads_q);

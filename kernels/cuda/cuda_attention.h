@@ -91,8 +91,7 @@ class Attention {
 
  private:
   friend class AttentionTogether;
-  void set_up(QuantizedKind kind, const Problem& problem, const QuantOptions& options, DeviceMemory* memory,
-              cudaStream_t stream);
+  void set_up(QuantizedKind kind, const QuantOptions& options, DeviceMemory* memory, cudaStream_t stream);
   struct State;
   std::unique_ptr<State> state_;
 };
