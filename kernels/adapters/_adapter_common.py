@@ -109,11 +109,6 @@ def compile_lock(kind: str):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def sequence_lengths(spec) -> list:
-    """(seq_q, seq_kv) of each sequence: a ragged batch's own, else the call's."""
-    return list(zip(spec.q_lens, spec.k_lens)) if spec.q_lens else [(spec.seq_q, spec.seq_kv)]
-
-
 def has_window(spec) -> bool:
     return spec.window_left is not None or spec.window_right is not None
 
@@ -126,7 +121,7 @@ def bottom_right_problem(spec, library: str):
     aligned = [name for name, present in uses if present]
     if not aligned or spec.causal_alignment == "bottom_right":
         return None
-    if all(q == k for q, k in sequence_lengths(spec)):
+    if all(q == k for q, k in spec.sequence_lengths):
         return None
     what = " and ".join(aligned)
     return (f"{what} aligned top_left with seq_q != seq_kv: {library} aligns them bottom-right "

@@ -72,7 +72,7 @@ from typing import Any
 import torch
 
 import attnreplay_plugin as ar
-from _adapter_common import bottom_right_problem, leading_dims_vary, sequence_lengths, visible_keys
+from _adapter_common import bottom_right_problem, leading_dims_vary, visible_keys
 
 flashinfer = ar.optional_import("flashinfer", kernels=["flashinfer-prefill", "flashinfer-decode",
                                                        "flashinfer-batch-prefill"])
@@ -86,7 +86,7 @@ TENSOR_CORE_GROUP_ABOVE = 4
 def window_problem(spec):
     """Why FlashInfer cannot take the call's window, or None (the module's docstring)."""
     right = spec.window_right
-    if right is not None and not spec.is_causal and any(right < q - 1 for q, _ in sequence_lengths(spec)):
+    if right is not None and not spec.is_causal and any(right < q - 1 for q, _ in spec.sequence_lengths):
         return (f"window_right {right}: FlashInfer takes a left window only (window_left), and this one hides "
                 f"keys from query rows beyond what causality would")
     return bottom_right_problem(spec, "FlashInfer")

@@ -112,6 +112,11 @@ class CallSpec:
         return getattr(torch, self.dtype)
 
     @property
+    def sequence_lengths(self) -> list:
+        """(seq_q, seq_kv) of each sequence: a ragged batch's own, else the call's."""
+        return list(zip(self.q_lens, self.k_lens)) if self.q_lens else [(self.seq_q, self.seq_kv)]
+
+    @property
     def is_gqa(self) -> bool:
         return self.heads_q != self.heads_kv
 
@@ -220,8 +225,8 @@ class Kernel:
         if spec.is_causal:
             if not self.causal_alignments:
                 return "causal attention is not supported"
-            lengths = zip(spec.q_lens, spec.k_lens) if spec.q_lens else [(spec.seq_q, spec.seq_kv)]
-            if spec.causal_alignment not in self.causal_alignments and any(q != k for q, k in lengths):
+            unequal = any(q != k for q, k in spec.sequence_lengths)
+            if spec.causal_alignment not in self.causal_alignments and unequal:
                 return (f"causal with {spec.causal_alignment} alignment and seq_q {spec.seq_q} != seq_kv "
                         f"{spec.seq_kv} is not supported (computes {', '.join(self.causal_alignments)})")
         return self.supports(spec)
