@@ -32,6 +32,17 @@ MaskStructure MaskStructure::all_visible(const AttentionShape& shape) {
   return all;
 }
 
+bool MaskStructure::every_row_sees_every_key() const {
+  if (lower || (upper && *upper < seq_kv - 1)) return false;
+  for (const auto& docs : documents) {
+    if (!docs.empty()) return false;
+  }
+  auto all = [](const std::vector<std::int64_t>& values, std::int64_t value) {
+    return std::all_of(values.begin(), values.end(), [value](std::int64_t v) { return v == value; });
+  };
+  return all(key_begin, 0) && all(key_end, seq_kv) && all(row_begin, 0) && all(row_end, seq_q);
+}
+
 std::pair<std::int64_t, std::int64_t> MaskStructure::row_keys(std::int64_t b, std::int64_t h, std::int64_t i) const {
   const std::size_t g = group(b, h);
   if (i < row_begin[g] || i >= row_end[g]) return {0, 0};

@@ -42,6 +42,9 @@ struct MaskStructure {
   bool operator==(const MaskStructure&) const = default;
   // Every key of every row: no mask at all.
   static MaskStructure all_visible(const AttentionShape& shape);
+  // Whether every row of every (batch, head) sees every key: no mask, or one that hides nothing
+  // (a causal diagonal at or past the last key for the first row, as in a decode step).
+  bool every_row_sees_every_key() const;
   std::size_t group(std::int64_t b, std::int64_t h) const {
     return static_cast<std::size_t>(b * heads + (heads == 1 ? 0 : h));
   }

@@ -15,6 +15,7 @@
 #include "kernels/cuda/cuda_attention.h"
 #include "kernels/device_output.h"
 #include "kernels/per_sequence.h"
+#include "kernels/quantized_attention.h"
 #include "kernels/torch_inputs.h"
 
 namespace attnreplay {
@@ -33,6 +34,13 @@ cu::Problem cuda_problem(const AttentionCall& call) {
   p.causal = visible.upper.has_value();
   p.causal_offset = visible.upper.value_or(0);
   p.scale = call.softmax_scale();
+  // Few query rows of GQA heads: run as rows of their KV head's (same bytes; no diagonal to keep).
+  if (const std::optional<AttentionShape> packed = packed_query_heads(call)) {
+    p.shape = *packed;
+    p.packed_query_heads = true;
+    p.causal = false;
+    p.causal_offset = 0;
+  }
   return p;
 }
 
@@ -145,14 +153,16 @@ at::Tensor CudaAttentionKernel::run_resident(const AttentionCall& call, const Mo
                                              const KernelOptions& options) const {
   // The kernels read (b, s, h, d) or (b, h, s, d) rows without gaps: a model's bshd tensors are
   // the first as they are (SDPA's inputs are often their transposed views), others are copied once.
-  const bool bshd = inputs.q.transpose(1, 2).is_contiguous() && inputs.k.transpose(1, 2).is_contiguous() &&
-                    inputs.v.transpose(1, 2).is_contiguous();
+  cu::Problem problem = cuda_problem(call);
+  // Packed query heads of several rows are bhsd rows (one query row: the same bytes either way).
+  const bool packed_rows = problem.packed_query_heads && call.shape().seq_q > 1;
+  const bool bshd = !packed_rows && inputs.q.transpose(1, 2).is_contiguous() &&
+                    inputs.k.transpose(1, 2).is_contiguous() && inputs.v.transpose(1, 2).is_contiguous();
   auto rows = [bshd](const at::Tensor& t) { return bshd ? t.transpose(1, 2) : t.contiguous(); };
   const at::Tensor q = rows(inputs.q), k = rows(inputs.k), v = rows(inputs.v);
   const c10::cuda::CUDAGuard device(q.device());
-  cu::Problem problem = cuda_problem(call);
   problem.bshd = bshd;
-  const AttentionShape& s = problem.shape;
+  const AttentionShape s = call.shape();
   at::Tensor out = at::empty({s.batch, s.heads_q, s.seq_q, s.head_dim_vo}, inputs.q.options());
   TorchDeviceMemory memory;
   cu::Attention attention(kind(), problem, options.quant, {q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()},

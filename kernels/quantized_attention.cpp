@@ -291,6 +291,20 @@ std::optional<std::string> quantized_inputs_unsupported_reason(const AttentionCa
   return std::nullopt;
 }
 
+std::optional<AttentionShape> packed_query_heads(const AttentionCall& call) {
+  const AttentionShape s = call.shape();
+  if (s.heads_kv <= 0 || s.heads_q <= s.heads_kv || s.heads_q % s.heads_kv != 0) return std::nullopt;
+  if (s.seq_q > kPackedQueryRowsMax) return std::nullopt;
+  // bshd rows of several queries interleave the heads: not one run of rows per KV head.
+  if (call.layout != Layout::bhsd && s.seq_q != 1) return std::nullopt;
+  const std::shared_ptr<const CallVisibility> visibility = visibility_of(call);
+  if (visibility->dense_mask || !visibility->structure.every_row_sees_every_key()) return std::nullopt;
+  AttentionShape packed = s;
+  packed.seq_q = s.seq_q * (s.heads_q / s.heads_kv);
+  packed.heads_q = s.heads_kv;
+  return packed;
+}
+
 // ---- The emulation ----
 
 std::string_view to_string(QuantizedKind kind) { return quantized_kind(kind).name; }
@@ -358,15 +372,18 @@ PreparedAttentionInputs prepare_attention_inputs(const AttentionCall& call, Quan
   in.kind = kind;
   in.options = options;
   in.stages = stages;
-  in.shape = call.shape();
+  in.call_shape = call.shape();
+  const std::optional<AttentionShape> packed = packed_query_heads(call);
+  in.shape = packed.value_or(in.call_shape);
   const AttentionShape& s = in.shape;
   in.input_dtype = call.q.dtype;
   const std::shared_ptr<const CallVisibility> visibility = visibility_of(call);
-  in.visible = visibility->structure;
+  in.visible = packed ? MaskStructure::all_visible(s) : visibility->structure;
   if (visibility->dense_mask) in.mask = call.mask;
   in.softmax_scale_log2 = static_cast<float>(call.softmax_scale()) * kLog2e;
 
-  const HostTensor q = to_bhsd(call.q, call.layout);
+  HostTensor q = to_bhsd(call.q, call.layout);
+  if (packed) q.shape = {s.batch, s.heads_q, s.seq_q, s.head_dim_qk};  // the same bytes, rows per KV head
   const HostTensor k = to_bhsd(call.k, call.layout);
   const HostTensor v = to_bhsd(call.v, call.layout);
   const std::int64_t q_heads = s.batch * s.heads_q, kv_heads = s.batch * s.heads_kv;
@@ -639,7 +656,9 @@ class HeadAttention {
 
 HostTensor run_emulated_attention(const PreparedAttentionInputs& in, unsigned threads) {
   const AttentionShape& s = in.shape;
-  HostTensor out = HostTensor::allocate(DType::float32, {s.batch, s.heads_q, s.seq_q, s.head_dim_vo});
+  // The call's shape: packed query heads' rows are its heads' rows, in order.
+  const AttentionShape& c = in.call_shape;
+  HostTensor out = HostTensor::allocate(DType::float32, {c.batch, c.heads_q, c.seq_q, c.head_dim_vo});
   auto* values = reinterpret_cast<float*>(out.mutable_data());
   // Work items are (batch, head, 64-row query block), so that one long head still spreads over
   // every core.

@@ -36,6 +36,19 @@ const std::vector<std::string>& fp8_scale_names();
 // head dims, devices).
 std::optional<std::string> quantized_inputs_unsupported_reason(const AttentionCall& call);
 
+// ---- Query heads packed as rows ----
+
+// With GQA and few query rows (a decode step), the query heads that share a KV head run as one head
+// whose rows are theirs one after another, head by head (FlashAttention's pack_gqa, FlashInfer's
+// decode): a query block then holds n_rep times the rows, and K and V are read once per KV head
+// rather than once per query head. Q and the output are the same bytes either way where the call
+// is bhsd or has one query row. Applies where every row sees every key (a mask or diagonal would
+// differ row by row) and the call has at most this many query rows; the emulation and the CUDA
+// kernels pack alike, so the quantization groups of Q (and fa3's Q scale) are the packed head's.
+inline constexpr std::int64_t kPackedQueryRowsMax = 16;
+// The shape the kernels run the call at, (batch, heads_kv, n_rep * seq_q, ...), where packed.
+std::optional<AttentionShape> packed_query_heads(const AttentionCall& call);
+
 // ---- The definition's constants ----
 
 inline constexpr std::int64_t kBlockQ = 64;         // query rows per block
@@ -159,7 +172,8 @@ struct PreparedAttentionInputs {
   QuantizedKind kind = QuantizedKind::flash;
   QuantOptions options;
   EmulationStages stages;
-  AttentionShape shape;
+  AttentionShape shape;       // as run: packed_query_heads' where the call's query heads are packed
+  AttentionShape call_shape;  // the call's, the output's
   DType input_dtype = DType::bfloat16;
   // Which keys each row sees (formats/mask_structure.h): causality, a window, a mask read as
   // structure. Keys outside a row's range are skipped, as the kernels skip them.

@@ -179,10 +179,10 @@ struct Attention::State {
   }
 
   static InputView view(const Problem& problem, const DeviceBuffer& buffer, std::int64_t heads, std::int64_t seq,
-                        std::int64_t d) {
+                        std::int64_t d, bool query = false) {
     InputView v;
     v.data = buffer.as();
-    if (problem.bshd) v.stride_b = seq * heads * d, v.stride_h = d, v.stride_s = heads * d;
+    if (problem.bshd && !(query && problem.packed_query_heads)) v.stride_b = seq * heads * d, v.stride_h = d, v.stride_s = heads * d;
     else v.stride_b = heads * seq * d, v.stride_h = seq * d, v.stride_s = d;
     v.batch = static_cast<int>(problem.shape.batch);
     v.heads = static_cast<int>(heads);
@@ -192,7 +192,7 @@ struct Attention::State {
     return v;
   }
   // What the preparation reads, as the kernels run the problem.
-  InputView q_view() const { return view(p, q_in, p.shape.heads_q, p.shape.seq_q, p.shape.head_dim_qk); }
+  InputView q_view() const { return view(p, q_in, p.shape.heads_q, p.shape.seq_q, p.shape.head_dim_qk, true); }
   InputView k_view() const { return view(p, k_in, p.shape.heads_kv, p.shape.seq_kv, p.shape.head_dim_qk); }
   InputView v_view() const { return view(p, v_in, p.shape.heads_kv, p.shape.seq_kv, p.shape.head_dim_vo); }
 };
@@ -409,8 +409,8 @@ void Attention::prepare_inputs(cudaStream_t stream) {
   if (s.padded) {
     const AttentionShape& given = s.given.shape;
     const int d = static_cast<int>(s.p.shape.head_dim_qk);
-    copy_to_bhsd(State::view(s.given, s.q_given, given.heads_q, given.seq_q, given.head_dim_qk), s.q_in.as(), next(),
-                 stream, d);
+    copy_to_bhsd(State::view(s.given, s.q_given, given.heads_q, given.seq_q, given.head_dim_qk, true), s.q_in.as(),
+                 next(), stream, d);
     copy_to_bhsd(State::view(s.given, s.k_given, given.heads_kv, given.seq_kv, given.head_dim_qk), s.k_in.as(), next(),
                  stream, d);
     copy_to_bhsd(State::view(s.given, s.v_given, given.heads_kv, given.seq_kv, given.head_dim_vo), s.v_in.as(), next(),

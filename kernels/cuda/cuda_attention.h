@@ -23,6 +23,10 @@ struct Problem {
   AttentionShape shape;
   Element element = Element::bf16;
   bool bshd = false;  // Q, K, V are (batch, seq, heads, dim); otherwise (batch, heads, seq, dim)
+  // The query heads of each KV head packed as the rows of one (kernels/quantized_attention.h,
+  // packed_query_heads): `shape` is the packed one, and Q and the output are (batch, heads_kv,
+  // rows, dim) rows without gaps, whatever K's and V's layout.
+  bool packed_query_heads = false;
   bool causal = false;
   // Key j is visible to row i when j <= i + causal_offset: s_kv - s_q bottom-right, 0 top-left, any
   // other where a padded call's batch entry was cut to its keys (kernels/per_sequence.h).

@@ -3,8 +3,8 @@
 A kernel that takes the job's own tensors (kernels/resident_kernel.h) computes there, on the job's
 stream, with nothing copied to the host; what it gives the job must be exactly what the same kernel
 gives the same call in a replay, which goes through the host. Checked here bit for bit, on SDPA
-calls as models make them: contiguous, transposed views of (b, s, h, d) projections, grouped-query,
-a left-padded batch (each entry cut to its keys, docs/masks.md), and a masked call that the CUDA
+calls as models make them: contiguous, transposed views of (b, s, h, d) projections, grouped-query
+(decode steps with their query heads packed among them), a left-padded batch (each entry cut to its keys, docs/masks.md), and a masked call that the CUDA
 kernels leave to the op.
 """
 import os
@@ -47,9 +47,18 @@ with torch.no_grad():
     keys = torch.arange(96, device="cuda")[None, :] >= torch.tensor([0, 20, 60], device="cuda")[:, None]
     padded = keys[:, None, None, :] & torch.ones(96, 96, dtype=torch.bool, device="cuda").tril()
     outs["padded"] = F.scaled_dot_product_attention(q, k, v, attn_mask=padded)
+    # GQA's query heads packed as rows (kernels/quantized_attention.h): a decode step, its query a
+    # (b, 1, h, d) projection's view, its keys a (b, h, s, d) cache; and 4 rows from (b, s, h, d)
+    # views, which the kernels read as bhsd rows.
+    q = torch.randn(2, 1, 8, 128, **bf16).transpose(1, 2)
+    k, v = (torch.randn(2, 2, 700, 128, **bf16) for _ in range(2))
+    outs["decode"] = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    q = torch.randn(2, 4, 8, 128, **bf16).transpose(1, 2)
+    k, v = (torch.randn(2, 300, 2, 128, **bf16).transpose(1, 2) for _ in range(2))
+    outs["rows4"] = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
 torch.save({name: out.cpu() for name, out in outs.items()}, sys.argv[1])
 '''
-NAMES = ["contiguous", "transposed", "gqa", "masked", "padded"]
+NAMES = ["contiguous", "transposed", "gqa", "masked", "padded", "decode", "rows4"]
 
 
 def run_job(tmp_path, name, **env):
@@ -70,14 +79,14 @@ def test_a_kernel_on_the_jobs_tensors_gives_what_it_gives_in_a_replay(tmp_path, 
     summary = [line for line in stderr.splitlines() if "substitution by" in line or " left: " in line]
     print("\n".join(summary))
     ours = kernel != "torch-cudnn"  # attnreplay's CUDA kernels take no mask but padding's
-    taken = 4 if ours else 5
+    taken = 6 if ours else 7
     assert f"{taken} attention calls substituted (on the job's own tensors" in summary[0], summary
     if ours:
         assert "1 left: the CUDA kernels take a mask only as padding" in "\n".join(summary), summary
         assert torch.equal(substituted["masked"], plain["masked"])  # the op's own output
 
     calls = read_calls(str(next(caps.rglob("*.h5"))), as_torch=True)
-    assert len(calls) == 5
+    assert len(calls) == 7
     outs = tmp_path / "outs"
     result = subprocess.run([BIN, "run", str(caps), "--kernels", kernel, "--save-outputs", str(outs), "-q",
                              "--min-samples", "3", "--min-time", "0", "--timeout", "1", "--no-ceilings"],

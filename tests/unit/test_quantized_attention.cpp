@@ -631,6 +631,60 @@ TEST_CASE("quantized emulation: the result does not depend on the thread count",
   }
 }
 
+TEST_CASE("quantized emulation: GQA's query heads packed as rows where every row sees every key", "[quant]") {
+  auto call_of = [](AttentionShape shape, Layout layout = Layout::bhsd, bool causal = false,
+                    CausalAlignment alignment = CausalAlignment::bottom_right) {
+    GeneratedCallSpec spec;
+    spec.shape = shape;
+    spec.layout = layout;
+    spec.is_causal = causal;
+    spec.causal_alignment = alignment;
+    spec.seed = 11;
+    return generate_call(spec);
+  };
+  // Decode (one row) in either layout, and a few rows of bhsd: (batch, heads_kv, n_rep * seq_q).
+  const std::optional<AttentionShape> decode = packed_query_heads(call_of({2, 8, 2, 1, 300, 64, 64}));
+  REQUIRE(decode);
+  CHECK(*decode == AttentionShape{2, 2, 2, 4, 300, 64, 64});
+  CHECK(packed_query_heads(call_of({2, 8, 2, 1, 300, 64, 64}, Layout::bshd)));
+  CHECK(packed_query_heads(call_of({1, 6, 3, 16, 40, 128, 64}))->seq_q == 32);
+  // A decode step's causal diagonal hides nothing bottom-right; top-left it hides all but key 0.
+  CHECK(packed_query_heads(call_of({1, 8, 2, 1, 300, 64, 64}, Layout::bhsd, true)));
+  CHECK_FALSE(packed_query_heads(call_of({1, 8, 2, 1, 300, 64, 64}, Layout::bhsd, true, CausalAlignment::top_left)));
+  // Not: without GQA, past 16 rows, bshd rows that interleave heads, rows that see different keys.
+  CHECK_FALSE(packed_query_heads(call_of({1, 4, 4, 1, 300, 64, 64})));
+  CHECK_FALSE(packed_query_heads(call_of({1, 8, 2, 17, 300, 64, 64})));
+  CHECK_FALSE(packed_query_heads(call_of({1, 8, 2, 2, 300, 64, 64}, Layout::bshd)));
+  CHECK_FALSE(packed_query_heads(call_of({1, 8, 2, 4, 300, 64, 64}, Layout::bhsd, true)));
+  AttentionCall padded = call_of({1, 8, 2, 1, 300, 64, 64});
+  std::vector<double> keys(300, 1.0);
+  std::fill(keys.begin(), keys.begin() + 20, 0.0);  // left padding: keys 0..19 hidden
+  padded.mask = HostTensor::from_doubles(DType::boolean, {1, 1, 1, 300}, keys);
+  CHECK_FALSE(packed_query_heads(padded));
+
+  // The definition: a packed call is the call of one head per KV head whose rows are its query
+  // heads' rows, head after head; the same bytes in and out, every kind.
+  for (const AttentionShape shape : {AttentionShape{2, 8, 2, 1, 300, 64, 64}, AttentionShape{1, 6, 3, 5, 200, 128, 128}}) {
+    const AttentionCall gqa = call_of(shape);
+    AttentionCall one_head_per_kv = gqa;
+    const std::int64_t n_rep = shape.heads_q / shape.heads_kv;
+    one_head_per_kv.q.shape = {shape.batch, shape.heads_kv, n_rep * shape.seq_q, shape.head_dim_qk};
+    one_head_per_kv.out.reset();
+    one_head_per_kv.visibility.reset();
+    REQUIRE_FALSE(packed_query_heads(one_head_per_kv));
+    for (QuantizedKind kind : kAllKinds) {
+      INFO(to_string(kind) << " at " << shape.heads_q << " heads, " << shape.seq_q << " rows");
+      const HostTensor packed = emulate_attention(gqa, kind, QuantOptions{});
+      const HostTensor by_hand = emulate_attention(one_head_per_kv, kind, QuantOptions{});
+      CHECK(packed.shape == std::vector<std::int64_t>{shape.batch, shape.heads_q, shape.seq_q, shape.head_dim_vo});
+      CHECK(*packed.bytes == *by_hand.bytes);
+      // And within the kind's band of the reference (the test above), as unpacked calls are.
+      const ErrorStats e = compare_to_reference(output_in_dtype(packed, DType::bfloat16), reference_attention(gqa));
+      CHECK(e.rel_l2 < (kind == QuantizedKind::flash ? 0.003 : kind == QuantizedKind::fa3_fp8 ? 0.07 : 0.05));
+    }
+  }
+}
+
 // ---- The kernels ----
 
 TEST_CASE("quantized kernels: registered, declining what they cannot run, output as the engine's", "[quant]") {
