@@ -109,10 +109,9 @@ SHAPES = {
     # step from (b, s, h, d) inputs; several query rows (bhsd), 8 heads a KV head; padded head dims.
     "packed-decode-bshd": ["--shape", "3,32,1,128", "--num_kv_heads", "8", "--s_kv", "2100", "--layout", "bshd"],
     "packed-rows4-d64": ["--shape", "2,16,4,64", "--num_kv_heads", "2", "--s_kv", "777"],
-    # A decode step's diagonal hides nothing bottom-right (packed); top-left every row sees key 0
-    # alone, whose output the emulation gets exactly and the GPU's exp2 within rounding: not here.
-    "packed-decode-d96-causal": ["--shape", "1,8,1,96", "--num_kv_heads", "2", "--s_kv", "500", "--causal",
-                                 "--causal_alignment", "bottom_right"],
+    # A decode step's causal diagonal hides nothing bottom-right: packed, at a padded head dim.
+    "padded-d96-packed-decode-causal": ["--shape", "1,8,1,96", "--num_kv_heads", "2", "--s_kv", "500", "--causal",
+                                        "--causal_alignment", "bottom_right"],
 }
 PADDED = {flags_id for flags_id in SHAPES if flags_id.startswith("padded-")}
 

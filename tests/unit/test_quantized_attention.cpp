@@ -682,6 +682,27 @@ TEST_CASE("quantized emulation: GQA's query heads packed as rows where every row
       const ErrorStats e = compare_to_reference(output_in_dtype(packed, DType::bfloat16), reference_attention(gqa));
       CHECK(e.rel_l2 < (kind == QuantizedKind::flash ? 0.003 : kind == QuantizedKind::fa3_fp8 ? 0.07 : 0.05));
     }
+    // flash quantizes nothing: packed, its output is that of the query heads run one by one (K and
+    // V repeated for each, no GQA, nothing packed), bit for bit.
+    AttentionCall unpacked = gqa;
+    auto repeated_heads = [&](const HostTensor& kv) {
+      const std::vector<double> values = kv.to_doubles();
+      const std::int64_t rows = shape.seq_kv * shape.head_dim_qk;
+      std::vector<double> out;
+      for (std::int64_t b = 0; b < shape.batch; ++b)
+        for (std::int64_t h = 0; h < shape.heads_q; ++h) {
+          const auto first = values.begin() + (b * shape.heads_kv + h / n_rep) * rows;
+          out.insert(out.end(), first, first + rows);
+        }
+      return HostTensor::from_doubles(kv.dtype, {shape.batch, shape.heads_q, shape.seq_kv, shape.head_dim_qk}, out);
+    };
+    unpacked.k = repeated_heads(gqa.k);
+    unpacked.v = repeated_heads(gqa.v);
+    unpacked.out.reset();
+    unpacked.visibility.reset();
+    REQUIRE_FALSE(packed_query_heads(unpacked));
+    CHECK(*emulate_attention(gqa, QuantizedKind::flash, QuantOptions{}).bytes ==
+          *emulate_attention(unpacked, QuantizedKind::flash, QuantOptions{}).bytes);
   }
 }
 
