@@ -21,11 +21,12 @@ kinds = ["flash", "sage1-int8", "sage2-int8-fp8", "fa3-fp8"]
 accumulations = ["fp32", "fp32+fp32", "fp32+fp16"]
 name = None
 for line in sys.stdin:
-    m = re.search(r"AttentionTileILNS0_4KindE(\d)ELi(\d+)E(?:6__half|13__nv_bfloat16)LNS0_14PvAccumulationE(\d)ELb(\d)", line)
+    m = re.search(r"AttentionTileILNS_13QuantizedKindE(\d)ELi(\d+)E(?:6__half|13__nv_bfloat16)LNS_7PvAccumE(\d)ELb(\d)EEELb(\d)", line)
     if "Compiling entry function" in line and m:
         element = "bf16" if "bfloat16" in line else "fp16"
         k_scales = "K per_thread" if m.group(4) == "1" else ""
-        name = f"{kinds[int(m.group(1))]:15} d{m.group(2):4} {element} {accumulations[int(m.group(3))]:9} {k_scales:12}"
+        launch = "several calls" if m.group(5) == "1" else ""
+        name = f"{kinds[int(m.group(1))]:15} d{m.group(2):4} {element} {accumulations[int(m.group(3))]:9} {k_scales:12} {launch:13}"
     m = re.search(r"(\d+) bytes spill stores", line)
     if m and name:
         spills = m.group(1)
