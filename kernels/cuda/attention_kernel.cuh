@@ -852,6 +852,24 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kCtasPerSm) attention_ke
     const std::int64_t row = q0 + row0 + rh * 8;
     if (row >= a.seq_q) continue;
     const float inverse_l = row_sum[rh] == 0.0f ? 0.0f : 1.0f / row_sum[rh];  // acc is 0 there too
+    if (a.split_out != nullptr) {  // a split of the keys: fp32 rows and their log-sum-exp, to combine
+      float* part = a.split_out + (head_q * a.seq_q + row) * a.out_dim;
+      if (t4 == 0) a.split_lse[head_q * a.seq_q + row] = row_sum[rh] == 0.0f ? -INFINITY : row_max[rh] + log2f(row_sum[rh]);
+#pragma unroll
+      for (int dt = 0; dt < Tile::kOutTiles; ++dt) {
+        if (dt * 8 >= a.out_dim) break;
+        float2 o{acc[4 * dt + 2 * rh] * inverse_l, acc[4 * dt + 2 * rh + 1] * inverse_l};
+        if constexpr (Tile::kKind == QuantizedKind::sage2_int8_fp8) {
+          o.x *= channel_factor[dt][0];
+          o.y *= channel_factor[dt][1];
+        } else if constexpr (Tile::kKind == QuantizedKind::fa3_fp8) {
+          o.x *= head_factor;
+          o.y *= head_factor;
+        }
+        *reinterpret_cast<float2*>(part + dt * 8 + 2 * t4) = o;
+      }
+      continue;
+    }
 #pragma unroll
     for (int dt = 0; dt < Tile::kOutTiles; ++dt) {
       if (dt * 8 >= a.out_dim) break;  // V's padding channels (a multiple of 8 of them), not the output's
@@ -896,11 +914,16 @@ AttentionParams attention_parameters(const AttentionArgs& a) {
   params.args = a;
   if constexpr (!Tile::kQuantizesQ)
     params.q_map = make_tile_map(a.q, Tile::kQkRowBytes, a.q_rows, std::int64_t{a.batch} * a.heads_q, Tile::kCtaQ, "Q");
-  params.k_map = make_tile_map(a.k, Tile::kQkRowBytes, a.k_rows, std::int64_t{a.batch} * a.heads_kv, kBlockK, "K");
-  if constexpr (Tile::kFp8Values) {
-    params.v_map = make_tile_map(a.v, a.v_length, Tile::kDim, std::int64_t{a.batch} * a.heads_kv, Tile::kDim, "V");
+  // A split of the keys reads the rows from key_begin on, in the whole buffer's pitches.
+  const std::int64_t kb = a.key_begin, heads_kv = std::int64_t{a.batch} * a.heads_kv;
+  auto at = [](const void* base, std::int64_t bytes) { return static_cast<const std::uint8_t*>(base) + bytes; };
+  params.k_map = make_tile_map(at(a.k, kb * Tile::kQkRowBytes), Tile::kQkRowBytes, a.k_rows - kb, heads_kv, kBlockK,
+                               "K", 0, a.k_rows);
+  if constexpr (Tile::kFp8Values) {  // (channel, key) rows: the split's columns
+    params.v_map = make_tile_map(at(a.v, kb), a.v_length - kb, Tile::kDim, heads_kv, Tile::kDim, "V", a.v_length);
   } else {
-    params.v_map = make_tile_map(a.v, Tile::kDim * 2, a.v_length, std::int64_t{a.batch} * a.heads_kv, kBlockK, "V");
+    params.v_map = make_tile_map(at(a.v, kb * Tile::kDim * 2), Tile::kDim * 2, a.v_length - kb, heads_kv, kBlockK, "V",
+                                 0, a.v_length);
   }
   return params;
 }

@@ -61,6 +61,14 @@ struct AttentionArgs {
   float score_scale = 0;  // softmax scale * log2e, in fp32 as the emulation computes it
   bool causal = false;
   std::int64_t causal_offset = 0;  // key j visible to row i when j <= i + causal_offset
+  // A split of the keys (batch 1, no causality; Attention::run): this part's keys are the seq_kv
+  // from key_begin on (a multiple of kBlockK) of buffers whose rows per head are still k_rows and
+  // v_length, and k_scale starts at its first block. It writes its rows normalized by its own l in
+  // fp32, (heads_q, seq_q, out_dim) at split_out, and each row's m + log2 l (-inf where it sees no
+  // key) at split_lse, for combine_key_splits; `out` is left alone.
+  std::int64_t key_begin = 0;
+  float* split_out = nullptr;
+  float* split_lse = nullptr;
 };
 
 // What the kernel reads: the buffers, and a TMA descriptor for each of Q, K and V (as bytes, in
@@ -90,6 +98,12 @@ struct KernelJob {
   int part_count = 0;
   std::int64_t longest_seq_q = 0;                     // launch_parts: the grid's query blocks
 };
+
+// The output of `splits` key splits of one call (batch 1): row r's is the sum of the splits' rows
+// weighted by exp2(lse - the largest lse), over the weights' sum; 0 where no split saw a key.
+// parts: (splits, rows, out_dim) fp32; lse: (splits, rows); out: (rows, out_dim) in `element`.
+void combine_key_splits(const float* parts, const float* lse, int splits, std::int64_t rows, int out_dim,
+                        Element element, void* out, cudaStream_t stream);
 
 void flash_attention(const KernelJob& job);
 void sage1_int8_attention(const KernelJob& job);

@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <limits>
+#include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "kernels/cuda/attention_launch.h"
 #include "kernels/cuda/cuda_attention.h"
@@ -170,6 +172,16 @@ struct Attention::State {
   DeviceBuffer out;
   AttentionArgs args;
   Order attention_order = Order::after_all;  // overlapping right after prepare_inputs
+  DeviceMemory* memory = nullptr;  // where work buffers come from (null: cudaMalloc)
+
+  // The keys split across CTAs where the call alone would leave most SMs idle (a decode step of
+  // one sequence): planned at the first run, each split a part of one launch (grid z), its rows
+  // combined after it.
+  struct KeySplits {
+    bool planned = false;
+    int count = 0;  // 0: not split
+    DeviceBuffer rows, lse, parts;
+  } splits;
 
   // The call's problem, and the one the kernels run, set once.
   void take_problem(const Problem& call) {
@@ -254,6 +266,7 @@ void Attention::set_up(QuantizedKind kind, const QuantOptions& options, DeviceMe
   State& s = *state_;
   s.kind = kind;
   s.options = options;
+  s.memory = memory;
   const Problem& p = s.p;
   const std::size_t d = static_cast<std::size_t>(p.shape.head_dim_qk);
   if (s.padded) {  // the inputs with zero channels up to the kernels' head dim, filled by prepare_inputs
@@ -529,12 +542,125 @@ void kind_attention(QuantizedKind kind, const KernelJob& job) {
   }
 }
 
+namespace {
+
+int multiprocessors() {
+  static const int count = [] {
+    int device = 0, sms = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    return sms;
+  }();
+  return count;
+}
+
+// How many splits of its keys a call runs in: where its CTAs (64-row query blocks by heads) would
+// fill under half of two CTAs per SM, enough to reach that, each of at least two 128-key blocks; 1
+// where it is not split. Causal calls (whose blocks differ in length) and batches are not split.
+int key_split_count(const AttentionArgs& a) {
+  if (a.batch != 1 || a.causal || a.seq_q <= 0 || a.seq_kv <= 0) return 1;
+  const std::int64_t ctas = ceil_div(a.seq_q, kBlockQ) * a.heads_q;
+  const std::int64_t target = 2 * std::int64_t{multiprocessors()};
+  if (2 * ctas >= target) return 1;
+  const std::int64_t key_blocks = ceil_div(a.seq_kv, kBlockK);
+  const std::int64_t count = std::min({ceil_div(target, ctas), key_blocks / 2, std::int64_t{64}});
+  if (count < 2) return 1;
+  // Blocks shared out evenly, no split left empty.
+  return static_cast<int>(ceil_div(key_blocks, ceil_div(key_blocks, count)));
+}
+
+template <typename Element>
+__global__ void combine_key_splits_kernel(const float* parts, const float* lse, int splits, std::int64_t rows,
+                                          int out_dim, Element* out) {
+  const std::int64_t row = blockIdx.x;
+  float largest = -INFINITY;
+  for (int i = 0; i < splits; ++i) largest = fmaxf(largest, lse[i * rows + row]);
+  for (int c = static_cast<int>(threadIdx.x); c < out_dim; c += static_cast<int>(blockDim.x)) {
+    float weights = 0.0f, sum = 0.0f;
+    if (largest != -INFINITY) {
+      for (int i = 0; i < splits; ++i) {
+        const float weight = exp2f(lse[i * rows + row] - largest);  // 0 for a split that saw no key
+        weights += weight;
+        sum += weight * parts[(i * rows + row) * out_dim + c];
+      }
+    }
+    const float value = weights > 0.0f ? sum / weights : 0.0f;
+    if constexpr (std::is_same_v<Element, __nv_bfloat16>) out[row * out_dim + c] = __float2bfloat16_rn(value);
+    else out[row * out_dim + c] = __float2half_rn(value);
+  }
+}
+
+}  // namespace
+
+void combine_key_splits(const float* parts, const float* lse, int splits, std::int64_t rows, int out_dim,
+                        Element element, void* out, cudaStream_t stream) {
+  if (rows == 0) return;
+  const dim3 grid(static_cast<unsigned>(rows));
+  if (element == Element::bf16) {
+    launch_kernel("combine_key_splits", combine_key_splits_kernel<__nv_bfloat16>, grid, 128, 0, Order::after_all, stream,
+                  parts, lse, splits, rows, out_dim, static_cast<__nv_bfloat16*>(out));
+  } else {
+    launch_kernel("combine_key_splits", combine_key_splits_kernel<__half>, grid, 128, 0, Order::after_all, stream,
+                  parts, lse, splits, rows, out_dim, static_cast<__half*>(out));
+  }
+}
+
 void Attention::run(cudaStream_t stream) {
+  State& s = *state_;
+  State::KeySplits& splits = s.splits;
+  if (!splits.planned) {
+    splits.planned = true;
+    const int count = key_split_count(s.args);
+    if (count > 1) {
+      const AttentionArgs& a = s.args;
+      const std::int64_t rows = a.heads_q * a.seq_q;
+      const std::int64_t key_blocks = ceil_div(a.seq_kv, kBlockK), chunk_blocks = ceil_div(key_blocks, count);
+      splits.rows.allocate(s.memory, static_cast<std::size_t>(count * rows * a.out_dim) * sizeof(float), "key splits' rows");
+      splits.lse.allocate(s.memory, static_cast<std::size_t>(count * rows) * sizeof(float), "key splits' sums");
+      // K's scales per block (Sage kinds; fa3's are per head, flash has none): the split's from its block on.
+      const std::int64_t scales_per_block = a.k_rows > 0 ? a.k_groups / ceil_div(a.k_rows, kBlockK) : 0;
+      std::vector<AttentionArgs> parts;
+      for (int i = 0; i < count; ++i) {
+        AttentionArgs part = a;
+        part.key_begin = i * chunk_blocks * kBlockK;
+        part.seq_kv = std::min(a.seq_kv - part.key_begin, chunk_blocks * kBlockK);
+        if (scales_per_block > 0) part.k_scale = a.k_scale + i * chunk_blocks * scales_per_block;
+        part.split_out = splits.rows.as<float>() + i * rows * a.out_dim;
+        part.split_lse = splits.lse.as<float>() + i * rows;
+        parts.push_back(part);
+      }
+      std::vector<AttentionParams> made;
+      KernelJob make;
+      make.what = KernelJob::What::make_parts;
+      make.args = &parts.front();
+      make.parts = &parts;
+      make.made = &made;
+      kind_attention(s.kind, make);
+      splits.parts.allocate(s.memory, made.size() * sizeof(AttentionParams), "key splits' kernel parameters");
+      // From pageable memory: staged before the call returns, so `made` may go; no wait for the device.
+      ATTNREPLAY_CUDA_CHECK(cudaMemcpyAsync(splits.parts.as(), made.data(), splits.parts.bytes(),
+                                            cudaMemcpyHostToDevice, stream));
+      splits.count = count;
+    }
+  }
   KernelJob job;
-  job.args = &state_->args;
-  job.order = std::exchange(state_->attention_order, Order::after_all);
+  job.args = &s.args;
+  job.order = std::exchange(s.attention_order, Order::after_all);
   job.stream = stream;
-  kind_attention(state_->kind, job);
+  if (splits.count > 1) {
+    job.what = KernelJob::What::launch_parts;
+    job.device_parts = splits.parts.as<AttentionParams>();
+    job.part_count = splits.count;
+    job.longest_seq_q = s.args.seq_q;
+    kind_attention(s.kind, job);
+    combine_key_splits(splits.rows.as<float>(), splits.lse.as<float>(), splits.count, s.args.heads_q * s.args.seq_q,
+                       s.args.out_dim, s.args.element, s.args.out, stream);
+    return;
+  }
+  kind_attention(s.kind, job);
 }
 
 void Attention::synchronize() { ATTNREPLAY_CUDA_CHECK(cudaDeviceSynchronize()); }

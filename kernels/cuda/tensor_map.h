@@ -16,9 +16,13 @@ namespace attnreplay::cuda_attention {
 
 // Tiles of `box_rows` rows from (heads, rows, row_bytes) bytes, row after row: boxes 128 bytes
 // wide in the 128-byte swizzle (rows of 64 bytes: 64 wide, 64-byte swizzle), the layout the
-// kernel's MMA descriptors read. Rows past `rows` in a head arrive as zeros.
+// kernel's MMA descriptors read. Rows past `rows` in a head arrive as zeros. A part of a wider
+// buffer (a split of the keys) gives the whole buffer's row pitch (bytes) and rows per head.
 inline CUtensorMap make_tile_map(const void* base, std::int64_t row_bytes, std::int64_t rows, std::int64_t heads,
-                                 int box_rows, const char* what) {
+                                 int box_rows, const char* what, std::int64_t row_pitch = 0,
+                                 std::int64_t head_rows = 0) {
+  if (row_pitch == 0) row_pitch = row_bytes;
+  if (head_rows == 0) head_rows = rows;
   static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* function = nullptr;
     cudaDriverEntryPointQueryResult found{};
@@ -33,7 +37,7 @@ inline CUtensorMap make_tile_map(const void* base, std::int64_t row_bytes, std::
   const cuuint32_t box_bytes = row_bytes >= 128 ? 128 : 64;
   const cuuint64_t dims[3] = {static_cast<cuuint64_t>(row_bytes), static_cast<cuuint64_t>(rows),
                               static_cast<cuuint64_t>(heads)};
-  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(row_bytes), static_cast<cuuint64_t>(row_bytes * rows)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(row_pitch), static_cast<cuuint64_t>(row_pitch * head_rows)};
   const cuuint32_t box[3] = {box_bytes, static_cast<cuuint32_t>(box_rows), 1};
   const cuuint32_t element_strides[3] = {1, 1, 1};
   const CUresult status =

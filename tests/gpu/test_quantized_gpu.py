@@ -109,6 +109,10 @@ SHAPES = {
     # step from (b, s, h, d) inputs; several query rows (bhsd), 8 heads a KV head; padded head dims.
     "packed-decode-bshd": ["--shape", "3,32,1,128", "--num_kv_heads", "8", "--s_kv", "2100", "--layout", "bshd"],
     "packed-rows4-d64": ["--shape", "2,16,4,64", "--num_kv_heads", "2", "--s_kv", "777"],
+    # One sequence's keys split across CTAs and combined (Attention::run): a decode step of 32 splits,
+    # and 40 rows of fp16 whose last split holds a partial block.
+    "split-keys-decode": ["--shape", "1,32,1,128", "--num_kv_heads", "8", "--s_kv", "32768"],
+    "split-keys-rows-fp16": ["--shape", "1,4,40,64", "--s_kv", "5000", "--dtype", "fp16"],
     # A decode step's causal diagonal hides nothing bottom-right: packed, at a padded head dim.
     "padded-d96-packed-decode-causal": ["--shape", "1,8,1,96", "--num_kv_heads", "2", "--s_kv", "500", "--causal",
                                         "--causal_alignment", "bottom_right"],

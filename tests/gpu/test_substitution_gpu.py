@@ -47,11 +47,11 @@ with torch.no_grad():
     keys = torch.arange(96, device="cuda")[None, :] >= torch.tensor([0, 20, 60], device="cuda")[:, None]
     padded = keys[:, None, None, :] & torch.ones(96, 96, dtype=torch.bool, device="cuda").tril()
     outs["padded"] = F.scaled_dot_product_attention(q, k, v, attn_mask=padded)
-    # GQA's query heads packed as rows (kernels/quantized_attention.h): a decode step, its query a
-    # (b, 1, h, d) projection's view, its keys a (b, h, s, d) cache; and 4 rows from (b, s, h, d)
-    # views, which the kernels read as bhsd rows.
-    q = torch.randn(2, 1, 8, 128, **bf16).transpose(1, 2)
-    k, v = (torch.randn(2, 2, 700, 128, **bf16) for _ in range(2))
+    # GQA's query heads packed as rows (kernels/quantized_attention.h): a decode step of one
+    # sequence, its query a (b, 1, h, d) projection's view, its keys a (b, h, s, d) cache, split
+    # across CTAs; and 4 rows from (b, s, h, d) views, which the kernels read as bhsd rows.
+    q = torch.randn(1, 1, 8, 128, **bf16).transpose(1, 2)
+    k, v = (torch.randn(1, 2, 4000, 128, **bf16) for _ in range(2))
     outs["decode"] = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
     q = torch.randn(2, 4, 8, 128, **bf16).transpose(1, 2)
     k, v = (torch.randn(2, 300, 2, 128, **bf16).transpose(1, 2) for _ in range(2))
