@@ -380,6 +380,9 @@ PreparedAttentionInputs prepare_attention_inputs(const AttentionCall& call, Quan
   const std::shared_ptr<const CallVisibility> visibility = visibility_of(call);
   in.visible = packed ? MaskStructure::all_visible(s) : visibility->structure;
   if (visibility->dense_mask) in.mask = call.mask;
+  // Split where the CUDA kernels split: calls they take (every row sees every key, no diagonal).
+  const bool undivided = !in.mask && !in.visible.upper && in.visible.every_row_sees_every_key();
+  in.key_splits = undivided ? key_split_count(s.batch, s.heads_q, s.seq_q, s.seq_kv, false) : 1;
   in.softmax_scale_log2 = static_cast<float>(call.softmax_scale()) * kLog2e;
 
   HostTensor q = to_bhsd(call.q, call.layout);
@@ -477,6 +480,7 @@ enum class PvPath { block_fp32, straight_fp32, block_fp16 };
 // Per-thread working memory for one query block: each row's running max, sum and accumulator.
 struct RowBlockState {
   std::vector<float> m, l, acc;  // acc: (rows, head_dim_vo)
+  std::vector<float> split_rows, split_lse;  // key splits: (splits, rows, head_dim_vo), (splits, rows)
   std::vector<float> dots, factors, scores, p_used, block_acc, chunk_acc, mask_terms;
   std::vector<std::pair<std::int64_t, std::int64_t>> key_ranges;  // per row: the keys it sees
 };
@@ -538,9 +542,57 @@ class HeadAttention {
       st.key_ranges[r] = range;
       if (range.first < range.second) first_key = std::min(first_key, range.first), last_end = std::max(last_end, range.second);
     }
-    // Key blocks outside, rows inside, so that a block's keys stay in cache; each row still sees
-    // its blocks in key order. Blocks start at multiples of kBlockK, as the kernels' do.
-    for (std::int64_t block_start = first_key / kBlockK * kBlockK; block_start < last_end; block_start += kBlockK) {
+    if (in_.key_splits <= 1) {
+      attend(row_begin, n_rows, first_key, last_end, st);
+      normalized_rows(n_rows, out + row_begin * dv, st);
+      return;
+    }
+    // Key splits (docs/quantized.md): each split's blocks from a fresh m, l and acc, its rows
+    // normalized and its m + log2 l kept; then each row the splits' rows weighted by exp2 of their
+    // m + log2 l less the largest, over the weights' sum, as combine_key_splits adds them.
+    const std::int64_t split_keys = ceil_div_keys((s_.seq_kv + kBlockK - 1) / kBlockK, in_.key_splits) * kBlockK;
+    const std::int64_t splits = in_.key_splits;
+    st.split_rows.assign(static_cast<std::size_t>(splits * n_rows * dv), 0.0f);
+    st.split_lse.assign(static_cast<std::size_t>(splits * n_rows), -std::numeric_limits<float>::infinity());
+    for (std::int64_t split = 0; split < splits; ++split) {
+      const std::int64_t begin = split * split_keys;
+      st.m.assign(static_cast<std::size_t>(n_rows), -std::numeric_limits<float>::infinity());
+      st.l.assign(static_cast<std::size_t>(n_rows), 0.0f);
+      st.acc.assign(static_cast<std::size_t>(n_rows * dv), 0.0f);
+      attend(row_begin, n_rows, std::max(first_key, begin), std::min(last_end, begin + split_keys), st);
+      normalized_rows(n_rows, st.split_rows.data() + split * n_rows * dv, st);
+      for (std::int64_t r = 0; r < n_rows; ++r)
+        if (st.l[r] != 0.0f) st.split_lse[split * n_rows + r] = st.m[r] + std::log2(st.l[r]);
+    }
+    for (std::int64_t r = 0; r < n_rows; ++r) {
+      float largest = -std::numeric_limits<float>::infinity();
+      for (std::int64_t split = 0; split < splits; ++split) largest = std::max(largest, st.split_lse[split * n_rows + r]);
+      float* o = out + (row_begin + r) * dv;
+      for (std::int64_t c = 0; c < dv; ++c) {
+        float weights = 0.0f, sum = 0.0f;
+        if (largest != -std::numeric_limits<float>::infinity()) {
+          for (std::int64_t split = 0; split < splits; ++split) {
+            const float weight = std::exp2(st.split_lse[split * n_rows + r] - largest);
+            weights += weight;
+            sum += weight * st.split_rows[(split * n_rows + r) * dv + c];
+          }
+        }
+        o[c] = weights > 0.0f ? sum / weights : 0.0f;
+      }
+    }
+  }
+
+ private:
+  static std::int64_t ceil_div_keys(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+  // The blocks of keys [key_begin, key_end) that rows [row_begin, row_begin + n_rows) see, into
+  // st.m, st.l and st.acc. Key blocks outside, rows inside, so that a block's keys stay in cache;
+  // each row still sees its blocks in key order. Blocks start at multiples of kBlockK, as the
+  // kernels' do.
+  void attend(std::int64_t row_begin, std::int64_t n_rows, std::int64_t key_begin, std::int64_t key_end,
+              RowBlockState& st) const {
+    const std::int64_t dv = s_.head_dim_vo;
+    for (std::int64_t block_start = key_begin / kBlockK * kBlockK; block_start < key_end; block_start += kBlockK) {
       const float* keys = kv_.keys_by_block.data() + (block_start / kBlockK) * s_.head_dim_qk * kBlockK;
       for (std::int64_t r = 0; r < n_rows; ++r) {
         const auto [first, end] = st.key_ranges[r];
@@ -550,8 +602,13 @@ class HeadAttention {
         block(row_begin + r, block_start, hidden_before, visible, keys, st.m[r], st.l[r], st.acc.data() + r * dv, st);
       }
     }
+  }
+
+  // acc / l (times V's dequantization) of each row into `out` ((n_rows, head_dim_vo)).
+  void normalized_rows(std::int64_t n_rows, float* out, const RowBlockState& st) const {
+    const std::int64_t dv = s_.head_dim_vo;
     for (std::int64_t r = 0; r < n_rows; ++r) {
-      float* o = out + (row_begin + r) * dv;
+      float* o = out + r * dv;
       const float* acc = st.acc.data() + r * dv;
       // One reciprocal per row, as the kernels compute it; no visible key (l = 0): 0, as torch's
       // math backend gives.
@@ -561,7 +618,6 @@ class HeadAttention {
     }
   }
 
- private:
   float p_rounded(float p) const {
     if (!in_.stages.quantize_p) return p;
     switch (in_.kind) {

@@ -179,6 +179,7 @@ struct PreparedAttentionInputs {
   // structure. Keys outside a row's range are skipped, as the kernels skip them.
   MaskStructure visible;
   float softmax_scale_log2 = 0.0f;   // scale * log2e
+  int key_splits = 1;                // key_split_count's (kernels/quant_options.h), as the kernels split
   std::vector<PreparedQueryHead> queries;      // batch * heads_q
   std::vector<PreparedKeyValueHead> key_values;  // batch * heads_kv
   std::vector<std::vector<float>> k_channel_means;  // batch * heads_kv, when K was smoothed

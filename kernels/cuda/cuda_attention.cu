@@ -544,34 +544,6 @@ void kind_attention(QuantizedKind kind, const KernelJob& job) {
 
 namespace {
 
-int multiprocessors() {
-  static const int count = [] {
-    int device = 0, sms = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-      cudaGetLastError();
-      return 0;
-    }
-    return sms;
-  }();
-  return count;
-}
-
-// How many splits of its keys a call runs in: where its CTAs (64-row query blocks by heads) would
-// fill under half of two CTAs per SM, enough to reach that, each of at least two 128-key blocks; 1
-// where it is not split. Causal calls (whose blocks differ in length) and batches are not split.
-int key_split_count(const AttentionArgs& a) {
-  if (a.batch != 1 || a.causal || a.seq_q <= 0 || a.seq_kv <= 0) return 1;
-  const std::int64_t ctas = ceil_div(a.seq_q, kBlockQ) * a.heads_q;
-  const std::int64_t target = 2 * std::int64_t{multiprocessors()};
-  if (2 * ctas >= target) return 1;
-  const std::int64_t key_blocks = ceil_div(a.seq_kv, kBlockK);
-  const std::int64_t count = std::min({ceil_div(target, ctas), key_blocks / 2, std::int64_t{64}});
-  if (count < 2) return 1;
-  // Blocks shared out evenly, no split left empty.
-  return static_cast<int>(ceil_div(key_blocks, ceil_div(key_blocks, count)));
-}
-
 template <typename Element>
 __global__ void combine_key_splits_kernel(const float* parts, const float* lse, int splits, std::int64_t rows,
                                           int out_dim, Element* out) {
@@ -613,7 +585,7 @@ void Attention::run(cudaStream_t stream) {
   State::KeySplits& splits = s.splits;
   if (!splits.planned) {
     splits.planned = true;
-    const int count = key_split_count(s.args);
+    const int count = key_split_count(s.args.batch, s.args.heads_q, s.args.seq_q, s.args.seq_kv, s.args.causal);
     if (count > 1) {
       const AttentionArgs& a = s.args;
       const std::int64_t rows = a.heads_q * a.seq_q;
@@ -644,6 +616,9 @@ void Attention::run(cudaStream_t stream) {
       ATTNREPLAY_CUDA_CHECK(cudaMemcpyAsync(splits.parts.as(), made.data(), splits.parts.bytes(),
                                             cudaMemcpyHostToDevice, stream));
       splits.count = count;
+      // The kernel reads its parameters before it waits for the work before it: not overlapping
+      // the copy that brings them.
+      s.attention_order = Order::after_all;
     }
   }
   KernelJob job;

@@ -706,6 +706,81 @@ TEST_CASE("quantized emulation: GQA's query heads packed as rows where every row
   }
 }
 
+TEST_CASE("quantized emulation: a call whose blocks leave the GPU idle splits its keys as the kernels do", "[quant]") {
+  // Batch 1, 2 heads of 64 rows, 1000 keys (8 blocks): 2 CTAs, so 4 splits of 2 blocks.
+  CHECK(key_split_count(1, 2, 64, 1000, false) == 4);
+  CHECK(key_split_count(1, 2, 64, 1000, true) == 1);     // causal: blocks of different lengths
+  CHECK(key_split_count(2, 2, 64, 1000, false) == 1);    // batches: not split
+  CHECK(key_split_count(1, 200, 64, 1000, false) == 1);  // enough CTAs already
+  CHECK(key_split_count(1, 2, 64, 200, false) == 1);     // under two blocks a split
+  CHECK(key_split_count(1, 8, 4, 32768, false) == 32);   // a packed decode step: 33 asked, 8 blocks each
+  GeneratedCallSpec spec;
+  spec.shape = {1, 2, 2, 64, 1000, 64, 64};
+  spec.seed = 5;
+  const AttentionCall call = generate_call(spec);
+  REQUIRE(prepare_attention_inputs(call, QuantizedKind::flash, QuantOptions{}).key_splits == 4);
+  const HostTensor split = emulate_attention(call, QuantizedKind::flash, QuantOptions{});
+
+  // By hand: each split's keys a call of their own (not split), weighed by its rows' log2-sum-exp2
+  // of the scores (fp64 here, fp32 in the emulation).
+  const std::vector<double> q = call.q.to_doubles(), k = call.k.to_doubles(), v = call.v.to_doubles();
+  const std::int64_t d = 64, rows = 64, keys = 1000, split_keys = 256;
+  std::vector<double> combined(static_cast<std::size_t>(2 * rows * d), 0.0), weights(static_cast<std::size_t>(2 * rows), 0.0);
+  std::vector<std::vector<double>> lse_of(4);
+  std::vector<HostTensor> outs;
+  for (std::int64_t i = 0; i < 4; ++i) {
+    const std::int64_t begin = i * split_keys, count = std::min(keys - begin, split_keys);
+    std::vector<double> k_part, v_part;
+    for (std::int64_t h = 0; h < 2; ++h) {
+      const auto first = (h * keys + begin) * d;
+      k_part.insert(k_part.end(), k.begin() + first, k.begin() + first + count * d);
+      v_part.insert(v_part.end(), v.begin() + first, v.begin() + first + count * d);
+    }
+    AttentionCall part = call;
+    part.k = HostTensor::from_doubles(call.k.dtype, {1, 2, count, d}, k_part);
+    part.v = HostTensor::from_doubles(call.v.dtype, {1, 2, count, d}, v_part);
+    part.out.reset();
+    part.visibility.reset();
+    part.scale = call.softmax_scale();
+    REQUIRE(prepare_attention_inputs(part, QuantizedKind::flash, QuantOptions{}).key_splits == 1);
+    outs.push_back(emulate_attention(part, QuantizedKind::flash, QuantOptions{}));
+    for (std::int64_t h = 0; h < 2; ++h)
+      for (std::int64_t r = 0; r < rows; ++r) {
+        double sum = 0.0;
+        for (std::int64_t j = 0; j < count; ++j) {
+          double dot = 0.0;
+          for (std::int64_t c = 0; c < d; ++c) dot += q[(h * rows + r) * d + c] * k_part[(h * count + j) * d + c];
+          sum += std::exp(dot * call.softmax_scale());
+        }
+        lse_of[i].push_back(std::log(sum));
+      }
+  }
+  for (std::int64_t row = 0; row < 2 * rows; ++row) {
+    double largest = -1e300;
+    for (const auto& lse : lse_of) largest = std::max(largest, lse[row]);
+    for (std::int64_t i = 0; i < 4; ++i) {
+      const double weight = std::exp(lse_of[i][row] - largest);
+      weights[row] += weight;
+      const auto* part = reinterpret_cast<const float*>(outs[i].data());
+      for (std::int64_t c = 0; c < d; ++c) combined[row * d + c] += weight * part[row * d + c];
+    }
+  }
+  const auto* emulated = reinterpret_cast<const float*>(split.data());
+  double worst = 0.0;
+  for (std::int64_t row = 0; row < 2 * rows; ++row)
+    for (std::int64_t c = 0; c < d; ++c)
+      worst = std::max(worst, std::abs(emulated[row * d + c] - combined[row * d + c] / weights[row]));
+  CHECK(worst < 1e-5);
+  // And as accurate as the call unsplit is, every kind within its band of the reference.
+  const ReferenceOutput reference = reference_attention(call);
+  for (QuantizedKind kind : kAllKinds) {
+    const ErrorStats e = compare_to_reference(output_in_dtype(emulate_attention(call, kind, QuantOptions{}), DType::bfloat16),
+                                              reference);
+    INFO(to_string(kind) << ": rel_l2 " << e.rel_l2);
+    CHECK(e.rel_l2 < (kind == QuantizedKind::flash ? 0.003 : kind == QuantizedKind::fa3_fp8 ? 0.07 : 0.05));
+  }
+}
+
 // ---- The kernels ----
 
 TEST_CASE("quantized kernels: registered, declining what they cannot run, output as the engine's", "[quant]") {
