@@ -544,6 +544,18 @@ void kind_attention(QuantizedKind kind, const KernelJob& job) {
 
 namespace {
 
+// The kernel parameters of calls (or splits) that one launch attends to, grid z each.
+std::vector<AttentionParams> parts_parameters(QuantizedKind kind, const std::vector<AttentionArgs>& parts) {
+  std::vector<AttentionParams> made;
+  KernelJob job;
+  job.what = KernelJob::What::make_parts;
+  job.args = &parts.front();
+  job.parts = &parts;
+  job.made = &made;
+  kind_attention(kind, job);
+  return made;
+}
+
 template <typename Element>
 __global__ void combine_key_splits_kernel(const float* parts, const float* lse, int splits, std::int64_t rows,
                                           int out_dim, Element* out) {
@@ -585,7 +597,11 @@ void Attention::run(cudaStream_t stream) {
   State::KeySplits& splits = s.splits;
   if (!splits.planned) {
     splits.planned = true;
-    const int count = key_split_count(s.args.batch, s.args.heads_q, s.args.seq_q, s.args.seq_kv, s.args.causal);
+    // Not under a CUDA graph's capture (a job's, under substitution): the splits' parameters come
+    // from the host, by a copy that a graph would repeat from memory gone by then.
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    const bool capturing = cudaStreamIsCapturing(stream, &capture) == cudaSuccess && capture != cudaStreamCaptureStatusNone;
+    const int count = capturing ? 1 : key_split_count(s.args.batch, s.args.heads_q, s.args.seq_q, s.args.seq_kv, s.args.causal);
     if (count > 1) {
       const AttentionArgs& a = s.args;
       const std::int64_t rows = a.heads_q * a.seq_q;
@@ -604,13 +620,7 @@ void Attention::run(cudaStream_t stream) {
         part.split_lse = splits.lse.as<float>() + i * rows;
         parts.push_back(part);
       }
-      std::vector<AttentionParams> made;
-      KernelJob make;
-      make.what = KernelJob::What::make_parts;
-      make.args = &parts.front();
-      make.parts = &parts;
-      make.made = &made;
-      kind_attention(s.kind, make);
+      const std::vector<AttentionParams> made = parts_parameters(s.kind, parts);
       splits.parts.allocate(s.memory, made.size() * sizeof(AttentionParams), "key splits' kernel parameters");
       // From pageable memory: staged before the call returns, so `made` may go; no wait for the device.
       ATTNREPLAY_CUDA_CHECK(cudaMemcpyAsync(splits.parts.as(), made.data(), splits.parts.bytes(),
@@ -680,13 +690,7 @@ AttentionTogether::AttentionTogether(const std::vector<Attention*>& calls) : sta
     args.push_back(a);
     s.longest_seq_q = std::max(s.longest_seq_q, a.seq_q);
   }
-  std::vector<AttentionParams> made;
-  KernelJob job;
-  job.what = KernelJob::What::make_parts;
-  job.args = &args.front();
-  job.parts = &args;
-  job.made = &made;
-  kind_attention(first.kind, job);
+  const std::vector<AttentionParams> made = parts_parameters(first.kind, args);
   s.parts.allocate(nullptr, made.size() * sizeof(AttentionParams), "the calls' kernel parameters");
   ATTNREPLAY_CUDA_CHECK(cudaMemcpy(s.parts.as(), made.data(), s.parts.bytes(), cudaMemcpyHostToDevice));
   s.kind = first.kind;
