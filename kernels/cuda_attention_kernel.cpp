@@ -23,8 +23,9 @@ namespace {
 
 namespace cu = cuda_attention;
 
-cu::Problem cuda_problem(const AttentionCall& call) {
+cu::Problem cuda_problem(const AttentionCall& call, const KernelOptions& options = {}) {
   cu::Problem p;
+  p.split_keys = options.split_keys;
   p.shape = call.shape();
   p.element = call.q.dtype == DType::float16 ? cu::Element::fp16 : cu::Element::bf16;
   // A 3-dim (N, L, E) tensor is one head, the same bytes in either layout.
@@ -56,10 +57,10 @@ cudaStream_t current_stream() {
 
 class PreparedCudaAttention final : public PreparedKernel, public DeviceOutput, public JoinsLaunches {
  public:
-  PreparedCudaAttention(const AttentionCall& call, QuantizedKind kind, const QuantOptions& options)
+  PreparedCudaAttention(const AttentionCall& call, QuantizedKind kind, const KernelOptions& options)
       : dtype_(call.q.dtype),
         shape_(call.shape()),
-        attention_(kind, cuda_problem(call), options, call.q.data(), call.k.data(), call.v.data()) {}
+        attention_(kind, cuda_problem(call, options), options.quant, call.q.data(), call.k.data(), call.v.data()) {}
   bool has_preparation() const override { return attention_.has_preparation(); }
   void prepare_inputs() override { attention_.prepare_inputs(current_stream()); }
   double preparation_bytes() const override { return static_cast<double>(attention_.preparation_bytes()); }
@@ -133,7 +134,7 @@ std::optional<std::string> CudaAttentionKernel::unsupported_reason(const Attenti
 
 std::unique_ptr<PreparedKernel> CudaAttentionKernel::prepare(const AttentionCall& call,
                                                              const KernelOptions& options) const {
-  return std::make_unique<PreparedCudaAttention>(call, kind(), options.quant);
+  return std::make_unique<PreparedCudaAttention>(call, kind(), options);
 }
 
 #ifdef ATTNREPLAY_TORCH_CUDA
@@ -153,7 +154,7 @@ at::Tensor CudaAttentionKernel::run_resident(const AttentionCall& call, const Mo
                                              const KernelOptions& options) const {
   // The kernels read (b, s, h, d) or (b, h, s, d) rows without gaps: a model's bshd tensors are
   // the first as they are (SDPA's inputs are often their transposed views), others are copied once.
-  cu::Problem problem = cuda_problem(call);
+  cu::Problem problem = cuda_problem(call, options);
   // Packed query heads of several rows are bhsd rows (one query row: the same bytes either way).
   const bool packed_rows = problem.packed_query_heads && call.shape().seq_q > 1;
   const bool bshd = !packed_rows && inputs.q.transpose(1, 2).is_contiguous() &&

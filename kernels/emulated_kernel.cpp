@@ -7,8 +7,8 @@ namespace {
 
 class PreparedEmulation final : public PreparedKernel {
  public:
-  PreparedEmulation(const AttentionCall& call, QuantizedKind kind, const QuantOptions& options)
-      : call_(call), kind_(kind), options_(options) {
+  PreparedEmulation(const AttentionCall& call, QuantizedKind kind, const KernelOptions& options)
+      : call_(call), kind_(kind), options_(options.quant), split_keys_(options.split_keys) {
     prepare_inputs();
   }
   // As its CUDA kernel's (kernels/cuda/cuda_attention.cu): quantization, or flash's change of
@@ -16,7 +16,10 @@ class PreparedEmulation final : public PreparedKernel {
   bool has_preparation() const override {
     return kind_ != QuantizedKind::flash || (call_.layout == Layout::bshd && call_.q.rank() == 4);
   }
-  void prepare_inputs() override { inputs_ = prepare_attention_inputs(call_, kind_, options_); }
+  void prepare_inputs() override {
+    inputs_ = prepare_attention_inputs(call_, kind_, options_);
+    if (!split_keys_) inputs_.key_splits = 1;
+  }
   void run() override { output_ = output_in_dtype(run_emulated_attention(inputs_), call_.q.dtype); }
   HostTensor output() override { return output_; }
 
@@ -24,6 +27,7 @@ class PreparedEmulation final : public PreparedKernel {
   AttentionCall call_;
   QuantizedKind kind_;
   QuantOptions options_;
+  bool split_keys_ = true;
   PreparedAttentionInputs inputs_;
   HostTensor output_;
 };
@@ -55,7 +59,7 @@ std::optional<std::string> EmulatedAttentionKernel::unsupported_reason(const Att
 
 std::unique_ptr<PreparedKernel> EmulatedAttentionKernel::prepare(const AttentionCall& call,
                                                                  const KernelOptions& options) const {
-  return std::make_unique<PreparedEmulation>(call, kind(), options.quant);
+  return std::make_unique<PreparedEmulation>(call, kind(), options);
 }
 
 namespace {

@@ -68,6 +68,9 @@ std::optional<std::string> kernel_declines(const Kernel& kernel, const Attention
 // What a run's flags set for the kernels; each kernel's prepare() reads the part that concerns it.
 struct KernelOptions {
   QuantOptions quant;  // the quantized kinds' (docs/quantized.md): --quant_gran, --pv_accum_dtype, ...
+  // Whether our kernels may split the call's keys (docs/quantized.md, "Key splits"): not for the
+  // sequences of a batch, which one launch attends to together (kernels/per_sequence.h).
+  bool split_keys = true;
 };
 
 // A kernel bound to one call with its inputs in place (layout changed, uploaded). run() does

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
 #include <optional>
 
@@ -171,9 +172,23 @@ std::optional<std::string> PerSequenceKernel::unsupported_reason(const Attention
                      count, *first);
 }
 
-std::unique_ptr<PreparedKernel> PerSequenceKernel::prepare(const AttentionCall& call, const KernelOptions& options) const {
+namespace {
+
+// Several sequences run together (one launch, or one after another as the substitution runs them):
+// none splits its keys, so that every path runs a batch alike (docs/quantized.md, "Key splits").
+KernelOptions for_sequences(const std::vector<SequencePart>& parts, KernelOptions options) {
+  const auto with_keys = std::count_if(parts.begin(), parts.end(), [](const SequencePart& p) { return p.keys > 0; });
+  if (with_keys > 1) options.split_keys = false;
+  return options;
+}
+
+}  // namespace
+
+std::unique_ptr<PreparedKernel> PerSequenceKernel::prepare(const AttentionCall& call, const KernelOptions& given) const {
   std::vector<PreparedPerSequence::Part> parts;
-  for (SequencePart& sequence : parts_of(call, /*with_data=*/true)) {
+  std::vector<SequencePart> sequences = parts_of(call, /*with_data=*/true);
+  const KernelOptions options = for_sequences(sequences, given);
+  for (SequencePart& sequence : sequences) {
     PreparedPerSequence::Part part;
     part.batch = sequence.batch;
     part.first_row = sequence.first_row;
@@ -187,10 +202,12 @@ std::unique_ptr<PreparedKernel> PerSequenceKernel::prepare(const AttentionCall& 
 }
 
 at::Tensor run_resident_per_sequence(const ResidentKernel& kernel, const AttentionCall& call, const ModelInputs& inputs,
-                                     const KernelOptions& options) {
+                                     const KernelOptions& given) {
   const AttentionShape s = call.shape();
   at::Tensor out = at::zeros({s.batch, s.heads_q, s.seq_q, s.head_dim_vo}, inputs.q.options());
-  for (const SequencePart& part : parts_of(call, /*with_data=*/false)) {
+  const std::vector<SequencePart> sequences = parts_of(call, /*with_data=*/false);
+  const KernelOptions options = for_sequences(sequences, given);
+  for (const SequencePart& part : sequences) {
     if (part.keys == 0) continue;
     auto rows = [&](const at::Tensor& t, std::int64_t first, std::int64_t count) {
       return t.select(0, part.batch).narrow(1, first, count).unsqueeze(0);

@@ -601,7 +601,9 @@ void Attention::run(cudaStream_t stream) {
     // from the host, by a copy that a graph would repeat from memory gone by then.
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     const bool capturing = cudaStreamIsCapturing(stream, &capture) == cudaSuccess && capture != cudaStreamCaptureStatusNone;
-    const int count = capturing ? 1 : key_split_count(s.args.batch, s.args.heads_q, s.args.seq_q, s.args.seq_kv, s.args.causal);
+    const int count = capturing || !s.p.split_keys
+                          ? 1
+                          : key_split_count(s.args.batch, s.args.heads_q, s.args.seq_q, s.args.seq_kv, s.args.causal);
     if (count > 1) {
       const AttentionArgs& a = s.args;
       const std::int64_t rows = a.heads_q * a.seq_q;

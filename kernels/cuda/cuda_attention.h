@@ -27,6 +27,9 @@ struct Problem {
   // packed_query_heads): `shape` is the packed one, and Q and the output are (batch, heads_kv,
   // rows, dim) rows without gaps, whatever K's and V's layout.
   bool packed_query_heads = false;
+  // Whether its keys may be split across CTAs where it alone would leave the GPU idle
+  // (key_split_count); not for a batch's sequences, which AttentionTogether runs.
+  bool split_keys = true;
   bool causal = false;
   // Key j is visible to row i when j <= i + causal_offset: s_kv - s_q bottom-right, 0 top-left, any
   // other where a padded call's batch entry was cut to its keys (kernels/per_sequence.h).

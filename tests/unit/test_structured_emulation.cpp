@@ -299,3 +299,65 @@ TEST_CASE("a kernel whose prepared calls join launches runs a padded batch's ent
   alone->run();
   CHECK(*prepared->output().bytes == *alone->output().bytes);
 }
+
+namespace {
+
+// A kernel that records whether each call it prepared may split its keys.
+class SplitsSeenKernel final : public Kernel {
+ public:
+  SplitsSeenKernel(const Kernel& inner, std::vector<bool>& seen) : inner_(inner), seen_(seen) {}
+  const KernelDescription& description() const override { return inner_.description(); }
+  std::optional<std::string> unsupported_reason(const AttentionCall& call) const override {
+    return inner_.unsupported_reason(call);
+  }
+  std::unique_ptr<PreparedKernel> prepare(const AttentionCall& call, const KernelOptions& options) const override {
+    seen_.push_back(options.split_keys);
+    return inner_.prepare(call, options);
+  }
+
+ private:
+  const Kernel& inner_;
+  std::vector<bool>& seen_;
+};
+
+}  // namespace
+
+TEST_CASE("a batch's sequences keep their keys whole; a sequence alone splits them as the kernels do", "[quant][mask]") {
+  // A left-padded decode step: each entry alone (2 KV heads of 4 packed rows, 2000 keys less its
+  // padding) would split its keys; one launch runs the entries together, unsplit.
+  const AttentionShape shape{2, 8, 2, 1, 2000, 64, 64};
+  AttentionCall call = generated(shape);
+  call.mask = bool_mask(shape, [](std::int64_t b, std::int64_t, std::int64_t j) { return j >= (b == 0 ? 0 : 100); });
+  call.visibility = std::make_shared<const CallVisibility>(read_call_visibility(call));
+  const auto parts = split_by_key_ranges(call);
+  REQUIRE(parts);
+  REQUIRE(prepare_attention_inputs(parts->front().call, QuantizedKind::flash, QuantOptions{}).key_splits > 1);
+
+  const Kernel& flash = *KernelRegistry::instance().find("flash-cpu");
+  std::vector<bool> seen;
+  const SplitsSeenKernel recording(flash, seen);
+  auto batch = PerSequenceKernel(recording).prepare(call, KernelOptions{});
+  CHECK(seen == std::vector<bool>{false, false});
+  // The batch's entries are each the entry's call emulated whole.
+  batch->run();
+  const std::vector<double> together = batch->output().to_doubles();
+  KernelOptions whole;
+  whole.split_keys = false;
+  for (const SequencePart& part : *parts) {
+    auto alone = flash.prepare(part.call, whole);
+    alone->run();
+    const std::vector<double> expected = alone->output().to_doubles();
+    for (std::int64_t h = 0; h < shape.heads_q; ++h)
+      for (std::int64_t d = 0; d < shape.head_dim_vo; ++d)
+        CHECK(together[static_cast<std::size_t>((part.batch * shape.heads_q + h) * shape.head_dim_vo + d)] ==
+              expected[static_cast<std::size_t>(h * shape.head_dim_vo + d)]);
+  }
+
+  // One sequence alone: its keys split.
+  AttentionCall one = generated({1, 8, 2, 1, 2000, 64, 64});
+  one.mask = bool_mask(one.shape(), [](std::int64_t, std::int64_t, std::int64_t j) { return j >= 100; });
+  one.visibility = std::make_shared<const CallVisibility>(read_call_visibility(one));
+  seen.clear();
+  PerSequenceKernel(recording).prepare(one, KernelOptions{});
+  CHECK(seen == std::vector<bool>{true});
+}
