@@ -31,6 +31,12 @@ struct QuantOptions {
 // call alone, not of the device, so that the emulation splits as the kernels do: 264 CTAs, two to
 // each SM of an H100 or H200. 1: not split.
 inline constexpr std::int64_t kSplitTargetCtas = 264;
+// Keys in each of `count` splits of seq_kv keys (the last may hold fewer): whole 128-key blocks,
+// shared out evenly.
+inline std::int64_t key_split_keys(std::int64_t seq_kv, std::int64_t count) {
+  const std::int64_t key_blocks = (seq_kv + 127) / 128;
+  return (key_blocks + count - 1) / count * 128;
+}
 inline int key_split_count(std::int64_t batch, std::int64_t heads_q, std::int64_t seq_q, std::int64_t seq_kv,
                            bool causal) {
   if (batch != 1 || causal || seq_q <= 0 || seq_kv <= 0) return 1;
@@ -39,8 +45,8 @@ inline int key_split_count(std::int64_t batch, std::int64_t heads_q, std::int64_
   const std::int64_t key_blocks = (seq_kv + 127) / 128;
   const std::int64_t count = std::min({(kSplitTargetCtas + ctas - 1) / ctas, key_blocks / 2, std::int64_t{64}});
   if (count < 2) return 1;
-  const std::int64_t per_split = (key_blocks + count - 1) / count;
-  return static_cast<int>((key_blocks + per_split - 1) / per_split);
+  const std::int64_t keys = key_split_keys(seq_kv, count);
+  return static_cast<int>((seq_kv + keys - 1) / keys);  // no split left empty
 }
 
 }  // namespace attnreplay

@@ -550,7 +550,7 @@ class HeadAttention {
     // Key splits (docs/quantized.md): each split's blocks from a fresh m, l and acc, its rows
     // normalized and its m + log2 l kept; then each row the splits' rows weighted by exp2 of their
     // m + log2 l less the largest, over the weights' sum, as combine_key_splits adds them.
-    const std::int64_t split_keys = ceil_div_keys((s_.seq_kv + kBlockK - 1) / kBlockK, in_.key_splits) * kBlockK;
+    const std::int64_t split_keys = key_split_keys(s_.seq_kv, in_.key_splits);
     const std::int64_t splits = in_.key_splits;
     st.split_rows.assign(static_cast<std::size_t>(splits * n_rows * dv), 0.0f);
     st.split_lse.assign(static_cast<std::size_t>(splits * n_rows), -std::numeric_limits<float>::infinity());
@@ -583,8 +583,6 @@ class HeadAttention {
   }
 
  private:
-  static std::int64_t ceil_div_keys(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
-
   // The blocks of keys [key_begin, key_end) that rows [row_begin, row_begin + n_rows) see, into
   // st.m, st.l and st.acc. Key blocks outside, rows inside, so that a block's keys stay in cache;
   // each row still sees its blocks in key order. Blocks start at multiples of kBlockK, as the

@@ -846,29 +846,15 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kCtasPerSm) attention_ke
     row_sum[rh] += __shfl_xor_sync(0xffffffffu, row_sum[rh], 1);
     row_sum[rh] += __shfl_xor_sync(0xffffffffu, row_sum[rh], 2);
   }
-  Elem* out = static_cast<Elem*>(a.out) + head_q * a.seq_q * a.out_dim;
 #pragma unroll
   for (int rh = 0; rh < 2; ++rh) {
     const std::int64_t row = q0 + row0 + rh * 8;
     if (row >= a.seq_q) continue;
     const float inverse_l = row_sum[rh] == 0.0f ? 0.0f : 1.0f / row_sum[rh];  // acc is 0 there too
-    if (a.split_out != nullptr) {  // a split of the keys: fp32 rows and their log-sum-exp, to combine
-      float* part = a.split_out + (head_q * a.seq_q + row) * a.out_dim;
-      if (t4 == 0) a.split_lse[head_q * a.seq_q + row] = row_sum[rh] == 0.0f ? -INFINITY : row_max[rh] + log2f(row_sum[rh]);
-#pragma unroll
-      for (int dt = 0; dt < Tile::kOutTiles; ++dt) {
-        if (dt * 8 >= a.out_dim) break;
-        float2 o{acc[4 * dt + 2 * rh] * inverse_l, acc[4 * dt + 2 * rh + 1] * inverse_l};
-        if constexpr (Tile::kKind == QuantizedKind::sage2_int8_fp8) {
-          o.x *= channel_factor[dt][0];
-          o.y *= channel_factor[dt][1];
-        } else if constexpr (Tile::kKind == QuantizedKind::fa3_fp8) {
-          o.x *= head_factor;
-          o.y *= head_factor;
-        }
-        *reinterpret_cast<float2*>(part + dt * 8 + 2 * t4) = o;
-      }
-      continue;
+    // A split of the keys writes fp32 rows and their log-sum-exp, for combine_key_splits.
+    const bool split = a.split_out != nullptr;
+    if (split && t4 == 0) {
+      a.split_lse[head_q * a.seq_q + row] = row_sum[rh] == 0.0f ? -INFINITY : row_max[rh] + log2f(row_sum[rh]);
     }
 #pragma unroll
     for (int dt = 0; dt < Tile::kOutTiles; ++dt) {
@@ -882,7 +868,9 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kCtasPerSm) attention_ke
         o0 *= head_factor;
         o1 *= head_factor;
       }
-      *reinterpret_cast<std::uint32_t*>(out + row * a.out_dim + dt * 8 + 2 * t4) = pack2<Elem>(o0, o1);
+      const std::int64_t at = (head_q * a.seq_q + row) * a.out_dim + dt * 8 + 2 * t4;
+      if (split) *reinterpret_cast<float2*>(a.split_out + at) = float2{o0, o1};
+      else *reinterpret_cast<std::uint32_t*>(static_cast<Elem*>(a.out) + at) = pack2<Elem>(o0, o1);
     }
   }
 }

@@ -607,7 +607,7 @@ void Attention::run(cudaStream_t stream) {
     if (count > 1) {
       const AttentionArgs& a = s.args;
       const std::int64_t rows = a.heads_q * a.seq_q;
-      const std::int64_t key_blocks = ceil_div(a.seq_kv, kBlockK), chunk_blocks = ceil_div(key_blocks, count);
+      const std::int64_t split_keys = key_split_keys(a.seq_kv, count);
       splits.rows.allocate(s.memory, static_cast<std::size_t>(count * rows * a.out_dim) * sizeof(float), "key splits' rows");
       splits.lse.allocate(s.memory, static_cast<std::size_t>(count * rows) * sizeof(float), "key splits' sums");
       // K's scales per block (Sage kinds; fa3's are per head, flash has none): the split's from its block on.
@@ -615,9 +615,9 @@ void Attention::run(cudaStream_t stream) {
       std::vector<AttentionArgs> parts;
       for (int i = 0; i < count; ++i) {
         AttentionArgs part = a;
-        part.key_begin = i * chunk_blocks * kBlockK;
-        part.seq_kv = std::min(a.seq_kv - part.key_begin, chunk_blocks * kBlockK);
-        if (scales_per_block > 0) part.k_scale = a.k_scale + i * chunk_blocks * scales_per_block;
+        part.key_begin = i * split_keys;
+        part.seq_kv = std::min(a.seq_kv - part.key_begin, split_keys);
+        if (scales_per_block > 0) part.k_scale = a.k_scale + part.key_begin / kBlockK * scales_per_block;
         part.split_out = splits.rows.as<float>() + i * rows * a.out_dim;
         part.split_lse = splits.lse.as<float>() + i * rows;
         parts.push_back(part);
